@@ -1,0 +1,1 @@
+//! keymaster's bake-off tools.

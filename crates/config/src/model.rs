@@ -1,0 +1,317 @@
+//! The configuration model: plain serde types, one per TOML table.
+//!
+//! Every field has a default (see `docs/configuration.md`); `deny_unknown_fields`
+//! everywhere so a misspelt key is an error with its location, never silently ignored.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+pub use crate::units::{ByteSize, Duration};
+
+/// The whole file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub access_log: AccessLogConfig,
+    pub listeners: Vec<ListenerConfig>,
+    pub routes: Vec<RouteConfig>,
+    pub clusters: Vec<ClusterConfig>,
+}
+
+/// Process-wide settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Worker threads; 0 means one per core.
+    pub workers: usize,
+    /// How long graceful shutdown waits for in-flight requests.
+    pub drain_timeout: Duration,
+    /// Value of the `Via` pseudonym added to forwarded messages ("1.1 <via>").
+    pub via: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            workers: 0,
+            drain_timeout: Duration::from_secs(30),
+            via: "keymaster".into(),
+        }
+    }
+}
+
+/// The admin listener (`/metrics`, `/healthz`, `/ready`, `/config`, `/reload`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Address to listen on; absent means no admin listener.
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 9901))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessLogFormat {
+    #[default]
+    Json,
+    Combined,
+}
+
+/// Access log: off by default (benchmarks run without it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLogConfig {
+    pub enabled: bool,
+    pub format: AccessLogFormat,
+    /// File path, or "-" for standard output.
+    pub path: String,
+}
+
+impl Default for AccessLogConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            format: AccessLogFormat::Json,
+            path: "-".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerProtocol {
+    /// HTTP/1.1 only.
+    Http1,
+    /// HTTP/2 with prior knowledge, cleartext.
+    H2c,
+    /// Detect the h2 preface, else HTTP/1.1.
+    #[default]
+    Auto,
+}
+
+/// One downstream (client-facing) listener.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerConfig {
+    pub name: String,
+    pub address: SocketAddr,
+    pub protocol: ListenerProtocol,
+    /// Cap on open client connections; past it new connections are closed at once.
+    pub max_connections: usize,
+    /// Time a client has to send a complete request head (slowloris guard).
+    pub header_read_timeout: Duration,
+    /// How long an idle keep-alive client connection is kept.
+    pub idle_timeout: Duration,
+    /// Longest request line (method, target, version) → 414 past it.
+    pub max_request_line: ByteSize,
+    /// Largest request head in bytes → 431 past it.
+    pub max_header_bytes: ByteSize,
+    /// Most header fields in a request → 431 past it.
+    pub max_headers: usize,
+    /// Peers whose X-Forwarded-For / X-Forwarded-Proto / X-Forwarded-Host are believed (CIDR).
+    pub trusted_proxies: Vec<String>,
+    /// Also add an RFC 7239 `Forwarded` header.
+    pub forwarded_header: bool,
+    /// Header carrying the request id (generated when absent).
+    pub request_id_header: String,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        Self {
+            name: "main".into(),
+            address: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            protocol: ListenerProtocol::Auto,
+            max_connections: 65_536,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_request_line: ByteSize(8 * 1024),
+            max_header_bytes: ByteSize(64 * 1024),
+            max_headers: 100,
+            trusted_proxies: Vec::new(),
+            forwarded_header: false,
+            request_id_header: "x-request-id".into(),
+        }
+    }
+}
+
+/// Match criteria of a route; all given criteria must hold.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteMatch {
+    /// Exact host ("api.example.com") or leading wildcard ("*.example.com"); port ignored.
+    pub host: Option<String>,
+    pub path_prefix: Option<String>,
+    pub path_exact: Option<String>,
+    pub path_regex: Option<String>,
+    /// Allowed methods; empty means any.
+    pub methods: Vec<String>,
+    /// Header name → exact value that must be present.
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Path rewrite applied before forwarding. At most one of the three.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewriteConfig {
+    /// Remove this prefix ("/api/users" → "/users").
+    pub strip_prefix: Option<String>,
+    /// Replace the route's `path_prefix` with this.
+    pub replace_prefix: Option<String>,
+    /// Replace the whole path with this (query kept).
+    pub replace_path: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum HostPolicy {
+    /// Forward the client's Host.
+    #[default]
+    Preserve,
+    /// Use the origin server's address.
+    Origin,
+    /// Use `fixed_host`.
+    Fixed,
+}
+
+/// Header edits: remove, then set (replace), then add (append).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HeaderEdits {
+    pub add: BTreeMap<String, String>,
+    pub set: BTreeMap<String, String>,
+    pub remove: Vec<String>,
+}
+
+/// One route: match → cluster, with per-route edits and limits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteConfig {
+    pub name: String,
+    /// Higher first; ties keep file order.
+    pub priority: i32,
+    #[serde(rename = "match")]
+    pub matches: RouteMatch,
+    pub cluster: String,
+    pub rewrite: RewriteConfig,
+    pub host_policy: HostPolicy,
+    pub fixed_host: Option<String>,
+    pub request_headers: HeaderEdits,
+    pub response_headers: HeaderEdits,
+    /// Override the cluster's timeouts for this route.
+    pub connect_timeout: Option<Duration>,
+    pub response_header_timeout: Option<Duration>,
+    pub request_timeout: Option<Duration>,
+    /// Largest request body → 413 past it.
+    pub max_body_size: ByteSize,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            priority: 0,
+            matches: RouteMatch::default(),
+            cluster: String::new(),
+            rewrite: RewriteConfig::default(),
+            host_policy: HostPolicy::Preserve,
+            fixed_host: None,
+            request_headers: HeaderEdits::default(),
+            response_headers: HeaderEdits::default(),
+            connect_timeout: None,
+            response_header_timeout: None,
+            request_timeout: None,
+            max_body_size: ByteSize(64 * 1024 * 1024),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// Weighted random (the 2013 port's choice).
+    #[default]
+    Random,
+    /// Weighted round robin (smooth).
+    RoundRobin,
+    /// Power of two choices on outstanding requests.
+    LeastOutstanding,
+}
+
+/// One origin server of a cluster.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OriginServerConfig {
+    /// "host:port" (IP or DNS name, resolved when the config loads).
+    pub address: String,
+    #[serde(default = "one")]
+    pub weight: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Outbound connection pool limits, per origin server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Open connections per server (0 = unlimited); past it requests get 503.
+    pub max_connections: usize,
+    /// Idle keep-alive connections kept per server.
+    pub max_idle: usize,
+    /// Idle connections are closed after this (keep it below the origin's keep-alive).
+    pub idle_timeout: Duration,
+    /// A connection is retired after this many requests (0 = unlimited).
+    pub max_requests_per_connection: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 0,
+            max_idle: 256,
+            idle_timeout: Duration::from_secs(4),
+            max_requests_per_connection: 10_000,
+        }
+    }
+}
+
+/// A named group of origin servers.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    pub name: String,
+    pub servers: Vec<OriginServerConfig>,
+    pub balance: Balance,
+    pub pool: PoolConfig,
+    pub connect_timeout: Duration,
+    /// Time from the request being sent to the response head arriving → 504.
+    pub response_header_timeout: Duration,
+    /// Total deadline for the whole exchange including the body (absent = none).
+    pub request_timeout: Option<Duration>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            servers: Vec::new(),
+            balance: Balance::Random,
+            pool: PoolConfig::default(),
+            connect_timeout: Duration::from_secs(2),
+            response_header_timeout: Duration::from_secs(30),
+            request_timeout: None,
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! keymaster's gateway library.

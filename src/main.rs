@@ -1,0 +1,2 @@
+//! The `keymaster` binary: wires the subcommands.
+fn main() {}
