@@ -1,1 +1,34 @@
-//! keymaster's gateway library.
+//! keymaster's gateway library: a non-blocking HTTP reverse proxy.
+//!
+//! Module map (the request's path through the code is charted in `docs/architecture.md`):
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`gateway`] | start, reload (atomic config swap), graceful shutdown, signals |
+//! | `worker` | worker threads: one current-thread runtime + `LocalSet` each |
+//! | `downstream` | listeners, accept loop, client connections, slowloris/idle timeouts |
+//! | `proxy` | the proxy stage: route → upstream → response, the `Exchange` |
+//! | `headers` | head validation, hop-by-hop, `Via`, `X-Forwarded-*`, request ids |
+//! | `route` | compiled routes, matching and path rewrites |
+//! | `upstream` | clusters, balancing, per-worker connection pools, connect |
+//! | `body` | streaming request/response bodies with caps |
+//! | [`error`] | the one error type; `respond` turns it into the client's response |
+//! | `snapshot` | a compiled config version |
+//! | [`metrics`], `admin`, [`access_log`] | observability |
+
+pub mod access_log;
+mod admin;
+mod body;
+mod downstream;
+pub mod error;
+pub mod gateway;
+mod headers;
+pub mod metrics;
+mod proxy;
+mod respond;
+mod route;
+mod snapshot;
+mod upstream;
+mod worker;
+
+pub use gateway::{ConfigSource, Gateway};

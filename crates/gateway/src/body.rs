@@ -1,0 +1,194 @@
+//! Body types on the proxy path.
+//!
+//! [`RequestBody`] carries the client's body to the origin, enforcing the route's size cap
+//! as it streams. [`ResponseBody`] carries the origin's body (or a local one) to the client
+//! and owns the [`Exchange`] that returns the upstream connection to its pool only once the
+//! body ended cleanly. Nothing here buffers a whole body: frames pass through one by one, so
+//! backpressure flows from the slower side to the faster one.
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use std::cell::Cell;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{ready, Context, Poll};
+use tokio::time::Sleep;
+
+use crate::error::BoxError;
+use crate::proxy::Exchange;
+
+/// Shared between a [`RequestBody`] and the proxy stage: did the body end, did it overflow?
+#[derive(Debug, Default)]
+pub(crate) struct RequestBodyState {
+    pub(crate) finished: Cell<bool>,
+    pub(crate) too_large: Cell<bool>,
+}
+
+/// The downstream request body on its way upstream.
+pub enum RequestBody {
+    /// No body (or a replayed bodyless request).
+    Empty,
+    /// The client's body, streamed with a size cap.
+    Stream {
+        inner: Incoming,
+        limit: u64,
+        seen: u64,
+        state: Rc<RequestBodyState>,
+    },
+}
+
+/// The client body exceeded the route's cap.
+#[derive(Debug)]
+pub(crate) struct BodyTooLarge;
+
+impl std::fmt::Display for BodyTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("request body exceeds the route's max_body_size")
+    }
+}
+impl std::error::Error for BodyTooLarge {}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            RequestBody::Empty => Poll::Ready(None),
+            RequestBody::Stream {
+                inner,
+                limit,
+                seen,
+                state,
+            } => match ready!(Pin::new(inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        *seen += data.len() as u64;
+                        if *seen > *limit {
+                            state.too_large.set(true);
+                            return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+                        }
+                    }
+                    Poll::Ready(Some(Ok(frame)))
+                }
+                Some(Err(e)) => Poll::Ready(Some(Err(Box::new(e)))),
+                None => {
+                    state.finished.set(true);
+                    Poll::Ready(None)
+                }
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Empty => true,
+            RequestBody::Stream { inner, .. } => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Empty => SizeHint::with_exact(0),
+            RequestBody::Stream { inner, .. } => inner.size_hint(),
+        }
+    }
+}
+
+/// The body sent to the client.
+pub enum ResponseBody {
+    /// A body keymaster produced (errors, admin pages); `None` once sent.
+    Local(Option<Bytes>),
+    /// The origin's body, streamed.
+    Origin(OriginBody),
+}
+
+impl ResponseBody {
+    pub fn empty() -> Self {
+        ResponseBody::Local(None)
+    }
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        let b = bytes.into();
+        ResponseBody::Local(if b.is_empty() { None } else { Some(b) })
+    }
+}
+
+/// The origin's response body plus the exchange it finishes.
+pub struct OriginBody {
+    pub(crate) inner: Incoming,
+    pub(crate) exchange: Exchange,
+    pub(crate) deadline: Option<Pin<Box<Sleep>>>,
+}
+
+/// The request deadline passed while the body was streaming.
+#[derive(Debug)]
+pub(crate) struct DeadlineExceeded;
+
+impl std::fmt::Display for DeadlineExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("request deadline exceeded while streaming the response body")
+    }
+}
+impl std::error::Error for DeadlineExceeded {}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ResponseBody::Local(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            ResponseBody::Origin(o) => {
+                if let Some(d) = o.deadline.as_mut() {
+                    if d.as_mut().poll(cx).is_ready() {
+                        o.exchange.fail_body("origin_request_timeout");
+                        return Poll::Ready(Some(Err(Box::new(DeadlineExceeded))));
+                    }
+                }
+                match ready!(Pin::new(&mut o.inner).poll_frame(cx)) {
+                    Some(Ok(frame)) => {
+                        if let Some(data) = frame.data_ref() {
+                            o.exchange.add_body_bytes(data.len());
+                        }
+                        if o.inner.is_end_stream() {
+                            o.exchange.body_complete();
+                        }
+                        Poll::Ready(Some(Ok(frame)))
+                    }
+                    Some(Err(e)) => {
+                        o.exchange.fail_body("origin_body_failure");
+                        Poll::Ready(Some(Err(Box::new(e))))
+                    }
+                    None => {
+                        o.exchange.body_complete();
+                        Poll::Ready(None)
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::Local(b) => b.is_none(),
+            ResponseBody::Origin(o) => o.inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ResponseBody::Local(None) => SizeHint::with_exact(0),
+            ResponseBody::Local(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            ResponseBody::Origin(o) => o.inner.size_hint(),
+        }
+    }
+}
+
+use std::future::Future;

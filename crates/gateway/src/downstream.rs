@@ -1,0 +1,394 @@
+//! The downstream (client) side: listeners, the accept loop, and serving one client
+//! connection with hyper (HTTP/1.1, h2c prior knowledge, or detection of the h2 preface).
+//!
+//! Each worker thread binds its own `SO_REUSEPORT` socket per listener, so the kernel
+//! spreads connections across workers with no shared accept lock. A connection's timeouts
+//! live in [`TimedIo`]: before the first request and whenever no request is in flight, the
+//! client must finish a request head within `header_read_timeout` of its first byte
+//! (slowloris) and must not sit idle past `idle_timeout`.
+
+use http::header::HeaderName;
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::cell::Cell;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
+
+use crate::headers::{ClientFacts, HeadLimits};
+use crate::metrics::ListenerMetrics;
+use crate::worker::Worker;
+use keymaster_config::{ListenerConfig, ListenerProtocol};
+
+/// A listener's settings, shared by its sockets on every worker.
+pub(crate) struct ListenerCtx {
+    pub(crate) name: String,
+    pub(crate) protocol: ListenerProtocol,
+    pub(crate) limits: HeadLimits,
+    pub(crate) max_headers: usize,
+    pub(crate) header_read_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_connections: usize,
+    pub(crate) open: AtomicUsize,
+    pub(crate) trusted: Vec<ipnet::IpNet>,
+    pub(crate) forwarded_header: bool,
+    pub(crate) request_id_header: HeaderName,
+    pub(crate) metrics: ListenerMetrics,
+}
+
+impl ListenerCtx {
+    pub(crate) fn new(cfg: &ListenerConfig, metrics: ListenerMetrics) -> Result<Self, String> {
+        let trusted = cfg
+            .trusted_proxies
+            .iter()
+            .map(|t| {
+                t.parse::<ipnet::IpNet>()
+                    .or_else(|_| t.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|e| format!("listener {}: trusted_proxies {t}: {e}", cfg.name))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(ListenerCtx {
+            name: cfg.name.clone(),
+            protocol: cfg.protocol,
+            limits: HeadLimits {
+                max_request_line: cfg.max_request_line.get() as usize,
+                max_header_bytes: cfg.max_header_bytes.get() as usize,
+            },
+            max_headers: cfg.max_headers,
+            header_read_timeout: cfg.header_read_timeout.get(),
+            idle_timeout: cfg.idle_timeout.get(),
+            max_connections: cfg.max_connections,
+            open: AtomicUsize::new(0),
+            trusted,
+            forwarded_header: cfg.forwarded_header,
+            request_id_header: HeaderName::from_bytes(cfg.request_id_header.as_bytes())
+                .map_err(|e| format!("listener {}: request_id_header: {e}", cfg.name))?,
+            metrics,
+        })
+    }
+}
+
+/// Bind one `SO_REUSEPORT` socket; several may share an address (one per worker).
+pub(crate) fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.set_tcp_nodelay(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// Per-connection state shared by the IO wrapper and the requests on the connection.
+pub(crate) struct ConnState {
+    inflight: Cell<u32>,
+    /// When a connection with no request in flight times out.
+    deadline: Cell<Instant>,
+    /// True between requests: the next byte read starts a request head.
+    idle: Cell<bool>,
+    header_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+impl ConnState {
+    pub(crate) fn request_started(&self) {
+        self.inflight.set(self.inflight.get() + 1);
+    }
+    pub(crate) fn request_finished(&self) {
+        let n = self.inflight.get().saturating_sub(1);
+        self.inflight.set(n);
+        if n == 0 {
+            self.idle.set(true);
+            self.deadline.set(Instant::now() + self.idle_timeout);
+        }
+    }
+}
+
+/// What a request handler knows about its connection.
+pub(crate) struct ConnCtx {
+    pub(crate) worker: Rc<Worker>,
+    pub(crate) listener: Arc<ListenerCtx>,
+    pub(crate) client: ClientFacts,
+    pub(crate) peer: SocketAddr,
+    pub(crate) state: Rc<ConnState>,
+}
+
+/// The client socket plus the connection-level timeouts.
+pub(crate) struct TimedIo {
+    inner: TokioIo<TcpStream>,
+    state: Rc<ConnState>,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Read for TimedIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if this.state.idle.get() && this.state.inflight.get() == 0 {
+                    // First bytes of a new request head: the slowloris clock starts.
+                    this.state.idle.set(false);
+                    this.state
+                        .deadline
+                        .set(Instant::now() + this.state.header_timeout);
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                if this.state.inflight.get() == 0 {
+                    let d = this.state.deadline.get();
+                    if this.sleep.deadline() != d {
+                        this.sleep.as_mut().reset(d);
+                    }
+                    if this.sleep.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "client connection timed out (header read or idle)",
+                        )));
+                    }
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Write for TimedIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+}
+
+use std::future::Future;
+
+/// Accept clients on one socket until shutdown.
+pub(crate) async fn accept_loop(
+    worker: Rc<Worker>,
+    listener: Arc<ListenerCtx>,
+    socket: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            r = socket.accept() => r,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff = Duration::from_millis(5);
+                let open = listener.open.fetch_add(1, Ordering::AcqRel);
+                if open >= listener.max_connections {
+                    listener.open.fetch_sub(1, Ordering::AcqRel);
+                    listener.metrics.rejected.inc();
+                    drop(stream);
+                    continue;
+                }
+                listener.metrics.accepted.inc();
+                listener.metrics.open.inc();
+                let guard = OpenGuard {
+                    listener: listener.clone(),
+                    worker: worker.clone(),
+                };
+                worker.active_connections.set(worker.active_connections.get() + 1);
+                tokio::task::spawn_local(serve_connection(
+                    worker.clone(),
+                    listener.clone(),
+                    stream,
+                    peer,
+                    shutdown.clone(),
+                    guard,
+                ));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(listener = %listener.name, error = %e, "accept failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Releases a connection's slot in the listener and the worker's drain count.
+struct OpenGuard {
+    listener: Arc<ListenerCtx>,
+    worker: Rc<Worker>,
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.listener.open.fetch_sub(1, Ordering::AcqRel);
+        self.listener.metrics.open.dec();
+        let n = self.worker.active_connections.get().saturating_sub(1);
+        self.worker.active_connections.set(n);
+        if n == 0 {
+            self.worker.drained.notify_waiters();
+        }
+    }
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Is this an HTTP/2 prior-knowledge connection? Peeks without consuming.
+async fn starts_with_h2_preface(stream: &TcpStream) -> bool {
+    let mut buf = [0u8; 24];
+    loop {
+        match stream.peek(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => {
+                if buf[..n] != H2_PREFACE[..n] {
+                    return false;
+                }
+                if n == H2_PREFACE.len() {
+                    return true;
+                }
+                // A partial match: wait for more bytes.
+                if stream.readable().await.is_err() {
+                    return false;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
+/// Runs futures on this worker's `LocalSet` (hyper's HTTP/2 spawns per-stream tasks).
+#[derive(Clone, Copy)]
+struct LocalExec;
+
+impl<F> hyper::rt::Executor<F> for LocalExec
+where
+    F: Future + 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::task::spawn_local(fut);
+    }
+}
+
+async fn serve_connection(
+    worker: Rc<Worker>,
+    listener: Arc<ListenerCtx>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+    _guard: OpenGuard,
+) {
+    let _ = stream.set_nodelay(true);
+    let now = Instant::now();
+    let state = Rc::new(ConnState {
+        inflight: Cell::new(0),
+        deadline: Cell::new(now + listener.header_read_timeout),
+        idle: Cell::new(false),
+        header_timeout: listener.header_read_timeout,
+        idle_timeout: listener.idle_timeout,
+    });
+    let h2 = match listener.protocol {
+        ListenerProtocol::Http1 => false,
+        ListenerProtocol::H2c => true,
+        ListenerProtocol::Auto => {
+            match tokio::time::timeout(
+                listener.header_read_timeout,
+                starts_with_h2_preface(&stream),
+            )
+            .await
+            {
+                Ok(h2) => h2,
+                Err(_) => return, // said nothing within the header timeout
+            }
+        }
+    };
+    let ip = peer.ip();
+    let trusted = listener.trusted.iter().any(|n| n.contains(&ip));
+    let client = ClientFacts {
+        ip_value: http::HeaderValue::from_str(&ip.to_string())
+            .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
+        forwarded_for: crate::headers::forwarded_for(ip),
+        trusted,
+        proto: "http",
+    };
+    let cx = Rc::new(ConnCtx {
+        worker,
+        listener: listener.clone(),
+        client,
+        peer,
+        state: state.clone(),
+    });
+    let io = TimedIo {
+        inner: TokioIo::new(stream),
+        sleep: Box::pin(tokio::time::sleep_until(state.deadline.get())),
+        state,
+    };
+    let svc = service_fn(move |req| crate::proxy::handle(cx.clone(), req));
+    if h2 {
+        let conn = hyper::server::conn::http2::Builder::new(LocalExec)
+            .max_header_list_size((listener.limits.max_header_bytes as u32).max(1024))
+            .serve_connection(io, svc);
+        tokio::pin!(conn);
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = shutdown.changed() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
+    } else {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .keep_alive(true)
+            .half_close(false)
+            .max_headers(listener.max_headers)
+            // Hard cap for hyper's buffer; the exact limits (414/431) are checked per request.
+            .max_buf_size(
+                (listener.limits.max_header_bytes + listener.limits.max_request_line + 1024)
+                    .max(8192),
+            )
+            .header_read_timeout(None)
+            .timer(hyper_util::rt::TokioTimer::new());
+        let conn = builder.serve_connection(io, svc);
+        tokio::pin!(conn);
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = shutdown.changed() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! The gateway's one error type.
+//!
+//! An [`Error`] says what went wrong ([`Error::category`]), which side caused it
+//! ([`Side`]: the downstream client, the upstream origin, or keymaster itself) and whether
+//! the request may be retried ([`Error::is_retry_safe`]). It is opaque: callers ask
+//! `is_*` predicates (hyper's habit) instead of matching on a kind, so the set of kinds can
+//! grow. Errors become HTTP responses in exactly one place: [`crate::respond`].
+
+use http::StatusCode;
+use std::fmt;
+
+/// Boxed error used as a source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Which side of the proxy caused an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The downstream client (bad request, went away).
+    Client,
+    /// The upstream origin server (refused, timed out, malformed response).
+    Origin,
+    /// keymaster itself (no route, limits, internal faults).
+    Internal,
+}
+
+impl Side {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Origin => "origin",
+            Side::Internal => "internal",
+        }
+    }
+}
+
+/// What went wrong. Private: the public surface is the predicates on [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The request is malformed or ambiguous (400).
+    BadRequest,
+    /// The request target is longer than the listener allows (414).
+    UriTooLong,
+    /// The request head is larger than the listener allows (431).
+    HeadersTooLarge,
+    /// The request body is larger than the route allows (413).
+    BodyTooLarge,
+    /// No route matches (404).
+    NoRoute,
+    /// The client went away or failed while sending its body.
+    ClientGone,
+    /// Connecting to the origin failed (refused, unreachable) (502).
+    Connect,
+    /// Connecting to the origin took longer than the connect timeout (502).
+    ConnectTimeout,
+    /// The origin's pool is at its connection cap (503).
+    PoolFull,
+    /// The origin sent no response head in time (504).
+    ResponseHeaderTimeout,
+    /// The whole exchange exceeded the request deadline (504).
+    RequestTimeout,
+    /// The origin closed or reset the connection before a response head (502).
+    OriginReset,
+    /// The origin's response was malformed (502).
+    OriginProtocol,
+    /// The origin failed while sending the response body (client connection aborted).
+    OriginBody,
+    /// A fault inside keymaster (500).
+    Internal,
+}
+
+/// Whether the request may be sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Nothing reached the origin: always safe.
+    Safe,
+    /// The request may have been processed: never retry automatically.
+    Unsafe,
+    /// Safe only if it failed on a reused (possibly stale) connection and the request is replayable.
+    ReusedOnly,
+}
+
+/// keymaster's error: kind, side, retryability and an optional cause.
+pub struct Error {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: Kind,
+    side: Side,
+    retry: Retry,
+    detail: &'static str,
+    source: Option<BoxError>,
+}
+
+impl Error {
+    pub(crate) fn new(kind: Kind, detail: &'static str) -> Self {
+        let (side, retry) = match kind {
+            Kind::BadRequest
+            | Kind::UriTooLong
+            | Kind::HeadersTooLarge
+            | Kind::BodyTooLarge
+            | Kind::ClientGone => (Side::Client, Retry::Unsafe),
+            Kind::NoRoute | Kind::Internal => (Side::Internal, Retry::Unsafe),
+            Kind::PoolFull => (Side::Internal, Retry::Safe),
+            Kind::Connect | Kind::ConnectTimeout => (Side::Origin, Retry::Safe),
+            Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
+            Kind::ResponseHeaderTimeout
+            | Kind::RequestTimeout
+            | Kind::OriginProtocol
+            | Kind::OriginBody => (Side::Origin, Retry::Unsafe),
+        };
+        Error {
+            inner: Box::new(Inner {
+                kind,
+                side,
+                retry,
+                detail,
+                source: None,
+            }),
+        }
+    }
+
+    /// Attach the underlying cause.
+    pub(crate) fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.inner.source = Some(source.into());
+        self
+    }
+
+    pub(crate) fn kind(&self) -> Kind {
+        self.inner.kind
+    }
+
+    /// Which side caused this error.
+    pub fn side(&self) -> Side {
+        self.inner.side
+    }
+    pub fn is_client(&self) -> bool {
+        self.inner.side == Side::Client
+    }
+    pub fn is_origin(&self) -> bool {
+        self.inner.side == Side::Origin
+    }
+    pub fn is_internal(&self) -> bool {
+        self.inner.side == Side::Internal
+    }
+    /// A timeout of any kind (connect, response head, request deadline).
+    pub fn is_timeout(&self) -> bool {
+        matches!(
+            self.inner.kind,
+            Kind::ConnectTimeout | Kind::ResponseHeaderTimeout | Kind::RequestTimeout
+        )
+    }
+    /// Connecting to the origin failed (nothing was sent).
+    pub fn is_connect(&self) -> bool {
+        matches!(self.inner.kind, Kind::Connect | Kind::ConnectTimeout)
+    }
+    /// The client went away.
+    pub fn is_client_gone(&self) -> bool {
+        self.inner.kind == Kind::ClientGone
+    }
+    /// Retrying is safe whatever the connection was.
+    pub fn is_retry_safe(&self) -> bool {
+        self.inner.retry == Retry::Safe
+    }
+    /// Retrying is safe if the failure happened on a reused connection.
+    pub fn is_retry_safe_if_reused(&self) -> bool {
+        matches!(self.inner.retry, Retry::Safe | Retry::ReusedOnly)
+    }
+
+    /// The status a client receives for this error.
+    pub fn status(&self) -> StatusCode {
+        match self.inner.kind {
+            Kind::BadRequest => StatusCode::BAD_REQUEST,
+            Kind::UriTooLong => StatusCode::URI_TOO_LONG,
+            Kind::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Kind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Kind::NoRoute => StatusCode::NOT_FOUND,
+            // Nobody reads it, but the access log records 499 as nginx does.
+            Kind::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            Kind::Connect | Kind::ConnectTimeout | Kind::OriginReset | Kind::OriginProtocol => {
+                StatusCode::BAD_GATEWAY
+            }
+            Kind::OriginBody => StatusCode::BAD_GATEWAY,
+            Kind::PoolFull => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::ResponseHeaderTimeout | Kind::RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// A Zuul-style status category for logs and metrics.
+    pub fn category(&self) -> &'static str {
+        match self.inner.kind {
+            Kind::BadRequest | Kind::UriTooLong | Kind::HeadersTooLarge => "client_bad_request",
+            Kind::BodyTooLarge => "client_body_too_large",
+            Kind::NoRoute => "local_no_route",
+            Kind::ClientGone => "client_cancelled",
+            Kind::Connect => "origin_connectivity",
+            Kind::ConnectTimeout => "origin_connect_timeout",
+            Kind::PoolFull => "origin_throttled",
+            Kind::ResponseHeaderTimeout => "origin_read_timeout",
+            Kind::RequestTimeout => "origin_request_timeout",
+            Kind::OriginReset => "origin_reset",
+            Kind::OriginProtocol => "origin_bad_response",
+            Kind::OriginBody => "origin_body_failure",
+            Kind::Internal => "local_error",
+        }
+    }
+
+    /// A short human description (stable enough for logs, not an API).
+    pub fn detail(&self) -> &'static str {
+        self.inner.detail
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Error")
+            .field("kind", &self.inner.kind)
+            .field("side", &self.inner.side)
+            .field("retry", &self.inner.retry)
+            .field("detail", &self.inner.detail)
+            .field("source", &self.inner.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.inner.detail, self.category())?;
+        if let Some(src) = &self.inner.source {
+            write!(f, ": {src}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner
+            .source
+            .as_ref()
+            .map(|e| &**e as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sides_statuses_and_retry() {
+        let e = Error::new(Kind::Connect, "connection refused");
+        assert!(e.is_origin() && e.is_connect() && e.is_retry_safe());
+        assert_eq!(e.status(), StatusCode::BAD_GATEWAY);
+        let e = Error::new(Kind::ResponseHeaderTimeout, "no response head");
+        assert!(e.is_timeout() && !e.is_retry_safe() && !e.is_retry_safe_if_reused());
+        assert_eq!(e.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(e.category(), "origin_read_timeout");
+        let e = Error::new(Kind::OriginReset, "reset");
+        assert!(!e.is_retry_safe() && e.is_retry_safe_if_reused());
+        let e = Error::new(Kind::BodyTooLarge, "too big");
+        assert!(e.is_client());
+        assert_eq!(e.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let e = Error::new(Kind::NoRoute, "no route");
+        assert!(e.is_internal());
+        assert_eq!(e.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn display_includes_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = Error::new(Kind::Connect, "connect to origin failed").with_source(io);
+        assert_eq!(
+            e.to_string(),
+            "connect to origin failed (origin_connectivity): refused"
+        );
+        assert!(std::error::Error::source(&e).is_some());
+    }
+}

@@ -1,0 +1,301 @@
+//! Starting, reloading and stopping a gateway.
+//!
+//! [`Gateway::start`] compiles the config, binds every listener (one `SO_REUSEPORT` socket per
+//! worker), starts the worker threads and the admin thread, and returns a [`Gateway`] handle.
+//! Reload builds a new [`Snapshot`] off the request path and swaps it in atomically;
+//! an invalid config is rejected and the running one kept. Shutdown is mini-redis style: one
+//! `watch` signal, then each worker drains its connections until the drain deadline.
+
+use arc_swap::ArcSwap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use tokio::sync::watch;
+
+use crate::access_log::AccessLog;
+use crate::downstream::{bind_reuseport, ListenerCtx};
+use crate::metrics::Metrics;
+use crate::snapshot::Snapshot;
+use crate::worker::{self, WorkerSockets};
+use keymaster_config::Config;
+
+/// Where the running config came from, so reloads know what to re-read.
+#[derive(Debug, Clone)]
+pub enum ConfigSource {
+    /// The embedded default config.
+    Embedded,
+    /// A TOML file, re-read on every reload.
+    File(PathBuf),
+    /// A config given in memory (tests, `keymaster proxy`); reload re-applies it.
+    Memory,
+}
+
+impl ConfigSource {
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            ConfigSource::Embedded => "<embedded default>".into(),
+            ConfigSource::File(p) => p.display().to_string(),
+            ConfigSource::Memory => "<memory>".into(),
+        }
+    }
+}
+
+/// State shared by every thread of one gateway.
+pub(crate) struct Shared {
+    pub(crate) snapshot: ArcSwap<Snapshot>,
+    pub(crate) metrics: Metrics,
+    pub(crate) access_log: Option<AccessLog>,
+    pub(crate) draining: AtomicBool,
+    pub(crate) source: ConfigSource,
+    next_version: AtomicU64,
+    reload_lock: Mutex<()>,
+}
+
+impl Shared {
+    /// Build and swap in a new config version. Routes and clusters change; listeners,
+    /// workers, admin and access log settings need a restart (logged when they differ).
+    pub(crate) fn apply(&self, config: Config) -> Result<u64, String> {
+        let _serial = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.snapshot.load();
+        if config.listeners != current.config.listeners
+            || config.server.workers != current.config.server.workers
+            || config.admin != current.config.admin
+            || config.access_log != current.config.access_log
+        {
+            tracing::warn!("reload: listener, worker, admin and access log changes take effect on restart");
+        }
+        let version = self.next_version.fetch_add(1, Ordering::AcqRel);
+        match Snapshot::build(config, version, &self.metrics) {
+            Ok(snap) => {
+                self.snapshot.store(Arc::new(snap));
+                self.metrics.config_version.set(version as i64);
+                self.metrics.reloads.with_label_values(&["ok"]).inc();
+                tracing::info!(version, "config reloaded");
+                Ok(version)
+            }
+            Err(e) => {
+                self.metrics.reloads.with_label_values(&["rejected"]).inc();
+                tracing::error!(error = %e, "reload rejected; keeping the running config");
+                Err(e)
+            }
+        }
+    }
+
+    /// Re-read the config source and apply it.
+    pub(crate) fn reload_from_source(&self) -> Result<u64, String> {
+        let config = match &self.source {
+            ConfigSource::File(path) => keymaster_config::load_file(path).map_err(|e| {
+                self.metrics.reloads.with_label_values(&["rejected"]).inc();
+                e.to_string()
+            })?,
+            ConfigSource::Embedded => keymaster_config::load_str(
+                keymaster_config::DEFAULT_CONFIG,
+                "<embedded default>",
+            )
+            .map_err(|e| e.to_string())?,
+            ConfigSource::Memory => self.snapshot.load().config.clone(),
+        };
+        self.apply(config)
+    }
+}
+
+/// A running gateway.
+pub struct Gateway {
+    shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    threads: Vec<JoinHandle<()>>,
+    listeners: Vec<(String, SocketAddr)>,
+    admin: Option<SocketAddr>,
+}
+
+impl Gateway {
+    /// Compile `config`, bind everything and start serving. Errors (bad config, address in
+    /// use) are returned before any thread starts serving.
+    pub fn start(config: Config, source: ConfigSource) -> Result<Gateway, String> {
+        let metrics = Metrics::new();
+        let workers = match config.server.workers {
+            0 => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            n => n,
+        };
+        let drain_timeout = config.server.drain_timeout.get();
+        let access_log = if config.access_log.enabled {
+            Some(AccessLog::open(&config.access_log).map_err(|e| {
+                format!("access_log.path {}: {e}", config.access_log.path)
+            })?)
+        } else {
+            None
+        };
+
+        // Bind: the first socket of each listener fixes the port (port 0 works), then one
+        // more per extra worker on the same address.
+        let mut per_worker: Vec<WorkerSockets> = (0..workers)
+            .map(|_| WorkerSockets {
+                sockets: Vec::new(),
+            })
+            .collect();
+        let mut listeners = Vec::new();
+        for l in &config.listeners {
+            let ctx = Arc::new(ListenerCtx::new(l, metrics.listener(&l.name))?);
+            let first = bind_reuseport(l.address)
+                .map_err(|e| format!("listener {}: bind {}: {e}", l.name, l.address))?;
+            let addr = first
+                .local_addr()
+                .map_err(|e| format!("listener {}: {e}", l.name))?;
+            listeners.push((l.name.clone(), addr));
+            per_worker[0].sockets.push((ctx.clone(), first));
+            for w in per_worker.iter_mut().skip(1) {
+                let s = bind_reuseport(addr)
+                    .map_err(|e| format!("listener {}: bind {addr}: {e}", l.name))?;
+                w.sockets.push((ctx.clone(), s));
+            }
+        }
+        let admin_socket = match config.admin.listen {
+            Some(a) => Some(
+                std::net::TcpListener::bind(a).map_err(|e| format!("admin.listen {a}: {e}"))?,
+            ),
+            None => None,
+        };
+        let admin = admin_socket.as_ref().and_then(|s| s.local_addr().ok());
+
+        let snapshot = Snapshot::build(config, 1, &metrics)?;
+        metrics.config_version.set(1);
+        let shared = Arc::new(Shared {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            metrics,
+            access_log,
+            draining: AtomicBool::new(false),
+            source,
+            next_version: AtomicU64::new(2),
+            reload_lock: Mutex::new(()),
+        });
+        let (shutdown, rx) = watch::channel(false);
+        let mut threads = Vec::new();
+        for (i, sockets) in per_worker.into_iter().enumerate() {
+            let shared = shared.clone();
+            let rx = rx.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("keymaster-worker-{i}"))
+                .spawn(move || worker::run(i, shared, sockets, rx, drain_timeout))
+                .map_err(|e| format!("cannot start worker thread: {e}"))?;
+            threads.push(t);
+        }
+        if let Some(sock) = admin_socket {
+            let shared = shared.clone();
+            let rx = rx.clone();
+            let t = std::thread::Builder::new()
+                .name("keymaster-admin".into())
+                .spawn(move || {
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot start admin runtime");
+                            return;
+                        }
+                    };
+                    rt.block_on(async move {
+                        let _ = sock.set_nonblocking(true);
+                        match tokio::net::TcpListener::from_std(sock) {
+                            Ok(l) => crate::admin::serve(shared, l, rx).await,
+                            Err(e) => tracing::error!(error = %e, "cannot start admin listener"),
+                        }
+                    });
+                })
+                .map_err(|e| format!("cannot start admin thread: {e}"))?;
+            threads.push(t);
+        }
+        Ok(Gateway {
+            shared,
+            shutdown,
+            threads,
+            listeners,
+            admin,
+        })
+    }
+
+    /// The bound address of the named listener.
+    pub fn listener_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.listeners
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| *a)
+    }
+
+    /// Every listener's name and bound address, in config order.
+    pub fn listeners(&self) -> &[(String, SocketAddr)] {
+        &self.listeners
+    }
+
+    /// The admin listener's bound address.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin
+    }
+
+    /// Swap in a new config; on error the running config stays.
+    pub fn reload(&self, config: Config) -> Result<u64, String> {
+        self.shared.apply(config)
+    }
+
+    /// Re-read the config source (the file given at start) and swap it in.
+    pub fn reload_from_source(&self) -> Result<u64, String> {
+        self.shared.reload_from_source()
+    }
+
+    /// The active config version.
+    pub fn version(&self) -> u64 {
+        self.shared.snapshot.load().version
+    }
+
+    /// The Prometheus text of every metric.
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics.render()
+    }
+
+    /// Stop accepting, drain in-flight requests (up to `server.drain_timeout`), and join
+    /// every thread. Blocks.
+    pub fn shutdown(self) {
+        self.shared.draining.store(true, Ordering::Release);
+        let _ = self.shutdown.send(true);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+
+    /// Serve until SIGTERM or SIGINT (then drain and return); SIGHUP reloads the config
+    /// source. Blocks the calling thread.
+    pub fn run_until_signal(self) -> std::io::Result<()> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let mut term = signal(SignalKind::terminate())?;
+            let mut int = signal(SignalKind::interrupt())?;
+            let mut hup = signal(SignalKind::hangup())?;
+            loop {
+                tokio::select! {
+                    _ = term.recv() => break,
+                    _ = int.recv() => break,
+                    _ = hup.recv() => {
+                        let shared = self.shared.clone();
+                        match tokio::task::spawn_blocking(move || shared.reload_from_source()).await {
+                            Ok(Ok(v)) => eprintln!("keymaster: SIGHUP: config version {v} active"),
+                            Ok(Err(e)) => eprintln!("keymaster: SIGHUP: reload rejected, keeping the running config:\n{e}"),
+                            Err(e) => eprintln!("keymaster: SIGHUP: reload failed: {e}"),
+                        }
+                    }
+                }
+            }
+            Ok::<_, std::io::Error>(())
+        })?;
+        eprintln!("keymaster: shutting down, draining in-flight requests");
+        self.shutdown();
+        Ok(())
+    }
+}

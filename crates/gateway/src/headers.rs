@@ -1,0 +1,445 @@
+//! Header duties of a proxy (RFC 9110 §7.6, RFC 9112 §6.3/§11): request head validation that
+//! hyper leaves to us, hop-by-hop removal in both directions, `Via`, `X-Forwarded-*`,
+//! RFC 7239 `Forwarded`, request ids and header edits.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Version};
+
+use crate::error::{Error, Kind};
+
+/// Per-connection facts computed once, used by every request on the connection.
+pub(crate) struct ClientFacts {
+    /// The client's IP as a header value (for X-Forwarded-For).
+    pub ip_value: HeaderValue,
+    /// The `for=` parameter of an RFC 7239 Forwarded element.
+    pub forwarded_for: String,
+    /// Whether the peer is a trusted proxy whose forwarding headers we keep.
+    pub trusted: bool,
+    /// "http" or "https".
+    pub proto: &'static str,
+}
+
+/// Limits from the listener that hyper does not enforce exactly as configured.
+pub(crate) struct HeadLimits {
+    pub max_request_line: usize,
+    pub max_header_bytes: usize,
+}
+
+/// Validate what hyper's parser accepted but a gateway must not forward.
+pub(crate) fn validate_request_head(
+    method: &Method,
+    uri: &http::Uri,
+    version: Version,
+    headers: &HeaderMap,
+    limits: &HeadLimits,
+) -> Result<(), Error> {
+    // Request line: method SP target SP HTTP/x.y
+    let target_len = uri
+        .path_and_query()
+        .map(|p| p.as_str().len())
+        .unwrap_or(1)
+        + uri.authority().map(|a| a.as_str().len() + 8).unwrap_or(0);
+    if method.as_str().len() + target_len + 10 > limits.max_request_line {
+        return Err(Error::new(Kind::UriTooLong, "request line too long"));
+    }
+    let mut head_bytes = 0usize;
+    for (name, value) in headers {
+        head_bytes += name.as_str().len() + value.len() + 4;
+    }
+    if head_bytes > limits.max_header_bytes {
+        return Err(Error::new(
+            Kind::HeadersTooLarge,
+            "request header fields too large",
+        ));
+    }
+    if version == Version::HTTP_11 || version == Version::HTTP_10 {
+        let mut hosts = headers.get_all(header::HOST).iter();
+        let first = hosts.next();
+        if hosts.next().is_some() {
+            return Err(Error::new(Kind::BadRequest, "repeated Host header"));
+        }
+        if version == Version::HTTP_11 && first.is_none() {
+            return Err(Error::new(Kind::BadRequest, "missing Host header"));
+        }
+        if let Some(h) = first {
+            if !valid_host(h.as_bytes()) {
+                return Err(Error::new(Kind::BadRequest, "invalid Host header"));
+            }
+        }
+    }
+    // hyper already refused CL+TE (vendor patch), conflicting CL and non-chunked TE; these
+    // checks keep the invariant local and cover HTTP/2, where the codec differs.
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        if headers.contains_key(header::CONTENT_LENGTH) {
+            return Err(Error::new(
+                Kind::BadRequest,
+                "both Transfer-Encoding and Content-Length",
+            ));
+        }
+        if version != Version::HTTP_11 || !final_coding_is_chunked(headers) {
+            return Err(Error::new(Kind::BadRequest, "invalid Transfer-Encoding"));
+        }
+    }
+    let mut cls = headers.get_all(header::CONTENT_LENGTH).iter();
+    if let Some(first) = cls.next() {
+        let len = parse_content_length(first.as_bytes())
+            .ok_or_else(|| Error::new(Kind::BadRequest, "invalid Content-Length"))?;
+        for other in cls {
+            if parse_content_length(other.as_bytes()) != Some(len) {
+                return Err(Error::new(Kind::BadRequest, "conflicting Content-Length"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A Host header value: reg-name / IPv4 / [IPv6] with optional :port, no userinfo or path.
+fn valid_host(h: &[u8]) -> bool {
+    if h.is_empty() {
+        // An empty Host is allowed when the target has no authority (RFC 9112 §3.2).
+        return true;
+    }
+    h.iter().all(|&c| {
+        c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~' | b':' | b'[' | b']')
+            || matches!(c, b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' | b'%')
+    })
+}
+
+/// Content-Length is 1*DIGIT (no sign, no spaces inside, no lists with differing values).
+pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+fn final_coding_is_chunked(headers: &HeaderMap) -> bool {
+    let last = headers.get_all(header::TRANSFER_ENCODING).iter().next_back();
+    match last.and_then(|v| v.to_str().ok()) {
+        Some(v) => v
+            .rsplit(',')
+            .next()
+            .map(|c| c.trim().eq_ignore_ascii_case("chunked"))
+            .unwrap_or(false),
+        None => false,
+    }
+}
+
+/// A response head an origin must not send us: ambiguous or invalid framing.
+pub(crate) fn validate_response_head(headers: &HeaderMap) -> Result<(), Error> {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        if headers.contains_key(header::CONTENT_LENGTH) {
+            return Err(Error::new(
+                Kind::OriginProtocol,
+                "origin sent both Transfer-Encoding and Content-Length",
+            ));
+        }
+        if !final_coding_is_chunked(headers) {
+            return Err(Error::new(
+                Kind::OriginProtocol,
+                "origin sent a Transfer-Encoding that does not end in chunked",
+            ));
+        }
+    }
+    Ok(())
+}
+
+static HOP_BY_HOP: [HeaderName; 5] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    HeaderName::from_static("keep-alive"),
+];
+
+/// Remove hop-by-hop fields: `Connection` and every field it names, `Keep-Alive`, `TE`,
+/// `Transfer-Encoding`, `Upgrade`, `Proxy-Connection`. Returns whether the client asked for
+/// trailers (`TE: trailers`), which the caller may pass on.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
+    if let Some(conn) = headers.get(header::CONNECTION) {
+        // Collect first: the names borrow from the map.
+        let named: Vec<HeaderName> = conn
+            .to_str()
+            .unwrap_or("")
+            .split(',')
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    let trailers = headers
+        .get(header::TE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")))
+        .unwrap_or(false);
+    for name in &HOP_BY_HOP {
+        if headers.contains_key(name) {
+            headers.remove(name);
+        }
+    }
+    if headers.contains_key("proxy-connection") {
+        headers.remove("proxy-connection");
+    }
+    trailers
+}
+
+/// Values computed once per config version for the headers keymaster adds.
+pub(crate) struct Stamps {
+    pub via_10: HeaderValue,
+    pub via_11: HeaderValue,
+    pub via_2: HeaderValue,
+}
+
+impl Stamps {
+    pub(crate) fn new(pseudonym: &str) -> Self {
+        let v = |p: &str| {
+            HeaderValue::from_str(&format!("{p} {pseudonym}"))
+                .unwrap_or_else(|_| HeaderValue::from_static("1.1 keymaster"))
+        };
+        Stamps {
+            via_10: v("1.0"),
+            via_11: v("1.1"),
+            via_2: v("2"),
+        }
+    }
+    pub(crate) fn via(&self, version: Version) -> &HeaderValue {
+        match version {
+            Version::HTTP_10 | Version::HTTP_09 => &self.via_10,
+            Version::HTTP_2 | Version::HTTP_3 => &self.via_2,
+            _ => &self.via_11,
+        }
+    }
+}
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Add `X-Forwarded-For/-Proto/-Host` (and optionally `Forwarded`) from what the gateway saw.
+/// An existing chain is kept only when the peer is a trusted proxy.
+pub(crate) fn add_forwarding(
+    headers: &mut HeaderMap,
+    client: &ClientFacts,
+    host: Option<&HeaderValue>,
+    forwarded_header: bool,
+) {
+    // X-Forwarded-For
+    let xff = if client.trusted {
+        let prior: Vec<&str> = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        if prior.is_empty() {
+            client.ip_value.clone()
+        } else {
+            let joined = format!(
+                "{}, {}",
+                prior.join(", "),
+                client.ip_value.to_str().unwrap_or("")
+            );
+            HeaderValue::from_str(&joined).unwrap_or_else(|_| client.ip_value.clone())
+        }
+    } else {
+        client.ip_value.clone()
+    };
+    headers.insert(X_FORWARDED_FOR.clone(), xff);
+    if !(client.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        headers.insert(
+            X_FORWARDED_PROTO.clone(),
+            HeaderValue::from_static(client.proto),
+        );
+    }
+    if !(client.trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+        match host {
+            Some(h) => {
+                headers.insert(X_FORWARDED_HOST.clone(), h.clone());
+            }
+            None => {
+                headers.remove(&X_FORWARDED_HOST);
+            }
+        }
+    }
+    if forwarded_header {
+        let mut element = format!("for={};proto={}", client.forwarded_for, client.proto);
+        if let Some(h) = host.and_then(|h| h.to_str().ok()) {
+            element.push_str(";host=\"");
+            element.push_str(h);
+            element.push('"');
+        }
+        let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+            Some(prior) if client.trusted => format!("{prior}, {element}"),
+            _ => element,
+        };
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(header::FORWARDED, v);
+        }
+    }
+}
+
+/// The RFC 7239 `for=` value of an address (IPv6 bracketed and quoted).
+pub(crate) fn forwarded_for(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.to_string(),
+        std::net::IpAddr::V6(v6) => format!("\"[{v6}]\""),
+    }
+}
+
+/// A fresh request id: 32 lowercase hex digits (128 random bits).
+pub(crate) fn new_request_id() -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut n = fastrand::u128(..);
+    let mut buf = [0u8; 32];
+    for b in buf.iter_mut().rev() {
+        *b = HEX[(n & 0xf) as usize];
+        n >>= 4;
+    }
+    HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// A compiled header edit list: remove, then set, then add.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct HeaderEdits {
+    pub remove: Vec<HeaderName>,
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    pub add: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl HeaderEdits {
+    pub(crate) fn compile(cfg: &keymaster_config::HeaderEdits) -> Result<Self, String> {
+        let name = |n: &str| HeaderName::from_bytes(n.as_bytes()).map_err(|e| format!("{n}: {e}"));
+        let pair = |(n, v): (&String, &String)| -> Result<(HeaderName, HeaderValue), String> {
+            Ok((
+                name(n)?,
+                HeaderValue::from_str(v).map_err(|e| format!("{n}: {e}"))?,
+            ))
+        };
+        Ok(HeaderEdits {
+            remove: cfg.remove.iter().map(|n| name(n)).collect::<Result<_, _>>()?,
+            set: cfg.set.iter().map(pair).collect::<Result<_, _>>()?,
+            add: cfg.add.iter().map(pair).collect::<Result<_, _>>()?,
+        })
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
+    }
+
+    pub(crate) fn apply(&self, headers: &mut HeaderMap) {
+        for n in &self.remove {
+            headers.remove(n);
+        }
+        for (n, v) in &self.set {
+            headers.insert(n.clone(), v.clone());
+        }
+        for (n, v) in &self.add {
+            headers.append(n.clone(), v.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_fields_are_removed() {
+        let mut h = map(&[
+            ("connection", "keep-alive, x-secret"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers, deflate"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("proxy-connection", "keep-alive"),
+            ("x-kept", "yes"),
+        ]);
+        assert!(strip_hop_by_hop(&mut h));
+        let names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, vec!["x-kept"]);
+    }
+
+    #[test]
+    fn content_length_parsing_is_strict() {
+        assert_eq!(parse_content_length(b"0"), Some(0));
+        assert_eq!(parse_content_length(b"1234"), Some(1234));
+        for bad in [&b""[..], b"+1", b"-1", b" 1", b"1 ", b"0x10", b"1,1", b"99999999999999999999"] {
+            assert_eq!(parse_content_length(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn forwarding_headers_replace_untrusted_chains() {
+        let facts = ClientFacts {
+            ip_value: HeaderValue::from_static("10.1.1.1"),
+            forwarded_for: "10.1.1.1".into(),
+            trusted: false,
+            proto: "http",
+        };
+        let mut h = map(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "evil"),
+        ]);
+        let host = HeaderValue::from_static("example.com");
+        add_forwarding(&mut h, &facts, Some(&host), true);
+        assert_eq!(h["x-forwarded-for"], "10.1.1.1");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-host"], "example.com");
+        assert_eq!(
+            h["forwarded"],
+            "for=10.1.1.1;proto=http;host=\"example.com\""
+        );
+    }
+
+    #[test]
+    fn forwarding_headers_extend_trusted_chains() {
+        let facts = ClientFacts {
+            ip_value: HeaderValue::from_static("10.1.1.1"),
+            forwarded_for: "10.1.1.1".into(),
+            trusted: true,
+            proto: "http",
+        };
+        let mut h = map(&[
+            ("x-forwarded-for", "1.2.3.4"),
+            ("x-forwarded-for", "5.6.7.8"),
+            ("x-forwarded-proto", "https"),
+        ]);
+        add_forwarding(&mut h, &facts, None, false);
+        assert_eq!(h["x-forwarded-for"], "1.2.3.4, 5.6.7.8, 10.1.1.1");
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert!(h.get("forwarded").is_none());
+    }
+
+    #[test]
+    fn request_ids_are_32_hex_and_distinct() {
+        let a = new_request_id();
+        let b = new_request_id();
+        assert_eq!(a.len(), 32);
+        assert!(a.to_str().unwrap().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn response_framing_checks() {
+        assert!(validate_response_head(&map(&[("transfer-encoding", "chunked")])).is_ok());
+        assert!(validate_response_head(&map(&[
+            ("transfer-encoding", "chunked"),
+            ("content-length", "3")
+        ]))
+        .is_err());
+        assert!(validate_response_head(&map(&[("transfer-encoding", "gzip")])).is_err());
+    }
+}

@@ -1,0 +1,158 @@
+//! Prometheus metrics. Label lookups happen when a config version is built; the request
+//! path only touches pre-resolved counter and histogram handles (atomics, no locks).
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Every metric family keymaster exports.
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    latency: HistogramVec,
+    errors: IntCounterVec,
+    upstream_connects: IntCounterVec,
+    upstream_connect_failures: IntCounterVec,
+    upstream_requests: IntCounterVec,
+    upstream_reused: IntCounterVec,
+    upstream_retries: IntCounterVec,
+    upstream_open: IntGaugeVec,
+    upstream_idle: IntGaugeVec,
+    downstream_open: IntGaugeVec,
+    downstream_accepted: IntCounterVec,
+    downstream_rejected: IntCounterVec,
+    pub(crate) config_version: IntGauge,
+    pub(crate) reloads: IntCounterVec,
+}
+
+/// Handles for one route.
+#[derive(Clone)]
+pub(crate) struct RouteMetrics {
+    /// Indexed by status class: 0 = other, 1..=5 = 1xx..5xx.
+    by_class: [IntCounter; 6],
+    pub(crate) latency: Histogram,
+}
+
+impl RouteMetrics {
+    pub(crate) fn count(&self, status: u16) {
+        let class = (status / 100) as usize;
+        self.by_class[if (1..=5).contains(&class) { class } else { 0 }].inc();
+    }
+}
+
+/// Handles for one cluster.
+#[derive(Clone)]
+pub(crate) struct ClusterMetrics {
+    pub(crate) connect_attempts: IntCounter,
+    pub(crate) connect_failures: IntCounter,
+    pub(crate) requests: IntCounter,
+    pub(crate) reused: IntCounter,
+    pub(crate) retries: IntCounter,
+    pub(crate) open_connections: IntGauge,
+    pub(crate) idle_connections: IntGauge,
+}
+
+/// Handles for one listener.
+#[derive(Clone)]
+pub(crate) struct ListenerMetrics {
+    pub(crate) open: IntGauge,
+    pub(crate) accepted: IntCounter,
+    pub(crate) rejected: IntCounter,
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let v = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition");
+    r.register(Box::new(v.clone())).expect("metric registered once");
+    v
+}
+
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let v = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition");
+    r.register(Box::new(v.clone())).expect("metric registered once");
+    v
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let r = Registry::new_custom(Some("keymaster".into()), None).expect("valid prefix");
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "request_duration_seconds",
+                "Time from request head received to response head sent, by route",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0,
+            ]),
+            &["route"],
+        )
+        .expect("valid histogram");
+        r.register(Box::new(latency.clone())).expect("registered once");
+        let config_version = IntGauge::new("config_version", "Active config version").expect("ok");
+        r.register(Box::new(config_version.clone())).expect("registered once");
+        Metrics {
+            requests: counter_vec(&r, "requests_total", "Requests by route and status class", &["route", "status_class"]),
+            errors: counter_vec(&r, "errors_total", "Failed requests by status category and side", &["category", "side"]),
+            upstream_connects: counter_vec(&r, "upstream_connects_total", "Connection attempts to origins", &["cluster"]),
+            upstream_connect_failures: counter_vec(&r, "upstream_connect_failures_total", "Failed connection attempts to origins", &["cluster"]),
+            upstream_requests: counter_vec(&r, "upstream_requests_total", "Requests sent to origins", &["cluster"]),
+            upstream_reused: counter_vec(&r, "upstream_reused_total", "Requests sent on a reused pooled connection", &["cluster"]),
+            upstream_retries: counter_vec(&r, "upstream_retries_total", "Requests retried on a fresh connection after a stale pooled one failed", &["cluster"]),
+            upstream_open: gauge_vec(&r, "upstream_connections", "Open connections to origins", &["cluster"]),
+            upstream_idle: gauge_vec(&r, "upstream_idle_connections", "Idle pooled connections to origins", &["cluster"]),
+            downstream_open: gauge_vec(&r, "downstream_connections", "Open client connections", &["listener"]),
+            downstream_accepted: counter_vec(&r, "downstream_accepted_total", "Accepted client connections", &["listener"]),
+            downstream_rejected: counter_vec(&r, "downstream_rejected_total", "Client connections closed at once because the listener was at max_connections", &["listener"]),
+            reloads: counter_vec(&r, "config_reloads_total", "Config reloads by result", &["result"]),
+            config_version,
+            latency,
+            registry: r,
+        }
+    }
+
+    pub(crate) fn route(&self, name: &str) -> RouteMetrics {
+        let c = |class: &str| self.requests.with_label_values(&[name, class]);
+        RouteMetrics {
+            by_class: [c("other"), c("1xx"), c("2xx"), c("3xx"), c("4xx"), c("5xx")],
+            latency: self.latency.with_label_values(&[name]),
+        }
+    }
+
+    pub(crate) fn cluster(&self, name: &str) -> ClusterMetrics {
+        ClusterMetrics {
+            connect_attempts: self.upstream_connects.with_label_values(&[name]),
+            connect_failures: self.upstream_connect_failures.with_label_values(&[name]),
+            requests: self.upstream_requests.with_label_values(&[name]),
+            reused: self.upstream_reused.with_label_values(&[name]),
+            retries: self.upstream_retries.with_label_values(&[name]),
+            open_connections: self.upstream_open.with_label_values(&[name]),
+            idle_connections: self.upstream_idle.with_label_values(&[name]),
+        }
+    }
+
+    pub(crate) fn listener(&self, name: &str) -> ListenerMetrics {
+        ListenerMetrics {
+            open: self.downstream_open.with_label_values(&[name]),
+            accepted: self.downstream_accepted.with_label_values(&[name]),
+            rejected: self.downstream_rejected.with_label_values(&[name]),
+        }
+    }
+
+    pub(crate) fn error(&self, category: &str, side: &str) {
+        self.errors.with_label_values(&[category, side]).inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

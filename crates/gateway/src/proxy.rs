@@ -1,0 +1,549 @@
+//! The proxy stage: one downstream request in, one response out.
+//!
+//! ```text
+//! handle ─► validate head ─► route ─► body cap ─► request headers ─► pick server
+//!        ─► pool checkout | connect ─► send (response-header timeout)
+//!             └─ stale pooled connection failed before a response? retry once, fresh
+//!        ─► validate response ─► response headers ─► stream body (Exchange)
+//!  any Err ─► respond::error_response (the one place errors become responses)
+//! ```
+//!
+//! The [`Exchange`] rides inside the response body. When the body ends cleanly it returns the
+//! upstream connection to this worker's pool; if the body fails or the client goes away it
+//! drops the connection instead, so a half-read response is never reused.
+
+use http::header::{self, HeaderValue};
+use http::{Request, Response, Uri, Version};
+use hyper::body::Incoming;
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use crate::access_log::LogRecord;
+use crate::body::{OriginBody, RequestBody, RequestBodyState, ResponseBody};
+use crate::downstream::ConnCtx;
+use crate::error::{Error, Kind};
+use crate::headers::{self as hdr, parse_content_length};
+use crate::respond::error_response;
+use crate::route::{host_without_port, HostRewrite, Route};
+use crate::snapshot::Snapshot;
+use crate::upstream::{connect::connect, pool::Conn, OriginServer};
+
+/// Serve one request. Never fails: errors become responses here.
+pub(crate) async fn handle(
+    cx: Rc<ConnCtx>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let start = Instant::now();
+    cx.state.request_started();
+    let snapshot = cx.worker.shared.snapshot.load_full();
+    let mut info = RequestInfo::default();
+    if cx.worker.shared.access_log.is_some() {
+        info.log = Some(Box::new(LogRecord::from_request(&req, &cx)));
+    }
+    match proxy(&cx, &snapshot, req, start, &mut info).await {
+        Ok(resp) => Ok(resp),
+        Err(err) => {
+            let via = snapshot.stamps.via(Version::HTTP_11);
+            let rid = info
+                .request_id
+                .as_ref()
+                .map(|v| (&cx.listener.request_id_header, v));
+            let resp = error_response(&err, rid, via);
+            let status = resp.status().as_u16();
+            cx.worker.shared.metrics.error(err.category(), err.side().as_str());
+            if let Some(route) = &info.route {
+                route.metrics.count(status);
+                route.metrics.latency.observe(start.elapsed().as_secs_f64());
+            }
+            if let Some(mut log) = info.log.take() {
+                log.status = status;
+                log.category = err.category();
+                log.duration_us = start.elapsed().as_micros() as u64;
+                if let Some(l) = &cx.worker.shared.access_log {
+                    l.write(&log);
+                }
+            }
+            cx.state.request_finished();
+            Ok(resp)
+        }
+    }
+}
+
+/// What the error path needs to know about a request that failed part-way.
+#[derive(Default)]
+struct RequestInfo {
+    request_id: Option<HeaderValue>,
+    route: Option<Arc<Route>>,
+    log: Option<Box<LogRecord>>,
+}
+
+async fn proxy(
+    cx: &Rc<ConnCtx>,
+    snapshot: &Snapshot,
+    req: Request<Incoming>,
+    start: Instant,
+    info: &mut RequestInfo,
+) -> Result<Response<ResponseBody>, Error> {
+    let listener = &cx.listener;
+    let (mut parts, body) = req.into_parts();
+    hdr::validate_request_head(
+        &parts.method,
+        &parts.uri,
+        parts.version,
+        &parts.headers,
+        &listener.limits,
+    )?;
+
+    // Request id: propagate the client's or make one.
+    let rid = match parts.headers.get(&listener.request_id_header) {
+        Some(v) => v.clone(),
+        None => {
+            let v = hdr::new_request_id();
+            parts
+                .headers
+                .insert(listener.request_id_header.clone(), v.clone());
+            v
+        }
+    };
+    info.request_id = Some(rid.clone());
+
+    // Host as the client addressed it: absolute-form / :authority wins over Host (RFC 9112 §3.2.2).
+    let host_value: Option<HeaderValue> = match parts.uri.authority() {
+        Some(a) => HeaderValue::from_str(a.as_str()).ok(),
+        None => parts.headers.get(header::HOST).cloned(),
+    };
+    let host = host_value
+        .as_ref()
+        .and_then(|h| h.to_str().ok())
+        .map(host_without_port)
+        .unwrap_or("");
+    let route = snapshot
+        .router
+        .find(host, parts.uri.path(), &parts.method, &parts.headers)
+        .ok_or_else(|| Error::new(Kind::NoRoute, "no route matches the request"))?
+        .clone();
+    info.route = Some(route.clone());
+    if let Some(log) = info.log.as_mut() {
+        log.route = route.name.to_string();
+        log.request_id = rid.to_str().unwrap_or("").to_string();
+    }
+
+    // Body cap: refuse a declared oversize body before touching the origin.
+    if let Some(cl) = parts.headers.get(header::CONTENT_LENGTH) {
+        if parse_content_length(cl.as_bytes()).unwrap_or(0) > route.max_body_size {
+            return Err(Error::new(
+                Kind::BodyTooLarge,
+                "request body exceeds the route's limit",
+            ));
+        }
+    }
+    let body_state = Rc::new(RequestBodyState::default());
+    let body_empty = http_body::Body::is_end_stream(&body);
+    let upstream_body = if body_empty {
+        body_state.finished.set(true);
+        RequestBody::Empty
+    } else {
+        RequestBody::Stream {
+            inner: body,
+            limit: route.max_body_size,
+            seen: 0,
+            state: body_state.clone(),
+        }
+    };
+
+    // Request header duties.
+    let trailers = hdr::strip_hop_by_hop(&mut parts.headers);
+    if trailers {
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    parts.headers.remove(header::EXPECT); // answered by our own listener
+    hdr::add_forwarding(
+        &mut parts.headers,
+        &cx.client,
+        host_value.as_ref(),
+        listener.forwarded_header,
+    );
+    parts
+        .headers
+        .append(header::VIA, snapshot.stamps.via(parts.version).clone());
+    if !route.request_edits.is_empty() {
+        route.request_edits.apply(&mut parts.headers);
+    }
+
+    // Request target: verbatim unless a rewrite is configured; origin-form upstream.
+    let rewritten = route.rewrite(parts.uri.path(), parts.uri.query());
+    if let Some(target) = rewritten {
+        parts.uri = Uri::try_from(target)
+            .map_err(|_| Error::new(Kind::BadRequest, "rewritten target is invalid"))?;
+    } else if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
+        let pq = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        parts.uri = Uri::try_from(pq)
+            .map_err(|_| Error::new(Kind::BadRequest, "invalid request target"))?;
+    }
+    let client_version = parts.version;
+    parts.version = Version::HTTP_11;
+
+    let cluster = route.cluster.clone();
+    let server = cluster.pick().clone();
+    match &route.host_rewrite {
+        HostRewrite::Preserve => {
+            if !parts.headers.contains_key(header::HOST) {
+                let h = host_value
+                    .clone()
+                    .unwrap_or_else(|| server.authority.clone());
+                parts.headers.insert(header::HOST, h);
+            }
+        }
+        HostRewrite::Origin => {
+            parts.headers.insert(header::HOST, server.authority.clone());
+        }
+        HostRewrite::Fixed(v) => {
+            parts.headers.insert(header::HOST, v.clone());
+        }
+    }
+    if let Some(log) = info.log.as_mut() {
+        log.origin = server.label.to_string();
+    }
+
+    // The deadline covers the whole exchange, body included.
+    let deadline = route.request_timeout.map(|d| start + d);
+    let head_timeout = match deadline {
+        Some(d) => route
+            .response_header_timeout
+            .min(d.saturating_duration_since(Instant::now())),
+        None => route.response_header_timeout,
+    };
+
+    let outstanding = Outstanding::new(server.clone());
+    let (resp, conn, attempts) = send(
+        cx,
+        &route,
+        &server,
+        Request::from_parts(parts, upstream_body),
+        body_empty,
+        head_timeout,
+        deadline,
+        &body_state,
+    )
+    .await?;
+    let upstream_head = start.elapsed();
+
+    // Response header duties.
+    let (mut rparts, rbody) = resp.into_parts();
+    hdr::validate_response_head(&rparts.headers)?;
+    let origin_close = rparts
+        .headers
+        .get(header::CONNECTION)
+        .map(|v| connection_has_close(v))
+        .unwrap_or(false);
+    hdr::strip_hop_by_hop(&mut rparts.headers);
+    rparts
+        .headers
+        .append(header::VIA, snapshot.stamps.via(rparts.version).clone());
+    if !route.response_edits.is_empty() {
+        route.response_edits.apply(&mut rparts.headers);
+    }
+    if !rparts.headers.contains_key(&listener.request_id_header) {
+        rparts
+            .headers
+            .insert(listener.request_id_header.clone(), rid);
+    }
+    rparts.version = client_version;
+
+    let max_requests = cluster.config.pool.max_requests_per_connection;
+    let reusable = !origin_close && (max_requests == 0 || conn.requests < max_requests);
+    let status = rparts.status.as_u16();
+    if let Some(log) = info.log.as_mut() {
+        log.upstream_head_us = upstream_head.as_micros() as u64;
+        log.attempts = attempts;
+    }
+    let mut exchange = Exchange {
+        conn: Some(conn),
+        cx: cx.clone(),
+        route: route.clone(),
+        reusable,
+        body_state,
+        complete: Cell::new(false),
+        failure: None,
+        bytes: 0,
+        status,
+        start,
+        _outstanding: outstanding,
+        log: info.log.take(),
+    };
+    if http_body::Body::is_end_stream(&rbody) {
+        exchange.body_complete();
+    }
+    let body = OriginBody {
+        inner: rbody,
+        exchange,
+        deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+    };
+    Ok(Response::from_parts(rparts, ResponseBody::Origin(body)))
+}
+
+fn connection_has_close(v: &HeaderValue) -> bool {
+    v.to_str()
+        .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+        .unwrap_or(false)
+}
+
+/// Send the request on a pooled or new connection. A request that fails on a reused
+/// connection before any response (the keep-alive race) is sent once more on a fresh one,
+/// if it was not sent at all or is bodyless and so can be replayed.
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    cx: &Rc<ConnCtx>,
+    route: &Route,
+    server: &Arc<OriginServer>,
+    req: Request<RequestBody>,
+    body_empty: bool,
+    head_timeout: std::time::Duration,
+    deadline: Option<Instant>,
+    body_state: &RequestBodyState,
+) -> Result<(Response<Incoming>, Conn, u32), Error> {
+    let cluster = &route.cluster;
+    let pools = &cx.worker.pools;
+    let mut reused = None;
+    while let Some(mut c) = pools.checkout(server.state.id, Instant::now()) {
+        cluster.metrics.idle_connections.dec();
+        if c.sender.is_ready() {
+            reused = Some(c);
+            break;
+        }
+        // Just returned and not yet idle inside hyper: wait briefly for it.
+        if let Ok(Ok(())) = tokio::time::timeout(route.connect_timeout, c.sender.ready()).await {
+            reused = Some(c);
+            break;
+        }
+    }
+    let is_reused = reused.is_some();
+    let mut conn = match reused {
+        Some(c) => c,
+        None => connect_within(cluster, server, route.connect_timeout, deadline).await?,
+    };
+    cluster.metrics.requests.inc();
+    if is_reused {
+        cluster.metrics.reused.inc();
+    }
+    let replay = if is_reused && body_empty {
+        Some((req.method().clone(), req.uri().clone(), req.headers().clone()))
+    } else {
+        None
+    };
+    conn.requests += 1;
+    let first = tokio::time::timeout(head_timeout, conn.sender.try_send_request(req)).await;
+    let retry = match first {
+        Ok(Ok(resp)) => return Ok((resp, conn, 1)),
+        Err(_) => {
+            return Err(Error::new(
+                Kind::ResponseHeaderTimeout,
+                "origin sent no response head in time",
+            ))
+        }
+        Ok(Err(mut e)) => {
+            let unsent = e.take_message();
+            let err = e.into_error();
+            if body_state.too_large.get() {
+                return Err(Error::new(
+                    Kind::BodyTooLarge,
+                    "request body exceeds the route's limit",
+                ));
+            }
+            let retry_req = match (unsent, replay) {
+                (Some(r), _) => Some(r),
+                (None, Some((m, u, h))) if stale_connection_error(&err) => {
+                    let mut r = Request::new(RequestBody::Empty);
+                    *r.method_mut() = m;
+                    *r.uri_mut() = u;
+                    *r.headers_mut() = h;
+                    Some(r)
+                }
+                _ => None,
+            };
+            match retry_req {
+                Some(r) if is_reused => r,
+                _ => return Err(map_send_error(err)),
+            }
+        }
+    };
+    // Retry once on a fresh connection.
+    cluster.metrics.retries.inc();
+    drop(conn);
+    let mut conn = connect_within(cluster, server, route.connect_timeout, deadline).await?;
+    cluster.metrics.requests.inc();
+    conn.requests += 1;
+    match tokio::time::timeout(head_timeout, conn.sender.send_request(retry)).await {
+        Ok(Ok(resp)) => Ok((resp, conn, 2)),
+        Ok(Err(e)) => Err(map_send_error(e)),
+        Err(_) => Err(Error::new(
+            Kind::ResponseHeaderTimeout,
+            "origin sent no response head in time",
+        )),
+    }
+}
+
+async fn connect_within(
+    cluster: &crate::upstream::Cluster,
+    server: &Arc<OriginServer>,
+    connect_timeout: std::time::Duration,
+    deadline: Option<Instant>,
+) -> Result<Conn, Error> {
+    let t = match deadline {
+        Some(d) => connect_timeout.min(d.saturating_duration_since(Instant::now())),
+        None => connect_timeout,
+    };
+    connect(cluster, server, t).await
+}
+
+/// The failure looks like the origin closed an idle connection under us.
+fn stale_connection_error(e: &hyper::Error) -> bool {
+    if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
+        return true;
+    }
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionAborted
+            );
+        }
+        src = s.source();
+    }
+    false
+}
+
+fn map_send_error(e: hyper::Error) -> Error {
+    if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
+        Error::new(Kind::OriginProtocol, "origin sent a malformed response").with_source(e)
+    } else if e.is_user() || e.is_body_write_aborted() {
+        // Our request body failed: the client stopped sending it.
+        Error::new(Kind::ClientGone, "client request body failed").with_source(e)
+    } else {
+        Error::new(Kind::OriginReset, "origin closed the connection").with_source(e)
+    }
+}
+
+/// Counts a request as outstanding on its server until dropped (least-outstanding balancing).
+pub(crate) struct Outstanding(Arc<OriginServer>);
+
+impl Outstanding {
+    fn new(server: Arc<OriginServer>) -> Self {
+        server.state.outstanding.fetch_add(1, Ordering::Relaxed);
+        Outstanding(server)
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.0.state.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The rest of a proxied exchange after the response head: finishes metrics and logs, and
+/// returns the upstream connection to the pool only after a clean, complete body.
+pub(crate) struct Exchange {
+    conn: Option<Conn>,
+    cx: Rc<ConnCtx>,
+    route: Arc<Route>,
+    reusable: bool,
+    body_state: Rc<RequestBodyState>,
+    complete: Cell<bool>,
+    failure: Option<&'static str>,
+    bytes: u64,
+    status: u16,
+    start: Instant,
+    _outstanding: Outstanding,
+    log: Option<Box<LogRecord>>,
+}
+
+impl Exchange {
+    pub(crate) fn body_complete(&mut self) {
+        self.complete.set(true);
+    }
+    pub(crate) fn fail_body(&mut self, category: &'static str) {
+        self.failure = Some(category);
+        self.reusable = false;
+    }
+    pub(crate) fn add_body_bytes(&mut self, n: usize) {
+        self.bytes += n as u64;
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let complete = self.complete.get() && self.failure.is_none();
+        let now = Instant::now();
+        if let Some(conn) = self.conn.take() {
+            if complete && self.reusable && self.body_state.finished.get() {
+                let pool = &self.route.cluster.config.pool;
+                self.route.cluster.metrics.idle_connections.inc();
+                self.cx
+                    .worker
+                    .pools
+                    .put(conn, pool.max_idle, pool.idle_timeout.get(), now);
+            }
+            // Otherwise the connection drops here and closes: never reuse a half-read one.
+        }
+        let elapsed = now.saturating_duration_since(self.start);
+        self.route.metrics.count(self.status);
+        self.route.metrics.latency.observe(elapsed.as_secs_f64());
+        let category = match (complete, self.failure) {
+            (_, Some(c)) => c,
+            (true, None) => "success",
+            (false, None) => "client_cancelled",
+        };
+        if category != "success" {
+            self.cx.worker.shared.metrics.error(category, "origin");
+        }
+        if let Some(mut log) = self.log.take() {
+            log.status = self.status;
+            log.category = category;
+            log.duration_us = elapsed.as_micros() as u64;
+            log.bytes_out = self.bytes;
+            if let Some(l) = &self.cx.worker.shared.access_log {
+                l.write(&log);
+            }
+        }
+        self.cx.state.request_finished();
+    }
+}
+
+impl LogRecord {
+    fn from_request(req: &Request<Incoming>, cx: &ConnCtx) -> LogRecord {
+        let h = |n: header::HeaderName| {
+            req.headers()
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        };
+        LogRecord {
+            client: cx.peer.ip().to_string(),
+            method: req.method().to_string(),
+            uri: req.uri().to_string(),
+            version: match req.version() {
+                Version::HTTP_10 => "HTTP/1.0",
+                Version::HTTP_2 => "HTTP/2.0",
+                _ => "HTTP/1.1",
+            },
+            user_agent: h(header::USER_AGENT),
+            referer: h(header::REFERER),
+            attempts: 0,
+            ..Default::default()
+        }
+    }
+}

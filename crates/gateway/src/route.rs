@@ -1,0 +1,273 @@
+//! Routing: compiled routes matched by priority (host, path, method, headers), and the path
+//! rewrite each route applies before forwarding.
+
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Method};
+use regex::Regex;
+use std::sync::Arc;
+
+use crate::headers::HeaderEdits;
+use crate::metrics::RouteMetrics;
+use crate::upstream::Cluster;
+use keymaster_config::{HostPolicy, RouteConfig};
+
+/// How a route matches the host.
+#[derive(Debug)]
+enum HostMatch {
+    Any,
+    /// Lowercase exact host.
+    Exact(String),
+    /// Lowercase suffix including the dot: "*.example.com" → ".example.com".
+    Wildcard(String),
+}
+
+#[derive(Debug)]
+enum PathMatch {
+    Any,
+    Prefix(String),
+    Exact(String),
+    Regex(Regex),
+}
+
+/// What the route does to the path before forwarding.
+#[derive(Debug)]
+enum Rewrite {
+    None,
+    StripPrefix(String),
+    ReplacePrefix { from: String, to: String },
+    ReplacePath(String),
+}
+
+/// The Host header sent upstream.
+#[derive(Debug)]
+pub(crate) enum HostRewrite {
+    Preserve,
+    Origin,
+    Fixed(HeaderValue),
+}
+
+/// A route ready for matching.
+pub struct Route {
+    pub name: Arc<str>,
+    host: HostMatch,
+    path: PathMatch,
+    methods: Vec<Method>,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    rewrite: Rewrite,
+    pub(crate) host_rewrite: HostRewrite,
+    pub(crate) request_edits: HeaderEdits,
+    pub(crate) response_edits: HeaderEdits,
+    pub(crate) cluster: Arc<Cluster>,
+    pub(crate) connect_timeout: std::time::Duration,
+    pub(crate) response_header_timeout: std::time::Duration,
+    pub(crate) request_timeout: Option<std::time::Duration>,
+    pub(crate) max_body_size: u64,
+    pub(crate) metrics: RouteMetrics,
+}
+
+impl Route {
+    pub(crate) fn compile(
+        cfg: &RouteConfig,
+        cluster: Arc<Cluster>,
+        metrics: RouteMetrics,
+    ) -> Result<Route, String> {
+        let m = &cfg.matches;
+        let host = match m.host.as_deref() {
+            None => HostMatch::Any,
+            Some(h) => match h.strip_prefix('*') {
+                Some(suffix) => HostMatch::Wildcard(suffix.to_ascii_lowercase()),
+                None => HostMatch::Exact(h.to_ascii_lowercase()),
+            },
+        };
+        let path = if let Some(p) = &m.path_exact {
+            PathMatch::Exact(p.clone())
+        } else if let Some(r) = &m.path_regex {
+            PathMatch::Regex(Regex::new(r).map_err(|e| e.to_string())?)
+        } else if let Some(p) = &m.path_prefix {
+            if p == "/" {
+                PathMatch::Any
+            } else {
+                PathMatch::Prefix(p.clone())
+            }
+        } else {
+            PathMatch::Any
+        };
+        let methods = m
+            .methods
+            .iter()
+            .map(|s| Method::from_bytes(s.as_bytes()).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?;
+        let headers = m
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                Ok((
+                    HeaderName::from_bytes(k.as_bytes()).map_err(|e| e.to_string())?,
+                    HeaderValue::from_str(v).map_err(|e| e.to_string())?,
+                ))
+            })
+            .collect::<Result<_, String>>()?;
+        let rw = &cfg.rewrite;
+        let rewrite = if let Some(p) = &rw.strip_prefix {
+            Rewrite::StripPrefix(p.clone())
+        } else if let Some(to) = &rw.replace_prefix {
+            let from = m
+                .path_prefix
+                .clone()
+                .ok_or("replace_prefix needs match.path_prefix")?;
+            Rewrite::ReplacePrefix {
+                from,
+                to: to.clone(),
+            }
+        } else if let Some(p) = &rw.replace_path {
+            Rewrite::ReplacePath(p.clone())
+        } else {
+            Rewrite::None
+        };
+        let host_rewrite = match cfg.host_policy {
+            HostPolicy::Preserve => HostRewrite::Preserve,
+            HostPolicy::Origin => HostRewrite::Origin,
+            HostPolicy::Fixed => HostRewrite::Fixed(
+                HeaderValue::from_str(cfg.fixed_host.as_deref().unwrap_or(""))
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
+        let c = &cluster.config;
+        Ok(Route {
+            name: cfg.name.as_str().into(),
+            host,
+            path,
+            methods,
+            headers,
+            rewrite,
+            host_rewrite,
+            request_edits: HeaderEdits::compile(&cfg.request_headers)?,
+            response_edits: HeaderEdits::compile(&cfg.response_headers)?,
+            connect_timeout: cfg.connect_timeout.unwrap_or(c.connect_timeout).get(),
+            response_header_timeout: cfg
+                .response_header_timeout
+                .unwrap_or(c.response_header_timeout)
+                .get(),
+            request_timeout: cfg.request_timeout.or(c.request_timeout).map(|d| d.get()),
+            max_body_size: cfg.max_body_size.get(),
+            cluster,
+            metrics,
+        })
+    }
+
+    fn matches(&self, host: &str, path: &str, method: &Method, headers: &HeaderMap) -> bool {
+        let host_ok = match &self.host {
+            HostMatch::Any => true,
+            HostMatch::Exact(h) => host.eq_ignore_ascii_case(h),
+            HostMatch::Wildcard(suffix) => {
+                host.len() > suffix.len()
+                    && host.as_bytes()[host.len() - suffix.len()..]
+                        .eq_ignore_ascii_case(suffix.as_bytes())
+            }
+        };
+        if !host_ok {
+            return false;
+        }
+        let path_ok = match &self.path {
+            PathMatch::Any => true,
+            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+            PathMatch::Exact(p) => path == p,
+            PathMatch::Regex(r) => r.is_match(path),
+        };
+        path_ok
+            && (self.methods.is_empty() || self.methods.contains(method))
+            && self
+                .headers
+                .iter()
+                .all(|(n, v)| headers.get_all(n).iter().any(|got| got == v))
+    }
+
+    /// The path (and query) to send upstream, or `None` to forward the target untouched.
+    pub(crate) fn rewrite(&self, path: &str, query: Option<&str>) -> Option<String> {
+        let new_path = match &self.rewrite {
+            Rewrite::None => return None,
+            Rewrite::StripPrefix(p) => {
+                let rest = path.strip_prefix(p.as_str())?;
+                if rest.starts_with('/') {
+                    rest.to_string()
+                } else {
+                    format!("/{rest}")
+                }
+            }
+            Rewrite::ReplacePrefix { from, to } => {
+                let rest = path.strip_prefix(from.as_str())?;
+                let mut s = String::with_capacity(to.len() + rest.len() + 1);
+                s.push_str(to);
+                if !to.ends_with('/') && !rest.is_empty() && !rest.starts_with('/') {
+                    s.push('/');
+                }
+                s.push_str(rest);
+                if s.is_empty() {
+                    s.push('/');
+                }
+                s
+            }
+            Rewrite::ReplacePath(p) => p.clone(),
+        };
+        Some(match query {
+            Some(q) => format!("{new_path}?{q}"),
+            None => new_path,
+        })
+    }
+}
+
+/// All routes of one config version, highest priority first (ties in file order).
+pub struct Router {
+    routes: Vec<Arc<Route>>,
+}
+
+impl Router {
+    pub(crate) fn new(mut routes: Vec<(i32, Arc<Route>)>) -> Router {
+        routes.sort_by_key(|(prio, _)| std::cmp::Reverse(*prio)); // stable: file order on ties
+        Router {
+            routes: routes.into_iter().map(|(_, r)| r).collect(),
+        }
+    }
+
+    /// The first matching route. `host` must already have its port removed.
+    pub(crate) fn find(
+        &self,
+        host: &str,
+        path: &str,
+        method: &Method,
+        headers: &HeaderMap,
+    ) -> Option<&Arc<Route>> {
+        self.routes
+            .iter()
+            .find(|r| r.matches(host, path, method, headers))
+    }
+
+    pub fn routes(&self) -> &[Arc<Route>] {
+        &self.routes
+    }
+}
+
+/// The host of a Host header or authority, without port, for matching.
+pub(crate) fn host_without_port(h: &str) -> &str {
+    if let Some(rest) = h.strip_prefix('[') {
+        // [v6]:port
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match h.rfind(':') {
+        Some(i) if h[i + 1..].bytes().all(|b| b.is_ascii_digit()) => &h[..i],
+        _ => h,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_stripping() {
+        assert_eq!(host_without_port("example.com:8080"), "example.com");
+        assert_eq!(host_without_port("example.com"), "example.com");
+        assert_eq!(host_without_port("[::1]:80"), "::1");
+        assert_eq!(host_without_port("127.0.0.1:1"), "127.0.0.1");
+    }
+}

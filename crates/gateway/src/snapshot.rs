@@ -1,0 +1,49 @@
+//! A config version compiled for the request path: the router, clusters with resolved
+//! servers, pre-resolved metric handles and precomputed header values. Built off the request
+//! path (at start and on reload) and swapped in atomically with `arc-swap`, so each request
+//! sees exactly one version from its first byte to its last.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::headers::Stamps;
+use crate::metrics::Metrics;
+use crate::route::{Route, Router};
+use crate::upstream::Cluster;
+use keymaster_config::Config;
+
+pub struct Snapshot {
+    pub version: u64,
+    /// The effective config this version was built from (served by `/config`).
+    pub config: Config,
+    pub router: Router,
+    pub clusters: HashMap<String, Arc<Cluster>>,
+    pub(crate) stamps: Stamps,
+}
+
+impl Snapshot {
+    pub fn build(config: Config, version: u64, metrics: &Metrics) -> Result<Snapshot, String> {
+        let mut clusters = HashMap::new();
+        for c in &config.clusters {
+            let cluster = Cluster::build(c, metrics.cluster(&c.name))?;
+            clusters.insert(c.name.clone(), Arc::new(cluster));
+        }
+        let mut routes = Vec::with_capacity(config.routes.len());
+        for r in &config.routes {
+            let cluster = clusters
+                .get(&r.cluster)
+                .ok_or_else(|| format!("route {}: unknown cluster {}", r.name, r.cluster))?
+                .clone();
+            let route = Route::compile(r, cluster, metrics.route(&r.name))
+                .map_err(|e| format!("route {}: {e}", r.name))?;
+            routes.push((r.priority, Arc::new(route)));
+        }
+        Ok(Snapshot {
+            version,
+            stamps: Stamps::new(&config.server.via),
+            router: Router::new(routes),
+            clusters,
+            config,
+        })
+    }
+}

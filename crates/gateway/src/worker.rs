@@ -1,0 +1,103 @@
+//! Worker threads: each runs a single-threaded tokio runtime with a `LocalSet`, its own
+//! `SO_REUSEPORT` sockets, and its own upstream pools. Nothing on a worker's request path
+//! takes a lock or wakes another thread; per-worker state lives in `Rc`/`Cell`.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+
+use crate::downstream::{accept_loop, ListenerCtx};
+use crate::gateway::Shared;
+use crate::upstream::pool::Pools;
+
+/// One worker thread's state.
+pub(crate) struct Worker {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) pools: Pools,
+    pub(crate) active_connections: Cell<usize>,
+    pub(crate) drained: Notify,
+}
+
+/// Sockets handed to a worker: one per listener.
+pub(crate) struct WorkerSockets {
+    pub(crate) sockets: Vec<(Arc<ListenerCtx>, std::net::TcpListener)>,
+}
+
+/// Run a worker until shutdown, then drain: stop accepting, let in-flight requests finish
+/// (hyper closes idle keep-alive connections at once), and give up at the drain deadline.
+pub(crate) fn run(
+    index: usize,
+    shared: Arc<Shared>,
+    sockets: WorkerSockets,
+    mut shutdown: watch::Receiver<bool>,
+    drain_timeout: Duration,
+) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(worker = index, error = %e, "cannot start worker runtime");
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let worker = Rc::new(Worker {
+            shared,
+            pools: Pools::default(),
+            active_connections: Cell::new(0),
+            drained: Notify::new(),
+        });
+        for (ctx, std_socket) in sockets.sockets {
+            match tokio::net::TcpListener::from_std(std_socket) {
+                Ok(socket) => {
+                    tokio::task::spawn_local(accept_loop(
+                        worker.clone(),
+                        ctx,
+                        socket,
+                        shutdown.clone(),
+                    ));
+                }
+                Err(e) => tracing::error!(worker = index, error = %e, "cannot register listener"),
+            }
+        }
+        let sweeper = {
+            let worker = worker.clone();
+            tokio::task::spawn_local(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(500));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    worker.pools.sweep(tokio::time::Instant::now());
+                }
+            })
+        };
+        // Wait for the shutdown signal (or for the handle to be dropped).
+        while !*shutdown.borrow_and_update() {
+            if shutdown.changed().await.is_err() {
+                break;
+            }
+        }
+        let deadline = tokio::time::Instant::now() + drain_timeout;
+        while worker.active_connections.get() > 0 {
+            let notified = worker.drained.notified();
+            if worker.active_connections.get() == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::warn!(
+                    worker = index,
+                    open = worker.active_connections.get(),
+                    "drain deadline passed; closing remaining connections"
+                );
+                break;
+            }
+        }
+        sweeper.abort();
+        worker.pools.clear();
+    });
+}
