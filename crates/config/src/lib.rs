@@ -4,9 +4,12 @@
 //! The gateway crate compiles a validated [`Config`] into its runtime snapshot; nothing here
 //! touches the network.
 
+pub mod error;
+mod locate;
 pub mod model;
 pub mod units;
 
+pub use error::{ConfigError, ConfigErrors};
 pub use model::*;
 
 /// The embedded default config: gateway on 127.0.0.1:8080, admin on 127.0.0.1:9901,
