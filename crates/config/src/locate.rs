@@ -40,8 +40,7 @@ impl KeyPath {
 
 fn is_bare(k: &str) -> bool {
     !k.is_empty()
-        && k
-            .bytes()
+        && k.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
@@ -154,7 +153,12 @@ impl<'a> Locator<'a> {
     pub(crate) fn path_at(&self, offset: usize) -> KeyPath {
         let mut best = KeyPath::root();
         if let Some(doc) = &self.doc {
-            walk(node_of_item(doc.as_item()), &KeyPath::root(), offset, &mut best);
+            walk(
+                node_of_item(doc.as_item()),
+                &KeyPath::root(),
+                offset,
+                &mut best,
+            );
         }
         best
     }
@@ -221,7 +225,10 @@ mod tests {
         let l = Locator::new(TEXT);
         let at = |p: &KeyPath| l.offset_of(p).map(|o| l.line_col(o));
         let routes = KeyPath::root().key("routes");
-        assert_eq!(at(&KeyPath::root().key("server").key("workers")), Some((2, 1)));
+        assert_eq!(
+            at(&KeyPath::root().key("server").key("workers")),
+            Some((2, 1))
+        );
         assert_eq!(at(&routes.index(0).key("name")), Some((5, 1)));
         assert_eq!(at(&routes.index(1).key("name")), Some((9, 1)));
         // A missing key falls back to its table's header.
