@@ -106,7 +106,10 @@ pub fn validate(config: &Config) -> Result<(), ConfigErrors> {
 
 /// A TOML syntax or type error, located by the parser's byte span.
 fn parse_error(text: &str, origin: &str, e: &toml::de::Error) -> ConfigError {
-    let message = e.message().trim().replace('\n', " ");
+    let mut message = e.message().trim().replace('\n', " ");
+    if message == "invalid socket address syntax" {
+        message.push_str("; expected \"ip:port\" like \"127.0.0.1:8080\" (names are not resolved)");
+    }
     let (line, column, key) = match e.span() {
         Some(span) => {
             let locator = Locator::new(text);

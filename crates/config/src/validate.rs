@@ -319,13 +319,14 @@ pub(crate) fn is_hostname(host: &str) -> bool {
     labels_ok && (!last_numeric || host.parse::<Ipv4Addr>().is_ok())
 }
 
-/// Exact host or `*.` wildcard; IPv4 and bracketed IPv6 literals are exact hosts; no port.
+/// Exact host or `*.` wildcard; IPv4 and IPv6 literals are exact hosts; no port.
+/// IPv6 is written without brackets: the gateway strips them (and the port) before matching.
 fn check_host_pattern(pattern: &str) -> Result<(), String> {
+    if pattern.parse::<Ipv6Addr>().is_ok() {
+        return Ok(());
+    }
     if let Some(v6) = pattern.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
-        return v6
-            .parse::<Ipv6Addr>()
-            .map(|_| ())
-            .map_err(|_| format!("{v6:?} is not an IPv6 address"));
+        return Err(format!("write IPv6 hosts without brackets ({v6:?})"));
     }
     if pattern.contains(':') {
         return Err(
