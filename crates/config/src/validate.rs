@@ -385,8 +385,9 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
         p.push(
             mat.key(given[1]),
             format!(
-                "{} are both set; expected at most one of path_prefix, path_exact, path_regex",
-                given.join(" and ")
+                "{} are {} set; expected at most one of path_prefix, path_exact, path_regex",
+                given.join(" and "),
+                if given.len() == 2 { "both" } else { "all" }
             ),
         );
     }
@@ -445,7 +446,11 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
     if given.len() > 1 {
         p.push(
             rwp.key(given[1]),
-            format!("{} are both set; expected at most one of strip_prefix, replace_prefix, replace_path", given.join(" and ")),
+            format!(
+                "{} are {} set; expected at most one of strip_prefix, replace_prefix, replace_path",
+                given.join(" and "),
+                if given.len() == 2 { "both" } else { "all" }
+            ),
         );
     }
     for (key, value) in rewrites {

@@ -377,3 +377,13 @@ fn server_and_access_log() {
     );
     one("[server]\nvia = \"\"\n", "server.via", 13, "Via header");
 }
+
+#[test]
+fn three_paths_reported_once() {
+    one(
+        "match = { path_prefix = \"/a\", path_exact = \"/b\", path_regex = \"c\" }\n",
+        "routes[0].match.path_exact",
+        12,
+        "path_prefix and path_exact and path_regex are all set",
+    );
+}
