@@ -1,26 +1,128 @@
 //! keymaster's configuration: the model ([`model`]), TOML loading that reports every problem
-//! with file, line and key ([`load_file`], [`load_str`]), and semantic validation.
+//! with file, line and key ([`load_file`], [`load_str`]), and semantic validation
+//! ([`validate`]).
 //!
 //! The gateway crate compiles a validated [`Config`] into its runtime snapshot; nothing here
-//! touches the network.
+//! touches the network (origin addresses are checked for form, never resolved).
 
+pub mod error;
+mod locate;
 pub mod model;
 pub mod units;
+mod validate;
 
+pub use error::{ConfigError, ConfigErrors};
 pub use model::*;
+pub use validate::MAX_WEIGHT;
+
+use locate::Locator;
+use std::path::Path;
 
 /// The embedded default config: gateway on 127.0.0.1:8080, admin on 127.0.0.1:9901,
 /// everything routed to the built-in stub origin on 127.0.0.1:8081.
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
 
-/// Parse and validate TOML text. `origin` names the source in error messages (a path or "<default>").
-pub fn load_str(text: &str, origin: &str) -> Result<Config, Vec<String>> {
-    let _ = origin;
-    toml::from_str(text).map_err(|e| vec![e.to_string()])
+/// The parsed [`DEFAULT_CONFIG`].
+pub fn default_config() -> Config {
+    // The embedded text is covered by tests; failing here is a build defect, not user input.
+    load_str(DEFAULT_CONFIG, "<default>").expect("the embedded default config is valid")
 }
 
-/// Read, parse and validate a config file.
-pub fn load_file(path: &std::path::Path) -> Result<Config, Vec<String>> {
-    let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{}: {e}", path.display())])?;
-    load_str(&text, &path.display().to_string())
+/// Parse and validate TOML text. `origin` names the source in error messages (a path or
+/// `"<default>"`).
+///
+/// A syntax or type error stops parsing and is reported alone; otherwise every semantic
+/// problem is reported, sorted by position in the text.
+pub fn load_str(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
+    let config: Config = match toml::from_str(text) {
+        Ok(config) => config,
+        Err(e) => return Err(parse_error(text, origin, &e).into()),
+    };
+    let problems = validate::check(&config);
+    if problems.is_empty() {
+        return Ok(config);
+    }
+    let locator = Locator::new(text);
+    let mut errors: Vec<ConfigError> = problems
+        .into_iter()
+        .map(|p| {
+            let (line, column) = match locator.offset_of(&p.path) {
+                Some(offset) => {
+                    let (l, c) = locator.line_col(offset);
+                    (Some(l), Some(c))
+                }
+                None => (None, None),
+            };
+            ConfigError {
+                origin: origin.to_owned(),
+                line,
+                column,
+                key: p.path.to_string(),
+                message: p.message,
+            }
+        })
+        .collect();
+    // Stable: problems at the same place keep rule order; unlocated ones go last.
+    errors.sort_by_key(|e| (e.line.is_none(), e.line, e.column));
+    Err(ConfigErrors(errors))
+}
+
+/// Read, parse and validate a config file. An unreadable file is one error naming the path.
+pub fn load_file(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
+    let path = path.as_ref();
+    let origin = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => load_str(&text, &origin),
+        Err(e) => Err(ConfigError {
+            origin,
+            line: None,
+            column: None,
+            key: String::new(),
+            message: format!("cannot read the config file: {e}"),
+        }
+        .into()),
+    }
+}
+
+/// Run the semantic checks on a config built in code (no text, so no lines: the origin is
+/// `"<memory>"`). [`load_str`] and [`load_file`] already do this.
+pub fn validate(config: &Config) -> Result<(), ConfigErrors> {
+    let errors: Vec<ConfigError> = validate::check(config)
+        .into_iter()
+        .map(|p| ConfigError {
+            origin: "<memory>".to_owned(),
+            line: None,
+            column: None,
+            key: p.path.to_string(),
+            message: p.message,
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// A TOML syntax or type error, located by the parser's byte span.
+fn parse_error(text: &str, origin: &str, e: &toml::de::Error) -> ConfigError {
+    let mut message = e.message().trim().replace('\n', " ");
+    if message == "invalid socket address syntax" {
+        message.push_str("; expected \"ip:port\" like \"127.0.0.1:8080\" (names are not resolved)");
+    }
+    let (line, column, key) = match e.span() {
+        Some(span) => {
+            let locator = Locator::new(text);
+            let (l, c) = locator.line_col(span.start);
+            (Some(l), Some(c), locator.path_at(span.start).to_string())
+        }
+        None => (None, None, String::new()),
+    };
+    ConfigError {
+        origin: origin.to_owned(),
+        line,
+        column,
+        key,
+        message,
+    }
 }

@@ -13,11 +13,17 @@ pub use crate::units::{ByteSize, Duration};
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// `[server]`: process-wide settings.
     pub server: ServerConfig,
+    /// `[admin]`: the admin listener.
     pub admin: AdminConfig,
+    /// `[access_log]`: per-request log lines.
     pub access_log: AccessLogConfig,
+    /// `[[listeners]]`: client-facing sockets; at least one.
     pub listeners: Vec<ListenerConfig>,
+    /// `[[routes]]`: request matching, in priority order (ties keep file order).
     pub routes: Vec<RouteConfig>,
+    /// `[[clusters]]`: named groups of origin servers that routes forward to.
     pub clusters: Vec<ClusterConfig>,
 }
 
@@ -47,8 +53,35 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
-    /// Address to listen on; absent means no admin listener.
+    /// Address to listen on ("ip:port"); `"off"` (or `""`) means no admin listener.
+    /// Absent means the default, 127.0.0.1:9901.
+    #[serde(with = "admin_listen")]
     pub listen: Option<SocketAddr>,
+}
+
+/// `admin.listen` as TOML: "ip:port", or "off" for none (TOML has no null).
+mod admin_listen {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+    use std::net::SocketAddr;
+
+    pub fn serialize<S: Serializer>(v: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(addr) => s.collect_str(addr),
+            None => s.serialize_str("off"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.trim() {
+            "" | "off" => Ok(None),
+            t => t.parse().map(Some).map_err(|_| {
+                D::Error::custom(format!(
+                    "{text:?} is not a socket address; expected \"ip:port\" like \"127.0.0.1:9901\", or \"off\""
+                ))
+            }),
+        }
+    }
 }
 
 impl Default for AdminConfig {
@@ -62,8 +95,10 @@ impl Default for AdminConfig {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum AccessLogFormat {
+    /// One JSON object per line.
     #[default]
     Json,
+    /// Apache/NCSA combined log format.
     Combined,
 }
 
@@ -71,7 +106,9 @@ pub enum AccessLogFormat {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AccessLogConfig {
+    /// Write access log lines at all.
     pub enabled: bool,
+    /// `"json"` or `"combined"`.
     pub format: AccessLogFormat,
     /// File path, or "-" for standard output.
     pub path: String,
@@ -103,8 +140,11 @@ pub enum ListenerProtocol {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ListenerConfig {
+    /// Unique name (used in metrics and logs).
     pub name: String,
+    /// "ip:port" to bind; unique across listeners and distinct from `admin.listen`.
     pub address: SocketAddr,
+    /// `"http1"`, `"h2c"` or `"auto"`.
     pub protocol: ListenerProtocol,
     /// Cap on open client connections; past it new connections are closed at once.
     pub max_connections: usize,
@@ -151,8 +191,12 @@ impl Default for ListenerConfig {
 pub struct RouteMatch {
     /// Exact host ("api.example.com") or leading wildcard ("*.example.com"); port ignored.
     pub host: Option<String>,
+    /// Path starts with this ("/api" also matches "/api/x" and "/apix"; end it with "/" to
+    /// match whole segments). At most one of the three path criteria.
     pub path_prefix: Option<String>,
+    /// Path equals this exactly (query string not included).
     pub path_exact: Option<String>,
+    /// Path matches this regex (regex crate syntax, unanchored unless you use ^ and $).
     pub path_regex: Option<String>,
     /// Allowed methods; empty means any.
     pub methods: Vec<String>,
@@ -188,8 +232,11 @@ pub enum HostPolicy {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct HeaderEdits {
+    /// Header name → value appended (existing values kept).
     pub add: BTreeMap<String, String>,
+    /// Header name → value replacing every existing value.
     pub set: BTreeMap<String, String>,
+    /// Header names removed.
     pub remove: Vec<String>,
 }
 
@@ -197,16 +244,24 @@ pub struct HeaderEdits {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RouteConfig {
+    /// Unique, non-empty name (used in metrics and logs).
     pub name: String,
     /// Higher first; ties keep file order.
     pub priority: i32,
+    /// `match`: what requests this route takes; empty matches everything.
     #[serde(rename = "match")]
     pub matches: RouteMatch,
+    /// Name of the cluster to forward to (must exist).
     pub cluster: String,
+    /// Path rewrite before forwarding.
     pub rewrite: RewriteConfig,
+    /// Host header sent upstream: `"preserve"`, `"origin"` or `"fixed"`.
     pub host_policy: HostPolicy,
+    /// Host header value for `host_policy = "fixed"` (and only then).
     pub fixed_host: Option<String>,
+    /// Edits to the request before it is forwarded.
     pub request_headers: HeaderEdits,
+    /// Edits to the response before it is returned.
     pub response_headers: HeaderEdits,
     /// Override the cluster's timeouts for this route.
     pub connect_timeout: Option<Duration>,
@@ -252,8 +307,10 @@ pub enum Balance {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct OriginServerConfig {
-    /// "host:port" (IP or DNS name, resolved when the config loads).
+    /// "host:port" (IPv4, bracketed IPv6 or DNS name). Validation checks the form only;
+    /// resolving names is the gateway's job.
     pub address: String,
+    /// Relative share of traffic, 1 to 10000.
     #[serde(default = "one")]
     pub weight: u32,
 }
@@ -291,10 +348,15 @@ impl Default for PoolConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
+    /// Unique, non-empty name that routes refer to.
     pub name: String,
+    /// Origin servers; at least one.
     pub servers: Vec<OriginServerConfig>,
+    /// `"random"`, `"round_robin"` or `"least_outstanding"`.
     pub balance: Balance,
+    /// Connection pool limits, per server.
     pub pool: PoolConfig,
+    /// Time to establish a TCP connection to a server.
     pub connect_timeout: Duration,
     /// Time from the request being sent to the response head arriving → 504.
     pub response_header_timeout: Duration,

@@ -1,0 +1,560 @@
+//! Semantic validation of a parsed [`Config`]: every rule runs and every problem is
+//! collected with the key path it concerns (the caller turns paths into lines).
+
+use crate::locate::KeyPath;
+use crate::model::{Config, HeaderEdits, HostPolicy, ListenerConfig, RouteConfig};
+use crate::units::Duration;
+use crate::{ClusterConfig, OriginServerConfig};
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// Largest accepted origin server weight.
+pub const MAX_WEIGHT: u32 = 10_000;
+
+/// One semantic problem: where, and what was expected.
+#[derive(Debug, Clone)]
+pub(crate) struct Problem {
+    pub path: KeyPath,
+    pub message: String,
+}
+
+#[derive(Default)]
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn push(&mut self, path: KeyPath, message: impl Into<String>) {
+        self.0.push(Problem {
+            path,
+            message: message.into(),
+        });
+    }
+
+    fn positive(&mut self, path: KeyPath, d: Duration) {
+        if d.get().is_zero() {
+            self.push(
+                path,
+                "must be greater than zero; expected a duration like \"2s\"",
+            );
+        }
+    }
+
+    fn positive_opt(&mut self, path: KeyPath, d: Option<Duration>) {
+        if let Some(d) = d {
+            self.positive(path, d);
+        }
+    }
+}
+
+/// Run every rule over `config`.
+pub(crate) fn check(config: &Config) -> Vec<Problem> {
+    let mut p = Problems::default();
+    let root = KeyPath::root();
+
+    let server = root.key("server");
+    p.positive(server.key("drain_timeout"), config.server.drain_timeout);
+    if config.server.via.is_empty() || http::HeaderValue::from_str(&config.server.via).is_err() {
+        p.push(
+            server.key("via"),
+            format!(
+                "{:?} cannot be used in a Via header; expected a non-empty token like \"keymaster\"",
+                config.server.via
+            ),
+        );
+    }
+    if config.access_log.path.trim().is_empty() {
+        p.push(
+            root.key("access_log").key("path"),
+            "must not be empty; expected a file path or \"-\" for standard output",
+        );
+    }
+
+    check_listeners(config, &mut p);
+    let clusters = check_clusters(config, &mut p);
+    for (i, route) in config.routes.iter().enumerate() {
+        check_route(route, root.key("routes").index(i), &clusters, &mut p);
+    }
+    check_unique(
+        config.routes.iter().map(|r| r.name.as_str()),
+        &root.key("routes"),
+        "route",
+        &mut p,
+    );
+    p.0
+}
+
+/// Names must be non-empty and unique; the later duplicate is reported.
+fn check_unique<'a>(
+    names: impl Iterator<Item = &'a str>,
+    base: &KeyPath,
+    what: &str,
+    p: &mut Problems,
+) {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (i, name) in names.enumerate() {
+        let path = base.index(i).key("name");
+        if name.trim().is_empty() {
+            p.push(
+                path,
+                format!("every {what} needs a name; expected a non-empty string"),
+            );
+        } else if let Some(first) = seen.get(name) {
+            p.push(
+                path,
+                format!("{what} name {name:?} is already used by {base}[{first}]; expected unique names"),
+            );
+        } else {
+            seen.insert(name, i);
+        }
+    }
+}
+
+fn check_listeners(config: &Config, p: &mut Problems) {
+    let base = KeyPath::root().key("listeners");
+    if config.listeners.is_empty() {
+        p.push(
+            base.clone(),
+            "no listeners; expected at least one [[listeners]] table",
+        );
+    }
+    check_unique(
+        config.listeners.iter().map(|l| l.name.as_str()),
+        &base,
+        "listener",
+        p,
+    );
+    let mut addresses = HashMap::new();
+    for (i, l) in config.listeners.iter().enumerate() {
+        let at = base.index(i);
+        if let Some(first) = addresses.insert(l.address, i) {
+            p.push(
+                at.key("address"),
+                format!(
+                    "address {} is already used by {base}[{first}]; expected a distinct address",
+                    l.address
+                ),
+            );
+        }
+        if config.admin.listen == Some(l.address) {
+            p.push(
+                at.key("address"),
+                format!(
+                    "address {} is also admin.listen; expected a distinct address",
+                    l.address
+                ),
+            );
+        }
+        check_listener(l, &at, p);
+    }
+}
+
+fn check_listener(l: &ListenerConfig, at: &KeyPath, p: &mut Problems) {
+    p.positive(at.key("header_read_timeout"), l.header_read_timeout);
+    p.positive(at.key("idle_timeout"), l.idle_timeout);
+    for (key, value) in [
+        ("max_connections", l.max_connections as u64),
+        ("max_request_line", l.max_request_line.get()),
+        ("max_header_bytes", l.max_header_bytes.get()),
+        ("max_headers", l.max_headers as u64),
+    ] {
+        if value == 0 {
+            p.push(at.key(key), "must be greater than zero");
+        }
+    }
+    for (j, entry) in l.trusted_proxies.iter().enumerate() {
+        let t = entry.trim();
+        if t.parse::<ipnet::IpNet>().is_err() && t.parse::<IpAddr>().is_err() {
+            p.push(
+                at.key("trusted_proxies").index(j),
+                format!("{entry:?} is not an IP address or CIDR block; expected e.g. \"10.0.0.0/8\" or \"192.0.2.7\""),
+            );
+        }
+    }
+    check_header_name(&l.request_id_header, at.key("request_id_header"), p);
+}
+
+fn check_header_name(name: &str, path: KeyPath, p: &mut Problems) {
+    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        p.push(
+            path,
+            format!(
+                "{name:?} is not a valid HTTP header name; expected a token like \"x-request-id\""
+            ),
+        );
+    }
+}
+
+fn check_header_value(value: &str, path: KeyPath, p: &mut Problems) {
+    if http::HeaderValue::from_str(value).is_err() {
+        p.push(
+            path,
+            format!("{value:?} is not a valid HTTP header value; expected visible characters without control characters or line breaks"),
+        );
+    }
+}
+
+/// Header maps report the name problem and the value problem on the map key.
+fn check_header_map(map: &BTreeMap<String, String>, base: &KeyPath, p: &mut Problems) {
+    for (name, value) in map {
+        check_header_name(name, base.key(name), p);
+        check_header_value(value, base.key(name), p);
+    }
+}
+
+fn check_edits(edits: &HeaderEdits, base: &KeyPath, p: &mut Problems) {
+    check_header_map(&edits.add, &base.key("add"), p);
+    check_header_map(&edits.set, &base.key("set"), p);
+    for (j, name) in edits.remove.iter().enumerate() {
+        check_header_name(name, base.key("remove").index(j), p);
+    }
+}
+
+/// Cluster checks; returns the set of cluster names for route references.
+fn check_clusters<'a>(config: &'a Config, p: &mut Problems) -> Vec<&'a str> {
+    let base = KeyPath::root().key("clusters");
+    check_unique(
+        config.clusters.iter().map(|c| c.name.as_str()),
+        &base,
+        "cluster",
+        p,
+    );
+    for (i, c) in config.clusters.iter().enumerate() {
+        check_cluster(c, &base.index(i), p);
+    }
+    config.clusters.iter().map(|c| c.name.as_str()).collect()
+}
+
+fn check_cluster(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
+    if c.servers.is_empty() {
+        p.push(
+            at.key("servers"),
+            "no servers; expected at least one, e.g. servers = [{ address = \"10.0.0.5:8080\" }]",
+        );
+    }
+    for (j, s) in c.servers.iter().enumerate() {
+        check_server(s, &at.key("servers").index(j), p);
+    }
+    p.positive(at.key("connect_timeout"), c.connect_timeout);
+    p.positive(at.key("response_header_timeout"), c.response_header_timeout);
+    p.positive_opt(at.key("request_timeout"), c.request_timeout);
+    p.positive(at.key("pool").key("idle_timeout"), c.pool.idle_timeout);
+    if c.pool.max_connections != 0 && c.pool.max_idle > c.pool.max_connections {
+        p.push(
+            at.key("pool").key("max_idle"),
+            format!(
+                "max_idle ({}) exceeds pool.max_connections ({}); expected at most max_connections",
+                c.pool.max_idle, c.pool.max_connections
+            ),
+        );
+    }
+}
+
+fn check_server(s: &OriginServerConfig, at: &KeyPath, p: &mut Problems) {
+    if let Err(why) = check_host_port(&s.address) {
+        p.push(
+            at.key("address"),
+            format!("{:?}: {why}; expected \"host:port\" with an IP address or DNS name, e.g. \"10.0.0.5:8080\" or \"[::1]:8080\"", s.address),
+        );
+    }
+    if !(1..=MAX_WEIGHT).contains(&s.weight) {
+        p.push(
+            at.key("weight"),
+            format!(
+                "weight {} is out of range; expected 1 to {MAX_WEIGHT}",
+                s.weight
+            ),
+        );
+    }
+}
+
+/// `host:port` where host is an IPv4 address, a bracketed IPv6 address or a DNS name.
+pub(crate) fn check_host_port(address: &str) -> Result<(), String> {
+    let (host, port) = if let Some(rest) = address.strip_prefix('[') {
+        let (v6, port) = rest
+            .split_once("]:")
+            .ok_or_else(|| "missing \"]:port\" after the IPv6 address".to_string())?;
+        v6.parse::<Ipv6Addr>()
+            .map_err(|_| format!("{v6:?} is not an IPv6 address"))?;
+        (None, port)
+    } else {
+        let (host, port) = address
+            .rsplit_once(':')
+            .ok_or_else(|| "missing the \":port\"".to_string())?;
+        if host.contains(':') {
+            return Err("an IPv6 address must be in brackets".into());
+        }
+        (Some(host), port)
+    };
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => return Err(format!("{port:?} is not a port (1-65535)")),
+        Ok(_) => {}
+    }
+    if let Some(host) = host {
+        if !is_hostname(host) {
+            return Err(format!("{host:?} is not an IP address or DNS name"));
+        }
+    }
+    Ok(())
+}
+
+/// An IPv4 address or a DNS name (letters, digits, hyphens; labels of 1-63 characters).
+/// A name whose last label is numeric must be a valid IPv4 address.
+pub(crate) fn is_hostname(host: &str) -> bool {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    if host.is_empty() || host.len() > 253 {
+        return false;
+    }
+    let labels_ok = host.split('.').all(|label| {
+        !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    });
+    let last_numeric = host
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
+    labels_ok && (!last_numeric || host.parse::<Ipv4Addr>().is_ok())
+}
+
+/// Exact host or `*.` wildcard; IPv4 and IPv6 literals are exact hosts; no port.
+/// IPv6 is written without brackets: the gateway strips them (and the port) before matching.
+fn check_host_pattern(pattern: &str) -> Result<(), String> {
+    if pattern.parse::<Ipv6Addr>().is_ok() {
+        return Ok(());
+    }
+    if let Some(v6) = pattern.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+        return Err(format!("write IPv6 hosts without brackets ({v6:?})"));
+    }
+    if pattern.contains(':') {
+        return Err(
+            "host patterns do not include a port (the port is ignored when matching)".into(),
+        );
+    }
+    match pattern.strip_prefix("*.") {
+        Some(rest) if is_hostname(rest) && rest.parse::<Ipv4Addr>().is_err() => Ok(()),
+        Some(_) => Err("the part after \"*.\" is not a DNS name".into()),
+        None if pattern.contains('*') => {
+            Err("a wildcard is only allowed as a leading \"*.\"".into())
+        }
+        None if is_hostname(pattern) => Ok(()),
+        None => Err("not a host name".into()),
+    }
+}
+
+fn check_path(path: &Option<String>, at: KeyPath, p: &mut Problems) {
+    if let Some(path) = path {
+        if !path.starts_with('/') {
+            p.push(
+                at,
+                format!("{path:?} must start with \"/\"; expected e.g. \"/api\""),
+            );
+        }
+    }
+}
+
+fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems) {
+    if !clusters.contains(&r.cluster.as_str()) {
+        let known = if clusters.is_empty() {
+            "no [[clusters]] are defined".to_string()
+        } else {
+            format!("expected one of: {}", clusters.join(", "))
+        };
+        let what = if r.cluster.is_empty() {
+            "missing cluster".to_string()
+        } else {
+            format!("unknown cluster {:?}", r.cluster)
+        };
+        p.push(at.key("cluster"), format!("{what}; {known}"));
+    }
+    let m = &r.matches;
+    let mat = at.key("match");
+    let paths = [
+        ("path_prefix", &m.path_prefix),
+        ("path_exact", &m.path_exact),
+        ("path_regex", &m.path_regex),
+    ];
+    let given: Vec<&str> = paths
+        .iter()
+        .filter(|(_, v)| v.is_some())
+        .map(|(k, _)| *k)
+        .collect();
+    if given.len() > 1 {
+        p.push(
+            mat.key(given[1]),
+            format!(
+                "{} are {} set; expected at most one of path_prefix, path_exact, path_regex",
+                given.join(" and "),
+                if given.len() == 2 { "both" } else { "all" }
+            ),
+        );
+    }
+    check_path(&m.path_prefix, mat.key("path_prefix"), p);
+    check_path(&m.path_exact, mat.key("path_exact"), p);
+    if let Some(re) = &m.path_regex {
+        if let Err(e) = regex::Regex::new(re) {
+            let detail = e.to_string().replace('\n', " ");
+            p.push(
+                mat.key("path_regex"),
+                format!("invalid regular expression: {detail}; expected regex crate syntax"),
+            );
+        }
+    }
+    for (j, method) in m.methods.iter().enumerate() {
+        let path = mat.key("methods").index(j);
+        if http::Method::from_bytes(method.as_bytes()).is_err() {
+            p.push(
+                path,
+                format!("{method:?} is not an HTTP method token; expected e.g. \"GET\""),
+            );
+        } else if method.bytes().any(|b| b.is_ascii_lowercase())
+            && is_standard_method(&method.to_ascii_uppercase())
+        {
+            p.push(
+                path,
+                format!(
+                    "methods are case-sensitive; expected {:?}",
+                    method.to_ascii_uppercase()
+                ),
+            );
+        }
+    }
+    if let Some(host) = &m.host {
+        if let Err(why) = check_host_pattern(host) {
+            p.push(
+                mat.key("host"),
+                format!("{host:?}: {why}; expected an exact host like \"api.example.com\" or a wildcard like \"*.example.com\""),
+            );
+        }
+    }
+    check_header_map(&m.headers, &mat.key("headers"), p);
+
+    let rw = &r.rewrite;
+    let rwp = at.key("rewrite");
+    let rewrites = [
+        ("strip_prefix", &rw.strip_prefix),
+        ("replace_prefix", &rw.replace_prefix),
+        ("replace_path", &rw.replace_path),
+    ];
+    let given: Vec<&str> = rewrites
+        .iter()
+        .filter(|(_, v)| v.is_some())
+        .map(|(k, _)| *k)
+        .collect();
+    if given.len() > 1 {
+        p.push(
+            rwp.key(given[1]),
+            format!(
+                "{} are {} set; expected at most one of strip_prefix, replace_prefix, replace_path",
+                given.join(" and "),
+                if given.len() == 2 { "both" } else { "all" }
+            ),
+        );
+    }
+    for (key, value) in rewrites {
+        check_path(value, rwp.key(key), p);
+    }
+    if rw.replace_prefix.is_some() && m.path_prefix.is_none() {
+        p.push(
+            rwp.key("replace_prefix"),
+            "replace_prefix replaces the route's match.path_prefix; expected match.path_prefix to be set",
+        );
+    }
+
+    match (r.host_policy, &r.fixed_host) {
+        (HostPolicy::Fixed, None) => p.push(
+            at.key("host_policy"),
+            "host_policy = \"fixed\" needs fixed_host; expected fixed_host = \"host[:port]\"",
+        ),
+        (HostPolicy::Fixed, Some(h)) => {
+            if h.is_empty() || http::HeaderValue::from_str(h).is_err() {
+                p.push(at.key("fixed_host"), format!("{h:?} is not usable as a Host header; expected e.g. \"api.internal:8080\""));
+            }
+        }
+        (_, Some(_)) => p.push(
+            at.key("fixed_host"),
+            "fixed_host is only used with host_policy = \"fixed\"; expected host_policy = \"fixed\" or no fixed_host",
+        ),
+        (_, None) => {}
+    }
+    check_edits(&r.request_headers, &at.key("request_headers"), p);
+    check_edits(&r.response_headers, &at.key("response_headers"), p);
+    p.positive_opt(at.key("connect_timeout"), r.connect_timeout);
+    p.positive_opt(at.key("response_header_timeout"), r.response_header_timeout);
+    p.positive_opt(at.key("request_timeout"), r.request_timeout);
+    if r.max_body_size.get() == 0 {
+        p.push(
+            at.key("max_body_size"),
+            "must be greater than zero; expected a size like \"10MiB\"",
+        );
+    }
+}
+
+fn is_standard_method(m: &str) -> bool {
+    matches!(
+        m,
+        "GET" | "HEAD" | "POST" | "PUT" | "DELETE" | "CONNECT" | "OPTIONS" | "TRACE" | "PATCH"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_forms() {
+        for ok in [
+            "10.0.0.5:80",
+            "[::1]:8080",
+            "api.internal:443",
+            "localhost:1",
+            "a-b.c:65535",
+        ] {
+            assert_eq!(check_host_port(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "10.0.0.5",
+            "10.0.0.5:0",
+            "10.0.0.5:65536",
+            "::1:80",
+            "[::1]80",
+            "[zz]:80",
+            ":80",
+            "-a.com:80",
+            "a..b:80",
+            "300.1.1.1:80",
+            "a_b:80",
+            "host:http",
+        ] {
+            assert!(check_host_port(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn host_patterns() {
+        for ok in [
+            "example.com",
+            "*.example.com",
+            "10.1.2.3",
+            "::1",
+            "API.Example.com",
+        ] {
+            assert_eq!(check_host_pattern(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "[::1]",
+            "*",
+            "*.",
+            "a.*.com",
+            "ex*.com",
+            "example.com:80",
+            "*.10.0.0.1",
+            "a b",
+        ] {
+            assert!(check_host_pattern(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! One failing case per validation rule, each asserting the exact key and line reported.
+
+use keymaster_config::{load_str, ConfigError};
+
+/// A valid config; whatever `with` appends starts at line 12, inside the `[[routes]]` table.
+const BASE: &str = r#"[[listeners]]
+name = "main"
+address = "127.0.0.1:8080"
+
+[[clusters]]
+name = "c"
+servers = [{ address = "127.0.0.1:8081" }]
+
+[[routes]]
+name = "r"
+cluster = "c"
+"#;
+
+fn errors(text: &str) -> Vec<ConfigError> {
+    match load_str(text, "t.toml") {
+        Ok(_) => Vec::new(),
+        Err(e) => e.errors().to_vec(),
+    }
+}
+
+/// `BASE + extra` must fail with exactly one error, at `key` on `line`, mentioning `says`.
+#[track_caller]
+fn one(extra: &str, key: &str, line: usize, says: &str) {
+    let errs = errors(&format!("{BASE}{extra}"));
+    let got: Vec<String> = errs.iter().map(ToString::to_string).collect();
+    assert_eq!(errs.len(), 1, "expected one error for {key}, got {got:#?}");
+    let e = &errs[0];
+    assert_eq!(e.key, key, "{got:#?}");
+    assert_eq!(e.line, Some(line), "{got:#?}");
+    assert_eq!(e.origin, "t.toml");
+    assert!(e.message.contains(says), "{:?} lacks {says:?}", e.message);
+}
+
+#[test]
+fn base_is_valid() {
+    assert!(errors(BASE).is_empty());
+}
+
+#[test]
+fn at_least_one_listener() {
+    let text = BASE.replace(
+        "[[listeners]]\nname = \"main\"\naddress = \"127.0.0.1:8080\"\n",
+        "",
+    );
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].key, "listeners");
+    assert_eq!(errs[0].line, None);
+    assert!(errs[0]
+        .message
+        .contains("expected at least one [[listeners]]"));
+}
+
+#[test]
+fn listener_names_and_addresses_unique() {
+    one(
+        "[[listeners]]\nname = \"main\"\naddress = \"127.0.0.1:8090\"\n",
+        "listeners[1].name",
+        13,
+        "already used by listeners[0]",
+    );
+    one(
+        "[[listeners]]\nname = \"other\"\naddress = \"127.0.0.1:8080\"\n",
+        "listeners[1].address",
+        14,
+        "already used by listeners[0]",
+    );
+    one(
+        "[[listeners]]\nname = \"\"\naddress = \"127.0.0.1:8090\"\n",
+        "listeners[1].name",
+        13,
+        "non-empty",
+    );
+    one(
+        "[[listeners]]\nname = \"x\"\naddress = \"127.0.0.1:9901\"\n",
+        "listeners[1].address",
+        14,
+        "admin.listen",
+    );
+}
+
+#[test]
+fn listener_fields() {
+    let l = "[[listeners]]\nname = \"b\"\naddress = \"127.0.0.1:8090\"\n";
+    one(
+        &format!("{l}trusted_proxies = [\"10.0.0.0/8\", \"::1\", \"10.0.0.0/33\"]\n"),
+        "listeners[1].trusted_proxies[2]",
+        15,
+        "expected e.g. \"10.0.0.0/8\"",
+    );
+    one(
+        &format!("{l}request_id_header = \"x request id\"\n"),
+        "listeners[1].request_id_header",
+        15,
+        "not a valid HTTP header name",
+    );
+    one(
+        &format!("{l}header_read_timeout = \"0s\"\n"),
+        "listeners[1].header_read_timeout",
+        15,
+        "greater than zero",
+    );
+    one(
+        &format!("{l}max_headers = 0\n"),
+        "listeners[1].max_headers",
+        15,
+        "greater than zero",
+    );
+}
+
+#[test]
+fn route_name_and_cluster() {
+    one(
+        "[[routes]]\nname = \"r\"\ncluster = \"c\"\n",
+        "routes[1].name",
+        13,
+        "already used by routes[0]",
+    );
+    one(
+        "[[routes]]\nname = \" \"\ncluster = \"c\"\n",
+        "routes[1].name",
+        13,
+        "non-empty",
+    );
+    one(
+        "[[routes]]\nname = \"s\"\ncluster = \"nope\"\n",
+        "routes[1].cluster",
+        14,
+        "unknown cluster \"nope\"; expected one of: c",
+    );
+    // A missing cluster points at the route's header.
+    one(
+        "[[routes]]\nname = \"s\"\n",
+        "routes[1].cluster",
+        12,
+        "missing cluster",
+    );
+}
+
+#[test]
+fn route_paths() {
+    one(
+        "match = { path_prefix = \"/a\", path_exact = \"/b\" }\n",
+        "routes[0].match.path_exact",
+        12,
+        "at most one of path_prefix, path_exact, path_regex",
+    );
+    one(
+        "match.path_prefix = \"api\"\n",
+        "routes[0].match.path_prefix",
+        12,
+        "must start with \"/\"",
+    );
+    one(
+        "[routes.match]\npath_exact = \"x\"\n",
+        "routes[0].match.path_exact",
+        13,
+        "must start with \"/\"",
+    );
+    one(
+        "match = { path_regex = \"^/(a\" }\n",
+        "routes[0].match.path_regex",
+        12,
+        "invalid regular expression",
+    );
+}
+
+#[test]
+fn route_methods_hosts_headers() {
+    one(
+        "match.methods = [\"GET\", \"GE T\"]\n",
+        "routes[0].match.methods[1]",
+        12,
+        "not an HTTP method token",
+    );
+    one(
+        "match.methods = [\"get\"]\n",
+        "routes[0].match.methods[0]",
+        12,
+        "expected \"GET\"",
+    );
+    one(
+        "match.host = \"*.*.example.com\"\n",
+        "routes[0].match.host",
+        12,
+        "expected an exact host",
+    );
+    one(
+        "match.host = \"example.com:80\"\n",
+        "routes[0].match.host",
+        12,
+        "port",
+    );
+    one(
+        "[routes.match.headers]\n\"x-ok\" = \"1\"\n\"bad name\" = \"1\"\n",
+        "routes[0].match.headers.\"bad name\"",
+        14,
+        "not a valid HTTP header name",
+    );
+    one(
+        "[routes.request_headers.set]\nx-a = \"line\\nbreak\"\n",
+        "routes[0].request_headers.set.x-a",
+        13,
+        "not a valid HTTP header value",
+    );
+    one(
+        "response_headers = { add = { \"x:y\" = \"1\" } }\n",
+        "routes[0].response_headers.add.\"x:y\"",
+        12,
+        "not a valid HTTP header name",
+    );
+    one(
+        "request_headers.remove = [\"x-ok\",\n  \"x(bad)\"]\n",
+        "routes[0].request_headers.remove[1]",
+        13,
+        "not a valid HTTP header name",
+    );
+}
+
+#[test]
+fn route_rewrites() {
+    one(
+        "match.path_prefix = \"/a\"\nrewrite = { strip_prefix = \"/a\", replace_prefix = \"/b\" }\n",
+        "routes[0].rewrite.replace_prefix",
+        13,
+        "at most one of strip_prefix, replace_prefix, replace_path",
+    );
+    one(
+        "rewrite.replace_prefix = \"/b\"\n",
+        "routes[0].rewrite.replace_prefix",
+        12,
+        "expected match.path_prefix to be set",
+    );
+    one(
+        "rewrite.replace_path = \"b\"\n",
+        "routes[0].rewrite.replace_path",
+        12,
+        "must start with \"/\"",
+    );
+}
+
+#[test]
+fn route_host_policy() {
+    one(
+        "host_policy = \"fixed\"\n",
+        "routes[0].host_policy",
+        12,
+        "needs fixed_host",
+    );
+    one(
+        "fixed_host = \"a.example\"\n",
+        "routes[0].fixed_host",
+        12,
+        "only used with host_policy = \"fixed\"",
+    );
+    one(
+        "host_policy = \"fixed\"\nfixed_host = \"\"\n",
+        "routes[0].fixed_host",
+        13,
+        "not usable as a Host header",
+    );
+    assert!(errors(&format!(
+        "{BASE}host_policy = \"fixed\"\nfixed_host = \"api.internal:81\"\n"
+    ))
+    .is_empty());
+}
+
+#[test]
+fn route_limits_and_timeouts() {
+    one(
+        "max_body_size = 0\n",
+        "routes[0].max_body_size",
+        12,
+        "greater than zero",
+    );
+    one(
+        "request_timeout = \"0ms\"\n",
+        "routes[0].request_timeout",
+        12,
+        "greater than zero",
+    );
+}
+
+#[test]
+fn clusters() {
+    one(
+        "[[clusters]]\nname = \"c\"\nservers = [{ address = \"127.0.0.1:1\" }]\n",
+        "clusters[1].name",
+        13,
+        "already used by clusters[0]",
+    );
+    one(
+        "[[clusters]]\nname = \"\"\nservers = [{ address = \"127.0.0.1:1\" }]\n",
+        "clusters[1].name",
+        13,
+        "non-empty",
+    );
+    one(
+        "[[clusters]]\nname = \"d\"\nservers = []\n",
+        "clusters[1].servers",
+        14,
+        "at least one",
+    );
+    one(
+        "[[clusters]]\nname = \"d\"\n",
+        "clusters[1].servers",
+        12,
+        "at least one",
+    );
+    one(
+        "[[clusters]]\nname = \"d\"\nservers = [\n  { address = \"a.internal:80\" },\n  { address = \"a.internal\" },\n]\n",
+        "clusters[1].servers[1].address",
+        16,
+        "expected \"host:port\"",
+    );
+    one(
+        "[[clusters]]\nname = \"d\"\nservers = [{ address = \"a:70000\" }]\n",
+        "clusters[1].servers[0].address",
+        14,
+        "not a port",
+    );
+    one(
+        "[[clusters]]\nname = \"d\"\n[[clusters.servers]]\naddress = \"a:1\"\nweight = 0\n",
+        "clusters[1].servers[0].weight",
+        16,
+        "expected 1 to 10000",
+    );
+    one(
+        "[[clusters]]\nname = \"d\"\nservers = [{ address = \"a:1\", weight = 10001 }]\n",
+        "clusters[1].servers[0].weight",
+        14,
+        "expected 1 to 10000",
+    );
+    one(
+        "[[clusters]]\nname = \"d\"\nservers = [{ address = \"a:1\" }]\nconnect_timeout = 0\n",
+        "clusters[1].connect_timeout",
+        15,
+        "greater than zero",
+    );
+    one(
+        "[[clusters]]\nname = \"d\"\nservers = [{ address = \"a:1\" }]\nresponse_header_timeout = \"0s\"\n",
+        "clusters[1].response_header_timeout",
+        15,
+        "greater than zero",
+    );
+    one(
+        "[[clusters]]\nname = \"d\"\nservers = [{ address = \"a:1\" }]\npool = { max_connections = 10, max_idle = 11 }\n",
+        "clusters[1].pool.max_idle",
+        15,
+        "expected at most max_connections",
+    );
+    // max_connections = 0 means unlimited: any max_idle is fine; unused clusters are fine.
+    assert!(errors(&format!(
+        "{BASE}[[clusters]]\nname = \"d\"\nservers = [{{ address = \"[::1]:1\" }}]\npool = {{ max_connections = 0, max_idle = 11 }}\n"
+    ))
+    .is_empty());
+}
+
+#[test]
+fn server_and_access_log() {
+    one(
+        "[server]\ndrain_timeout = 0\n",
+        "server.drain_timeout",
+        13,
+        "greater than zero",
+    );
+    one(
+        "[access_log]\npath = \"\"\n",
+        "access_log.path",
+        13,
+        "must not be empty",
+    );
+    one("[server]\nvia = \"\"\n", "server.via", 13, "Via header");
+}
+
+#[test]
+fn three_paths_reported_once() {
+    one(
+        "match = { path_prefix = \"/a\", path_exact = \"/b\", path_regex = \"c\" }\n",
+        "routes[0].match.path_exact",
+        12,
+        "path_prefix and path_exact and path_regex are all set",
+    );
+}
