@@ -108,9 +108,6 @@ pub enum ResponseBody {
 }
 
 impl ResponseBody {
-    pub fn empty() -> Self {
-        ResponseBody::Local(None)
-    }
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         let b = bytes.into();
         ResponseBody::Local(if b.is_empty() { None } else { Some(b) })

@@ -62,10 +62,6 @@ pub(crate) enum Kind {
     OriginReset,
     /// The origin's response was malformed (502).
     OriginProtocol,
-    /// The origin failed while sending the response body (client connection aborted).
-    OriginBody,
-    /// A fault inside keymaster (500).
-    Internal,
 }
 
 /// Whether the request may be sent again.
@@ -100,14 +96,13 @@ impl Error {
             | Kind::HeadersTooLarge
             | Kind::BodyTooLarge
             | Kind::ClientGone => (Side::Client, Retry::Unsafe),
-            Kind::NoRoute | Kind::Internal => (Side::Internal, Retry::Unsafe),
+            Kind::NoRoute => (Side::Internal, Retry::Unsafe),
             Kind::PoolFull => (Side::Internal, Retry::Safe),
             Kind::Connect | Kind::ConnectTimeout => (Side::Origin, Retry::Safe),
             Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
             Kind::ResponseHeaderTimeout
             | Kind::RequestTimeout
-            | Kind::OriginProtocol
-            | Kind::OriginBody => (Side::Origin, Retry::Unsafe),
+            | Kind::OriginProtocol => (Side::Origin, Retry::Unsafe),
         };
         Error {
             inner: Box::new(Inner {
@@ -124,10 +119,6 @@ impl Error {
     pub(crate) fn with_source(mut self, source: impl Into<BoxError>) -> Self {
         self.inner.source = Some(source.into());
         self
-    }
-
-    pub(crate) fn kind(&self) -> Kind {
-        self.inner.kind
     }
 
     /// Which side caused this error.
@@ -180,10 +171,8 @@ impl Error {
             Kind::Connect | Kind::ConnectTimeout | Kind::OriginReset | Kind::OriginProtocol => {
                 StatusCode::BAD_GATEWAY
             }
-            Kind::OriginBody => StatusCode::BAD_GATEWAY,
             Kind::PoolFull => StatusCode::SERVICE_UNAVAILABLE,
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -201,8 +190,6 @@ impl Error {
             Kind::RequestTimeout => "origin_request_timeout",
             Kind::OriginReset => "origin_reset",
             Kind::OriginProtocol => "origin_bad_response",
-            Kind::OriginBody => "origin_body_failure",
-            Kind::Internal => "local_error",
         }
     }
 

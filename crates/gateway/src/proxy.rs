@@ -217,12 +217,7 @@ async fn proxy(
 
     // The deadline covers the whole exchange, body included.
     let deadline = route.request_timeout.map(|d| start + d);
-    let head_timeout = match deadline {
-        Some(d) => route
-            .response_header_timeout
-            .min(d.saturating_duration_since(Instant::now())),
-        None => route.response_header_timeout,
-    };
+    let head_timeout = HeadTimeout::new(route.response_header_timeout, deadline);
 
     let outstanding = Outstanding::new(server.clone());
     let (resp, conn, attempts) = send(
@@ -308,7 +303,7 @@ async fn send(
     server: &Arc<OriginServer>,
     req: Request<RequestBody>,
     body_empty: bool,
-    head_timeout: std::time::Duration,
+    head_timeout: HeadTimeout,
     deadline: Option<Instant>,
     body_state: &RequestBodyState,
 ) -> Result<(Response<Incoming>, Conn, u32), Error> {
@@ -342,15 +337,10 @@ async fn send(
         None
     };
     conn.requests += 1;
-    let first = tokio::time::timeout(head_timeout, conn.sender.try_send_request(req)).await;
+    let first = tokio::time::timeout(head_timeout.wait, conn.sender.try_send_request(req)).await;
     let retry = match first {
         Ok(Ok(resp)) => return Ok((resp, conn, 1)),
-        Err(_) => {
-            return Err(Error::new(
-                Kind::ResponseHeaderTimeout,
-                "origin sent no response head in time",
-            ))
-        }
+        Err(_) => return Err(head_timeout.error()),
         Ok(Err(mut e)) => {
             let unsent = e.take_message();
             let err = e.into_error();
@@ -383,13 +373,10 @@ async fn send(
     let mut conn = connect_within(cluster, server, route.connect_timeout, deadline).await?;
     cluster.metrics.requests.inc();
     conn.requests += 1;
-    match tokio::time::timeout(head_timeout, conn.sender.send_request(retry)).await {
+    match tokio::time::timeout(head_timeout.wait, conn.sender.send_request(retry)).await {
         Ok(Ok(resp)) => Ok((resp, conn, 2)),
         Ok(Err(e)) => Err(map_send_error(e)),
-        Err(_) => Err(Error::new(
-            Kind::ResponseHeaderTimeout,
-            "origin sent no response head in time",
-        )),
+        Err(_) => Err(head_timeout.error()),
     }
 }
 
@@ -544,6 +531,40 @@ impl LogRecord {
             referer: h(header::REFERER),
             attempts: 0,
             ..Default::default()
+        }
+    }
+}
+
+/// How long to wait for a response head: the route's response-header timeout, cut short by
+/// the request deadline when that comes first (then the error is a request timeout).
+#[derive(Clone, Copy)]
+struct HeadTimeout {
+    wait: std::time::Duration,
+    deadline_bound: bool,
+}
+
+impl HeadTimeout {
+    fn new(header_timeout: std::time::Duration, deadline: Option<Instant>) -> Self {
+        match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                HeadTimeout {
+                    wait: header_timeout.min(left),
+                    deadline_bound: left < header_timeout,
+                }
+            }
+            None => HeadTimeout {
+                wait: header_timeout,
+                deadline_bound: false,
+            },
+        }
+    }
+
+    fn error(self) -> Error {
+        if self.deadline_bound {
+            Error::new(Kind::RequestTimeout, "request deadline passed before the response head")
+        } else {
+            Error::new(Kind::ResponseHeaderTimeout, "origin sent no response head in time")
         }
     }
 }

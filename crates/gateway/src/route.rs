@@ -241,10 +241,6 @@ impl Router {
             .iter()
             .find(|r| r.matches(host, path, method, headers))
     }
-
-    pub fn routes(&self) -> &[Arc<Route>] {
-        &self.routes
-    }
 }
 
 /// The host of a Host header or authority, without port, for matching.

@@ -17,7 +17,6 @@ pub struct Snapshot {
     /// The effective config this version was built from (served by `/config`).
     pub config: Config,
     pub router: Router,
-    pub clusters: HashMap<String, Arc<Cluster>>,
     pub(crate) stamps: Stamps,
 }
 
@@ -42,7 +41,6 @@ impl Snapshot {
             version,
             stamps: Stamps::new(&config.server.via),
             router: Router::new(routes),
-            clusters,
             config,
         })
     }

@@ -72,7 +72,6 @@ impl OriginServer {
 
 /// A named group of origin servers with its balancing and pool policy.
 pub struct Cluster {
-    pub name: Arc<str>,
     pub config: ClusterConfig,
     pub servers: Vec<Arc<OriginServer>>,
     pub(crate) balancer: balance::Balancer,
@@ -106,7 +105,6 @@ impl Cluster {
             return Err(format!("cluster {} has no servers", cfg.name));
         }
         Ok(Cluster {
-            name: cfg.name.as_str().into(),
             balancer: balance::Balancer::new(cfg.balance, &servers),
             config: cfg.clone(),
             servers,

@@ -99,15 +99,6 @@ impl Pools {
         }
     }
 
-    /// Idle connections held for `origin_id` (for tests and metrics).
-    pub(crate) fn idle_count(&self, origin_id: usize) -> usize {
-        self.by_origin
-            .borrow()
-            .get(origin_id)
-            .map(|p| p.idle.len())
-            .unwrap_or(0)
-    }
-
     /// Close every idle connection (graceful shutdown).
     pub(crate) fn clear(&self) {
         self.by_origin.borrow_mut().clear();
