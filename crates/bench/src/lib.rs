@@ -1,1 +1,2 @@
-//! keymaster's bake-off tools.
+//! keymaster's bake-off tools: the stub origin ([`stub`]) and, later, the load generator.
+pub mod stub;
