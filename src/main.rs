@@ -1,2 +1,187 @@
-//! The `keymaster` binary: wires the subcommands.
-fn main() {}
+//! The `keymaster` binary: parses the command line and wires the subcommands to the
+//! gateway, config and bench crates. No logic of its own lives here.
+
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use keymaster_config::{
+    ClusterConfig, Config, ListenerConfig, OriginServerConfig, RouteConfig, RouteMatch,
+};
+use keymaster_gateway::{ConfigSource, Gateway};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// keymaster: a programmable, non-blocking HTTP edge gateway.
+///
+/// With no subcommand it runs the embedded default config: gateway on 127.0.0.1:8080,
+/// admin on 127.0.0.1:9901, everything routed to a built-in stub origin on 127.0.0.1:8081.
+#[derive(Parser)]
+#[command(name = "keymaster", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway on a TOML config (or the embedded default config).
+    Run(RunArgs),
+    /// Check a config file and print every problem with file, line and key.
+    Validate(ValidateArgs),
+    /// A one-route gateway with production defaults and no config file.
+    Proxy(ProxyArgs),
+    /// The benchmark origin: `?length=N&delay=MS&dither=MS&gzip=1&chunked=1&status=CODE`.
+    Stub(keymaster_bench::stub::StubArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Config file; without it the embedded default config runs with its built-in stub.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ValidateArgs {
+    /// Config file to check.
+    #[arg(long, short)]
+    config: PathBuf,
+}
+
+#[derive(Args)]
+struct ProxyArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Origin server, HOST:PORT.
+    #[arg(long)]
+    to: String,
+    /// Worker threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
+    /// Admin listener address (off unless given).
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => run(RunArgs { config: None }),
+        Some(Command::Run(a)) => run(a),
+        Some(Command::Validate(a)) => validate(a),
+        Some(Command::Proxy(a)) => proxy(a),
+        Some(Command::Stub(a)) => keymaster_bench::stub::stub_main(a).map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("keymaster: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: RunArgs) -> Result<(), String> {
+    let (config, source, stub) = match args.config {
+        Some(path) => {
+            let config = keymaster_config::load_file(&path).map_err(|e| e.to_string())?;
+            (config, ConfigSource::File(path), None)
+        }
+        None => {
+            let config = keymaster_config::default_config();
+            let stub_addr: SocketAddr = ([127, 0, 0, 1], 8081).into();
+            let stub = keymaster_bench::stub::spawn_stub(stub_addr, 1)
+                .map_err(|e| format!("built-in stub origin on {stub_addr}: {e}"))?;
+            (config, ConfigSource::Embedded, Some(stub))
+        }
+    };
+    let gateway = Gateway::start(config, source.clone())?;
+    print_banner(&gateway, &source, stub.as_ref().map(|s| s.local_addr()));
+    gateway.run_until_signal().map_err(|e| e.to_string())?;
+    if let Some(stub) = stub {
+        stub.shutdown();
+    }
+    Ok(())
+}
+
+fn print_banner(gateway: &Gateway, source: &ConfigSource, stub: Option<SocketAddr>) {
+    let what = match source {
+        ConfigSource::Embedded => "embedded default config".to_string(),
+        ConfigSource::File(p) => p.display().to_string(),
+        ConfigSource::Memory => "command-line config".to_string(),
+    };
+    println!("keymaster {} running ({what})", env!("CARGO_PKG_VERSION"));
+    for (name, addr) in gateway.listeners() {
+        println!("  listener {name:<10} http://{addr}");
+    }
+    if let Some(a) = gateway.admin_addr() {
+        println!("  admin               http://{a}  (/metrics /healthz /ready /config, POST /reload)");
+    }
+    if let Some(s) = stub {
+        println!("  built-in stub       http://{s}");
+    }
+    if let Some((_, addr)) = gateway.listeners().first() {
+        println!("try:");
+        println!("  curl -i 'http://{addr}/hello?length=64'");
+        if let Some(a) = gateway.admin_addr() {
+            println!("  curl -s http://{a}/metrics | grep keymaster_requests_total");
+        }
+    }
+    println!("stop with Ctrl-C (drains in-flight requests); SIGHUP reloads the config");
+}
+
+fn validate(args: ValidateArgs) -> Result<(), String> {
+    match keymaster_config::load_file(&args.config) {
+        Ok(_) => {
+            println!("{}: ok", args.config.display());
+            Ok(())
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            Err(format!(
+                "{}: {} problem(s) found",
+                args.config.display(),
+                errors.len()
+            ))
+        }
+    }
+}
+
+fn proxy(args: ProxyArgs) -> Result<(), String> {
+    let mut config = Config::default();
+    config.server.workers = args.workers;
+    config.admin.listen = args.admin;
+    config.listeners = vec![ListenerConfig {
+        address: args.listen,
+        ..ListenerConfig::default()
+    }];
+    config.clusters = vec![ClusterConfig {
+        name: "origin".into(),
+        servers: vec![OriginServerConfig {
+            address: args.to,
+            weight: 1,
+        }],
+        ..ClusterConfig::default()
+    }];
+    config.routes = vec![RouteConfig {
+        name: "all".into(),
+        cluster: "origin".into(),
+        matches: RouteMatch::default(),
+        ..RouteConfig::default()
+    }];
+    keymaster_config::validate(&config).map_err(|e| e.to_string())?;
+    let gateway = Gateway::start(config, ConfigSource::Memory)?;
+    print_banner(&gateway, &ConfigSource::Memory, None);
+    gateway.run_until_signal().map_err(|e| e.to_string())
+}
