@@ -126,7 +126,9 @@ fn print_banner(gateway: &Gateway, source: &ConfigSource, stub: Option<SocketAdd
         println!("  listener {name:<10} http://{addr}");
     }
     if let Some(a) = gateway.admin_addr() {
-        println!("  admin               http://{a}  (/metrics /healthz /ready /config, POST /reload)");
+        println!(
+            "  admin               http://{a}  (/metrics /healthz /ready /config, POST /reload)"
+        );
     }
     if let Some(s) = stub {
         println!("  built-in stub       http://{s}");

@@ -125,6 +125,11 @@ fn check_listeners(config: &Config, p: &mut Problems) {
     let mut addresses = HashMap::new();
     for (i, l) in config.listeners.iter().enumerate() {
         let at = base.index(i);
+        // Port 0 asks the OS for a fresh port, so it never clashes.
+        if l.address.port() == 0 {
+            check_listener(l, &at, p);
+            continue;
+        }
         if let Some(first) = addresses.insert(l.address, i) {
             p.push(
                 at.key("address"),

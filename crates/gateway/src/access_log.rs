@@ -112,7 +112,13 @@ fn json_line(r: &LogRecord) -> String {
 }
 
 fn combined_line(r: &LogRecord) -> String {
-    let dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.replace('"', "\\\"") };
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.replace('"', "\\\"")
+        }
+    };
     format!(
         "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\" rid={} route={} origin={} category={} duration_ms={:.3} attempts={}\n",
         r.client,
@@ -135,11 +141,21 @@ fn combined_line(r: &LogRecord) -> String {
 
 /// (year, month, day, hour, minute, second, millis) of now, UTC.
 fn now_parts() -> (i64, u32, u32, u64, u64, u64, u32) {
-    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let secs = d.as_secs();
     let (y, m, day) = civil_from_days((secs / 86_400) as i64);
     let rem = secs % 86_400;
-    (y, m, day, rem / 3600, rem % 3600 / 60, rem % 60, d.subsec_millis())
+    (
+        y,
+        m,
+        day,
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis(),
+    )
 }
 
 fn rfc3339_now() -> String {
@@ -204,6 +220,9 @@ mod tests {
         assert_eq!(j["duration_ms"], 1.5);
         let c = combined_line(&r);
         assert!(c.starts_with("127.0.0.1 - - ["), "{c}");
-        assert!(c.contains("\"GET /x?y=1 HTTP/1.1\" 502 0 \"-\" \"-\" rid=abc route=r"), "{c}");
+        assert!(
+            c.contains("\"GET /x?y=1 HTTP/1.1\" 502 0 \"-\" \"-\" rid=abc route=r"),
+            "{c}"
+        );
     }
 }

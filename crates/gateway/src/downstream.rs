@@ -226,7 +226,9 @@ pub(crate) async fn accept_loop(
                     listener: listener.clone(),
                     worker: worker.clone(),
                 };
-                worker.active_connections.set(worker.active_connections.get() + 1);
+                worker
+                    .active_connections
+                    .set(worker.active_connections.get() + 1);
                 tokio::task::spawn_local(serve_connection(
                     worker.clone(),
                     listener.clone(),

@@ -100,9 +100,9 @@ impl Error {
             Kind::PoolFull => (Side::Internal, Retry::Safe),
             Kind::Connect | Kind::ConnectTimeout => (Side::Origin, Retry::Safe),
             Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
-            Kind::ResponseHeaderTimeout
-            | Kind::RequestTimeout
-            | Kind::OriginProtocol => (Side::Origin, Retry::Unsafe),
+            Kind::ResponseHeaderTimeout | Kind::RequestTimeout | Kind::OriginProtocol => {
+                (Side::Origin, Retry::Unsafe)
+            }
         };
         Error {
             inner: Box::new(Inner {

@@ -64,7 +64,9 @@ impl Shared {
             || config.admin != current.config.admin
             || config.access_log != current.config.access_log
         {
-            tracing::warn!("reload: listener, worker, admin and access log changes take effect on restart");
+            tracing::warn!(
+                "reload: listener, worker, admin and access log changes take effect on restart"
+            );
         }
         let version = self.next_version.fetch_add(1, Ordering::AcqRel);
         match Snapshot::build(config, version, &self.metrics) {
@@ -90,11 +92,10 @@ impl Shared {
                 self.metrics.reloads.with_label_values(&["rejected"]).inc();
                 e.to_string()
             })?,
-            ConfigSource::Embedded => keymaster_config::load_str(
-                keymaster_config::DEFAULT_CONFIG,
-                "<embedded default>",
-            )
-            .map_err(|e| e.to_string())?,
+            ConfigSource::Embedded => {
+                keymaster_config::load_str(keymaster_config::DEFAULT_CONFIG, "<embedded default>")
+                    .map_err(|e| e.to_string())?
+            }
             ConfigSource::Memory => self.snapshot.load().config.clone(),
         };
         self.apply(config)
@@ -123,9 +124,10 @@ impl Gateway {
         };
         let drain_timeout = config.server.drain_timeout.get();
         let access_log = if config.access_log.enabled {
-            Some(AccessLog::open(&config.access_log).map_err(|e| {
-                format!("access_log.path {}: {e}", config.access_log.path)
-            })?)
+            Some(
+                AccessLog::open(&config.access_log)
+                    .map_err(|e| format!("access_log.path {}: {e}", config.access_log.path))?,
+            )
         } else {
             None
         };
@@ -154,9 +156,9 @@ impl Gateway {
             }
         }
         let admin_socket = match config.admin.listen {
-            Some(a) => Some(
-                std::net::TcpListener::bind(a).map_err(|e| format!("admin.listen {a}: {e}"))?,
-            ),
+            Some(a) => {
+                Some(std::net::TcpListener::bind(a).map_err(|e| format!("admin.listen {a}: {e}"))?)
+            }
             None => None,
         };
         let admin = admin_socket.as_ref().and_then(|s| s.local_addr().ok());

@@ -34,10 +34,7 @@ pub(crate) fn validate_request_head(
     limits: &HeadLimits,
 ) -> Result<(), Error> {
     // Request line: method SP target SP HTTP/x.y
-    let target_len = uri
-        .path_and_query()
-        .map(|p| p.as_str().len())
-        .unwrap_or(1)
+    let target_len = uri.path_and_query().map(|p| p.as_str().len()).unwrap_or(1)
         + uri.authority().map(|a| a.as_str().len() + 8).unwrap_or(0);
     if method.as_str().len() + target_len + 10 > limits.max_request_line {
         return Err(Error::new(Kind::UriTooLong, "request line too long"));
@@ -100,8 +97,12 @@ fn valid_host(h: &[u8]) -> bool {
         return true;
     }
     h.iter().all(|&c| {
-        c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~' | b':' | b'[' | b']')
-            || matches!(c, b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' | b'%')
+        c.is_ascii_alphanumeric()
+            || matches!(c, b'-' | b'.' | b'_' | b'~' | b':' | b'[' | b']')
+            || matches!(
+                c,
+                b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' | b'%'
+            )
     })
 }
 
@@ -114,7 +115,10 @@ pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
 }
 
 fn final_coding_is_chunked(headers: &HeaderMap) -> bool {
-    let last = headers.get_all(header::TRANSFER_ENCODING).iter().next_back();
+    let last = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .next_back();
     match last.and_then(|v| v.to_str().ok()) {
         Some(v) => v
             .rsplit(',')
@@ -171,7 +175,10 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     let trailers = headers
         .get(header::TE)
         .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")))
+        .map(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
         .unwrap_or(false);
     for name in &HOP_BY_HOP {
         if headers.contains_key(name) {
@@ -316,7 +323,11 @@ impl HeaderEdits {
             ))
         };
         Ok(HeaderEdits {
-            remove: cfg.remove.iter().map(|n| name(n)).collect::<Result<_, _>>()?,
+            remove: cfg
+                .remove
+                .iter()
+                .map(|n| name(n))
+                .collect::<Result<_, _>>()?,
             set: cfg.set.iter().map(pair).collect::<Result<_, _>>()?,
             add: cfg.add.iter().map(pair).collect::<Result<_, _>>()?,
         })
@@ -375,7 +386,16 @@ mod tests {
     fn content_length_parsing_is_strict() {
         assert_eq!(parse_content_length(b"0"), Some(0));
         assert_eq!(parse_content_length(b"1234"), Some(1234));
-        for bad in [&b""[..], b"+1", b"-1", b" 1", b"1 ", b"0x10", b"1,1", b"99999999999999999999"] {
+        for bad in [
+            &b""[..],
+            b"+1",
+            b"-1",
+            b" 1",
+            b"1 ",
+            b"0x10",
+            b"1,1",
+            b"99999999999999999999",
+        ] {
             assert_eq!(parse_content_length(bad), None, "{bad:?}");
         }
     }

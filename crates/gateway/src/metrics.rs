@@ -63,13 +63,15 @@ pub(crate) struct ListenerMetrics {
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let v = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition");
-    r.register(Box::new(v.clone())).expect("metric registered once");
+    r.register(Box::new(v.clone()))
+        .expect("metric registered once");
     v
 }
 
 fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let v = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition");
-    r.register(Box::new(v.clone())).expect("metric registered once");
+    r.register(Box::new(v.clone()))
+        .expect("metric registered once");
     v
 }
 
@@ -94,23 +96,90 @@ impl Metrics {
             &["route"],
         )
         .expect("valid histogram");
-        r.register(Box::new(latency.clone())).expect("registered once");
+        r.register(Box::new(latency.clone()))
+            .expect("registered once");
         let config_version = IntGauge::new("config_version", "Active config version").expect("ok");
-        r.register(Box::new(config_version.clone())).expect("registered once");
+        r.register(Box::new(config_version.clone()))
+            .expect("registered once");
         Metrics {
-            requests: counter_vec(&r, "requests_total", "Requests by route and status class", &["route", "status_class"]),
-            errors: counter_vec(&r, "errors_total", "Failed requests by status category and side", &["category", "side"]),
-            upstream_connects: counter_vec(&r, "upstream_connects_total", "Connection attempts to origins", &["cluster"]),
-            upstream_connect_failures: counter_vec(&r, "upstream_connect_failures_total", "Failed connection attempts to origins", &["cluster"]),
-            upstream_requests: counter_vec(&r, "upstream_requests_total", "Requests sent to origins", &["cluster"]),
-            upstream_reused: counter_vec(&r, "upstream_reused_total", "Requests sent on a reused pooled connection", &["cluster"]),
-            upstream_retries: counter_vec(&r, "upstream_retries_total", "Requests retried on a fresh connection after a stale pooled one failed", &["cluster"]),
-            upstream_open: gauge_vec(&r, "upstream_connections", "Open connections to origins", &["cluster"]),
-            upstream_idle: gauge_vec(&r, "upstream_idle_connections", "Idle pooled connections to origins", &["cluster"]),
-            downstream_open: gauge_vec(&r, "downstream_connections", "Open client connections", &["listener"]),
-            downstream_accepted: counter_vec(&r, "downstream_accepted_total", "Accepted client connections", &["listener"]),
-            downstream_rejected: counter_vec(&r, "downstream_rejected_total", "Client connections closed at once because the listener was at max_connections", &["listener"]),
-            reloads: counter_vec(&r, "config_reloads_total", "Config reloads by result", &["result"]),
+            requests: counter_vec(
+                &r,
+                "requests_total",
+                "Requests by route and status class",
+                &["route", "status_class"],
+            ),
+            errors: counter_vec(
+                &r,
+                "errors_total",
+                "Failed requests by status category and side",
+                &["category", "side"],
+            ),
+            upstream_connects: counter_vec(
+                &r,
+                "upstream_connects_total",
+                "Connection attempts to origins",
+                &["cluster"],
+            ),
+            upstream_connect_failures: counter_vec(
+                &r,
+                "upstream_connect_failures_total",
+                "Failed connection attempts to origins",
+                &["cluster"],
+            ),
+            upstream_requests: counter_vec(
+                &r,
+                "upstream_requests_total",
+                "Requests sent to origins",
+                &["cluster"],
+            ),
+            upstream_reused: counter_vec(
+                &r,
+                "upstream_reused_total",
+                "Requests sent on a reused pooled connection",
+                &["cluster"],
+            ),
+            upstream_retries: counter_vec(
+                &r,
+                "upstream_retries_total",
+                "Requests retried on a fresh connection after a stale pooled one failed",
+                &["cluster"],
+            ),
+            upstream_open: gauge_vec(
+                &r,
+                "upstream_connections",
+                "Open connections to origins",
+                &["cluster"],
+            ),
+            upstream_idle: gauge_vec(
+                &r,
+                "upstream_idle_connections",
+                "Idle pooled connections to origins",
+                &["cluster"],
+            ),
+            downstream_open: gauge_vec(
+                &r,
+                "downstream_connections",
+                "Open client connections",
+                &["listener"],
+            ),
+            downstream_accepted: counter_vec(
+                &r,
+                "downstream_accepted_total",
+                "Accepted client connections",
+                &["listener"],
+            ),
+            downstream_rejected: counter_vec(
+                &r,
+                "downstream_rejected_total",
+                "Client connections closed at once because the listener was at max_connections",
+                &["listener"],
+            ),
+            reloads: counter_vec(
+                &r,
+                "config_reloads_total",
+                "Config reloads by result",
+                &["result"],
+            ),
             config_version,
             latency,
             registry: r,

@@ -54,7 +54,10 @@ pub(crate) async fn handle(
                 .map(|v| (&cx.listener.request_id_header, v));
             let resp = error_response(&err, rid, via);
             let status = resp.status().as_u16();
-            cx.worker.shared.metrics.error(err.category(), err.side().as_str());
+            cx.worker
+                .shared
+                .metrics
+                .error(err.category(), err.side().as_str());
             if let Some(route) = &info.route {
                 route.metrics.count(status);
                 route.metrics.latency.observe(start.elapsed().as_secs_f64());
@@ -332,7 +335,11 @@ async fn send(
         cluster.metrics.reused.inc();
     }
     let replay = if is_reused && body_empty {
-        Some((req.method().clone(), req.uri().clone(), req.headers().clone()))
+        Some((
+            req.method().clone(),
+            req.uri().clone(),
+            req.headers().clone(),
+        ))
     } else {
         None
     };
@@ -562,9 +569,15 @@ impl HeadTimeout {
 
     fn error(self) -> Error {
         if self.deadline_bound {
-            Error::new(Kind::RequestTimeout, "request deadline passed before the response head")
+            Error::new(
+                Kind::RequestTimeout,
+                "request deadline passed before the response head",
+            )
         } else {
-            Error::new(Kind::ResponseHeaderTimeout, "origin sent no response head in time")
+            Error::new(
+                Kind::ResponseHeaderTimeout,
+                "origin sent no response head in time",
+            )
         }
     }
 }

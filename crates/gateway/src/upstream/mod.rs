@@ -90,7 +90,10 @@ impl Cluster {
                 .map_err(|e| format!("cluster {}: server {}: {e}", cfg.name, s.address))?
                 .next()
                 .ok_or_else(|| {
-                    format!("cluster {}: server {} resolved to nothing", cfg.name, s.address)
+                    format!(
+                        "cluster {}: server {} resolved to nothing",
+                        cfg.name, s.address
+                    )
                 })?;
             let label: Arc<str> = addr.to_string().into();
             servers.push(Arc::new(OriginServer {

@@ -94,7 +94,8 @@ impl Pools {
         let mut pools = self.by_origin.borrow_mut();
         for pool in pools.iter_mut() {
             pool.idle.retain(|i| {
-                now.saturating_duration_since(i.since) < i.idle_timeout && !i.conn.sender.is_closed()
+                now.saturating_duration_since(i.since) < i.idle_timeout
+                    && !i.conn.sender.is_closed()
             });
         }
     }

@@ -1,0 +1,201 @@
+//! Shared test harness: start the real gateway on 127.0.0.1:0 against real origins (the
+//! stub or purpose-made ones) and talk to it with real clients and raw sockets.
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub use keymaster_bench::stub::{spawn_stub, stub_body, stub_body_gzip, StubHandle};
+pub use keymaster_gateway::{ConfigSource, Gateway};
+
+/// A running gateway plus the addresses tests need.
+pub struct TestGateway {
+    pub gw: Option<Gateway>,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl TestGateway {
+    pub fn gateway(&self) -> &Gateway {
+        self.gw.as_ref().expect("gateway running")
+    }
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+    /// Drain and stop (blocking; call from spawn_blocking in async tests if needed).
+    pub fn shutdown(mut self) {
+        if let Some(gw) = self.gw.take() {
+            gw.shutdown();
+        }
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        if let Some(gw) = self.gw.take() {
+            gw.shutdown();
+        }
+    }
+}
+
+/// A config with one listener on 127.0.0.1:0, admin on 127.0.0.1:0, one worker, one route
+/// "default" for everything to cluster "origin" at `origin`. `extra` is appended verbatim
+/// (more `[[routes]]`, `[[clusters]]`, or keys for the listener via `listener_extra`).
+pub fn config_text(origin: SocketAddr, listener_extra: &str, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+workers = 1
+drain_timeout = "5s"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[[listeners]]
+name = "main"
+address = "127.0.0.1:0"
+{listener_extra}
+
+{extra}
+
+[[routes]]
+name = "default"
+cluster = "origin"
+priority = -100
+
+[[clusters]]
+name = "origin"
+servers = [{{ address = "{origin}" }}]
+connect_timeout = "1s"
+response_header_timeout = "5s"
+"#
+    )
+}
+
+/// Start a gateway from TOML text (panics with the config errors if invalid).
+pub fn start_gateway(toml: &str) -> TestGateway {
+    let config = keymaster_config::load_str(toml, "<test>")
+        .unwrap_or_else(|e| panic!("test config invalid:\n{e}\n---\n{toml}"));
+    let gw = Gateway::start(config, ConfigSource::Memory).expect("gateway starts");
+    let addr = gw.listener_addr("main").expect("listener main");
+    let admin = gw.admin_addr().expect("admin listener");
+    TestGateway {
+        gw: Some(gw),
+        addr,
+        admin,
+    }
+}
+
+/// The stub origin on an ephemeral port, one worker.
+pub fn stub() -> StubHandle {
+    spawn_stub("127.0.0.1:0".parse().unwrap(), 1).expect("stub starts")
+}
+
+/// A gateway in front of a fresh stub, with default settings.
+pub fn gateway_with_stub() -> (TestGateway, StubHandle) {
+    let s = stub();
+    let g = start_gateway(&config_text(s.local_addr(), "", ""));
+    (g, s)
+}
+
+/// A response as a test sees it.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+/// One keep-alive HTTP/1.1 client connection (hyper's low-level client).
+pub struct Client {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    pub host: String,
+}
+
+impl Client {
+    pub async fn connect(addr: SocketAddr) -> Client {
+        let tcp = TcpStream::connect(addr).await.expect("connect to gateway");
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        Client {
+            sender,
+            host: addr.to_string(),
+        }
+    }
+
+    /// Send a request built by the caller (Host is added if missing).
+    pub async fn send(&mut self, mut req: http::Request<Full<Bytes>>) -> Reply {
+        if !req.headers().contains_key(http::header::HOST) {
+            req.headers_mut()
+                .insert(http::header::HOST, self.host.parse().unwrap());
+        }
+        self.sender.ready().await.expect("connection ready");
+        let resp = self.sender.send_request(req).await.expect("response");
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.expect("full body").to_bytes();
+        Reply {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    pub async fn get(&mut self, path: &str) -> Reply {
+        let req = http::Request::get(path)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        self.send(req).await
+    }
+}
+
+/// GET on a fresh connection.
+pub async fn get(addr: SocketAddr, path: &str) -> Reply {
+    Client::connect(addr).await.get(path).await
+}
+
+/// Write raw bytes, then read until the peer closes or `wait` passes with no new data.
+pub async fn raw(addr: SocketAddr, request: &[u8], wait: Duration) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request).await.expect("write");
+    read_for(&mut s, wait).await
+}
+
+/// Read until EOF or until `wait` passes without data.
+pub async fn read_for(s: &mut TcpStream, wait: Duration) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match tokio::time::timeout(wait, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return out,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// The status code of the first response in raw bytes.
+pub fn status_of(raw: &[u8]) -> Option<u16> {
+    let s = std::str::from_utf8(raw.get(..12)?).ok()?;
+    s.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+}
+
+/// Fetch an admin path as text.
+pub async fn admin_get(g: &TestGateway, path: &str) -> Reply {
+    get(g.admin, path).await
+}
+
+/// The value of a Prometheus sample line that starts with `prefix` (e.g.
+/// `keymaster_upstream_reused_total{cluster="origin"}`), or 0.
+pub fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
