@@ -148,12 +148,13 @@ pub(crate) fn validate_response_head(headers: &HeaderMap) -> Result<(), Error> {
     Ok(())
 }
 
-static HOP_BY_HOP: [HeaderName; 5] = [
+static HOP_BY_HOP: [HeaderName; 6] = [
     header::CONNECTION,
     header::TE,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
 ];
 
 /// Remove hop-by-hop fields: `Connection` and every field it names, `Keep-Alive`, `TE`,
@@ -184,9 +185,6 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
         if headers.contains_key(name) {
             headers.remove(name);
         }
-    }
-    if headers.contains_key("proxy-connection") {
-        headers.remove("proxy-connection");
     }
     trailers
 }

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# CPU time per proxied request: keymaster vs nginx vs HAProxy, same machine, same run.
+#
+# The system under test (SUT) runs with one worker pinned to CPU 0; the stub origin and wrk
+# share CPU 1. Keep-alive both sides, 1000-byte bodies, access logs off, upstream keep-alive on.
+# CPU per request = (utime + stime of every SUT process and thread) / requests completed.
+#
+# usage: scripts/cpu-per-request.sh [connections] [seconds] [path]
+# needs: target/release/keymaster, wrk, nginx and/or haproxy (apt-get install wrk nginx-light haproxy)
+set -euo pipefail
+CONNS=${1:-50}
+SECS=${2:-10}
+URLPATH=${3:-/?length=1000}
+KM=${KM:-$(dirname "$0")/../target/release/keymaster}
+STUB_PORT=18081
+TICK=$(getconf CLK_TCK)
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+# Sum of utime+stime ticks of a process tree (root pid and its children).
+cpu_ticks() {
+  local total=0 p
+  for p in $(pgrep -P "$1") "$1"; do
+    [ -r /proc/$p/stat ] || continue
+    total=$(( total + $(awk '{print $14 + $15}' /proc/$p/stat) ))
+  done
+  echo "$total"
+}
+
+taskset -c 1 "$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
+wait_port $STUB_PORT
+
+run_one() { # name port pid
+  local name=$1 port=$2 pid=$3
+  wait_port "$port"
+  taskset -c 1 wrk -t1 -c"$CONNS" -d2s "http://127.0.0.1:$port$URLPATH" >/dev/null  # warm-up
+  local before; before=$(cpu_ticks "$pid")
+  local out; out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "http://127.0.0.1:$port$URLPATH")
+  local after; after=$(cpu_ticks "$pid")
+  local reqs; reqs=$(echo "$out" | awk '/requests in/ {print $1}')
+  local rps; rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+  local p50; p50=$(echo "$out" | awk '$1=="50%" {print $2}')
+  local p99; p99=$(echo "$out" | awk '$1=="99%" {print $2}')
+  local errs; errs=$(echo "$out" | grep -E "Non-2xx|Socket errors" | tr '\n' ' ' || true)
+  local rss; rss=$(awk '/VmRSS/ {print $2}' /proc/"$pid"/status)
+  local us_per_req; us_per_req=$(awk -v t=$((after-before)) -v hz="$TICK" -v r="$reqs" 'BEGIN { printf "%.1f", t / hz * 1e6 / r }')
+  printf "%-10s %10s req/s  p50 %8s  p99 %8s  cpu/req %6s us  rss %6s KiB  %s\n" "$name" "$rps" "$p50" "$p99" "$us_per_req" "$rss" "$errs"
+}
+
+# keymaster: one worker on CPU 0.
+taskset -c 0 "$KM" proxy --listen 127.0.0.1:18090 --to 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
+run_one keymaster 18090 "${PIDS[-1]}"
+kill "${PIDS[-1]}"
+
+if command -v nginx >/dev/null; then
+  cat > "$WORK/nginx.conf" <<NGX
+worker_processes 1;
+worker_cpu_affinity 01;
+daemon off;
+master_process off;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log;
+events { worker_connections 10240; }
+http {
+  access_log off;
+  upstream origin { server 127.0.0.1:$STUB_PORT; keepalive 256; }
+  server {
+    listen 127.0.0.1:18091 reuseport;
+    location / { proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+NGX
+  taskset -c 0 nginx -c "$WORK/nginx.conf" & PIDS+=($!)
+  run_one nginx 18091 "${PIDS[-1]}"
+  kill "${PIDS[-1]}"
+else
+  echo "nginx        not installed: skipped"
+fi
+
+if command -v haproxy >/dev/null; then
+  cat > "$WORK/haproxy.cfg" <<HAP
+global
+  nbthread 1
+  cpu-map 1/1 0
+  maxconn 8000
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 30s
+  timeout server 30s
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:18092
+  default_backend be
+backend be
+  server s1 127.0.0.1:$STUB_PORT
+HAP
+  taskset -c 0 haproxy -f "$WORK/haproxy.cfg" -db >/dev/null 2>&1 & PIDS+=($!)
+  run_one haproxy 18092 "${PIDS[-1]}"
+  kill "${PIDS[-1]}"
+else
+  echo "haproxy      not installed: skipped"
+fi

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# User-space instructions per proxied request under callgrind: keymaster vs nginx vs HAProxy.
+# Instruction counts do not depend on machine load, so this comparison is repeatable on a
+# busy 2-core box. Each system runs twice under valgrind (N1 and N2 keep-alive requests on
+# one client connection, 1000-byte bodies); (I(N2) - I(N1)) / (N2 - N1) removes start-up
+# and shutdown costs.
+#
+# usage: scripts/instructions-per-request.sh [N1] [N2]
+# needs: valgrind, python3, target/release/keymaster; nginx and haproxy optional
+set -euo pipefail
+N1=${1:-300}
+N2=${2:-1300}
+KM=${KM:-$(dirname "$0")/../target/release/keymaster}
+STUB_PORT=18181
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+trap cleanup EXIT
+wait_port() { for _ in $(seq 1 400); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+
+"$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
+wait_port $STUB_PORT
+
+drive() { # port count
+  python3 - "$1" "$2" <<'PY'
+import http.client, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+for _ in range(n):
+    c.request("GET", "/?length=1000")
+    r = c.getresponse()
+    body = r.read()
+    assert r.status == 200 and len(body) == 1000, (r.status, len(body))
+c.close()
+PY
+}
+
+# run NAME PORT COUNT -- command...
+measure() {
+  local name=$1 port=$2 count=$3; shift 4
+  local out="$WORK/$name.$count.log"
+  valgrind --tool=callgrind --callgrind-out-file=/dev/null "$@" >"$out" 2>&1 &
+  local vpid=$!
+  wait_port "$port"
+  drive "$port" "$count"
+  kill -TERM "$vpid"; wait "$vpid" 2>/dev/null || true
+  grep -h "Collected" "$out" | awk '{s += $NF} END {print s}'
+}
+
+report() { # name port -- cmd
+  local name=$1 port=$2; shift 3
+  local a b
+  a=$(measure "$name" "$port" "$N1" -- "$@")
+  b=$(measure "$name" "$port" "$N2" -- "$@")
+  awk -v n="$name" -v a="$a" -v b="$b" -v n1="$N1" -v n2="$N2" \
+    'BEGIN { printf "%-10s %8.0f instructions/request\n", n, (b - a) / (n2 - n1) }'
+}
+
+report keymaster 18190 -- "$KM" proxy --listen 127.0.0.1:18190 --to 127.0.0.1:$STUB_PORT --workers 1
+
+if command -v nginx >/dev/null; then
+  cat > "$WORK/nginx.conf" <<NGX
+worker_processes 1;
+daemon off;
+master_process off;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  upstream origin { server 127.0.0.1:$STUB_PORT; keepalive 64; }
+  server {
+    listen 127.0.0.1:18191;
+    location / { proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+NGX
+  report nginx 18191 -- nginx -c "$WORK/nginx.conf"
+fi
+
+if command -v haproxy >/dev/null; then
+  cat > "$WORK/haproxy.cfg" <<HAP
+global
+  nbthread 1
+  maxconn 1000
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 30s
+  timeout server 30s
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:18192
+  default_backend be
+backend be
+  server s1 127.0.0.1:$STUB_PORT
+HAP
+  report haproxy 18192 -- haproxy -f "$WORK/haproxy.cfg" -db
+fi
