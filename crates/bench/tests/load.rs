@@ -266,3 +266,22 @@ fn http10_close_delimited_bodies() {
         (10, 100, 10)
     );
 }
+
+#[test]
+fn report_prints_as_a_table() {
+    let stub = stub();
+    let mut cfg = config(stub.local_addr(), "length=10");
+    cfg.max_requests = Some(20);
+    let r = run(&cfg);
+    let text = r.to_string();
+    for needle in [
+        "20 requests (20 ok)",
+        "p99.9",
+        "Socket errors: connect 0",
+        "Generator CPU",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    #[cfg(target_os = "linux")]
+    assert!(r.generator_cpu_secs > 0.0);
+}

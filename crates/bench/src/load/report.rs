@@ -97,6 +97,8 @@ pub struct ThreadStats {
     pub body_bytes: u64,
     /// TCP connections opened.
     pub connections_opened: u64,
+    /// CPU time the generator thread used (whole run, warm-up included), seconds.
+    pub cpu_secs: f64,
 }
 
 impl ThreadStats {
@@ -108,6 +110,7 @@ impl ThreadStats {
         self.bytes += o.bytes;
         self.body_bytes += o.body_bytes;
         self.connections_opened += o.connections_opened;
+        self.cpu_secs += o.cpu_secs;
     }
 }
 
@@ -152,6 +155,9 @@ pub struct LoadReport {
     pub errors: ErrorCounts,
     /// TCP connections opened.
     pub connections_opened: u64,
+    /// CPU seconds the generator's threads used over the whole run (warm-up included; 0 where
+    /// unsupported). Compare with the wall time to check the generator is not the bottleneck.
+    pub generator_cpu_secs: f64,
 }
 
 impl LoadReport {
@@ -186,6 +192,7 @@ impl LoadReport {
             status: stats.status,
             errors: stats.errors,
             connections_opened: stats.connections_opened,
+            generator_cpu_secs: stats.cpu_secs,
         }
     }
 
@@ -263,10 +270,16 @@ impl fmt::Display for LoadReport {
             s.s1xx + s.other
         )?;
         let e = &self.errors;
-        write!(
+        writeln!(
             f,
             "  Socket errors: connect {}, write {}, read {}, timeout {}, parse {}",
             e.connect, e.write, e.read, e.timeout, e.parse
+        )?;
+        write!(
+            f,
+            "  Generator CPU {:.2}s over {:.2}s (warm-up included)",
+            self.generator_cpu_secs,
+            self.duration_secs + self.warmup_secs
         )
     }
 }
