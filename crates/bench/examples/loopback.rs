@@ -1,7 +1,8 @@
 //! Loopback self-check: the load generator against an in-process stub origin, both on
 //! 127.0.0.1, to see that neither tool is the bottleneck before pointing them at a gateway.
 //!
-//! `cargo run --release -p keymaster-bench --example loopback -- [QUERY] [SECONDS] [CONNS]`
+//! `cargo run --release -p keymaster-bench --example loopback -- [QUERY] [SECONDS] [CONNS] [RATE]`
+//! (RATE = open loop at that many requests per second; closed loop without it)
 
 use std::time::Duration;
 
@@ -13,11 +14,13 @@ fn main() -> Result<(), String> {
     let query = args.next().unwrap_or_else(|| "length=1000".into());
     let secs: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(3);
     let connections: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(50);
+    let rate: Option<u64> = args.next().and_then(|s| s.parse().ok());
     let stub = spawn_stub("127.0.0.1:0".parse().map_err(|_| "addr")?, 1)
         .map_err(|e| format!("stub: {e}"))?;
     let cfg = LoadConfig {
         url: format!("http://{}/?{query}", stub.local_addr()),
         connections,
+        rate,
         threads: 1,
         duration: Duration::from_secs(secs),
         warmup: Duration::from_millis(500),

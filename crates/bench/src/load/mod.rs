@@ -15,8 +15,12 @@
 //! - **churn**: either loop, with a new TCP connection and `Connection: close` per request.
 //!
 //! Connections are spread over `threads` OS threads, each with a current-thread tokio runtime and
-//! its own counters ([`report::ThreadStats`]), merged at the end into a [`LoadReport`]. Requests
-//! that start before the warm-up ends, or are still in flight when the run ends, are not counted.
+//! its own counters ([`report::ThreadStats`]), merged at the end into a [`LoadReport`]. A request
+//! is counted when it is due (open loop) or sent (closed loop) inside the measured window. No
+//! request starts after the window; those in flight at its end are drained (each is bounded by
+//! the timeout), so every counted request ends as a response or an error. Open-loop requests
+//! still queued behind a busy connection at the end are reported as `unsent` (a sign of
+//! overload: their latency would have exceeded what was recorded). Rates are over the window.
 //! Call [`run_load`] from sync code (it blocks until the run is over; from async code use
 //! `spawn_blocking`).
 
@@ -180,9 +184,14 @@ pub fn run_load(cfg: &LoadConfig) -> Result<LoadReport, String> {
         total.merge(&stats);
         finished = finished.max(done);
     }
-    let measured = finished
-        .min(plan.end)
-        .saturating_duration_since(measure_from);
+    // The window, unless the request budget ran out before it closed.
+    let measured = if plan.budget.load(Ordering::Relaxed) == 0 {
+        finished
+            .min(plan.end)
+            .saturating_duration_since(measure_from)
+    } else {
+        cfg.duration
+    };
     let setup = ReportSetup {
         url: cfg.url.clone(),
         mode: if cfg.rate.is_some() { "open" } else { "closed" },
@@ -207,13 +216,14 @@ fn run_thread(
         .map_err(|e| format!("load runtime: {e}"))?;
     let stats = Rc::new(RefCell::new(ThreadStats::default()));
     let local = tokio::task::LocalSet::new();
-    let end = Instant::from_std(plan.end);
+    // Every exchange is bounded by the timeout, so the drain is too; the margin is a backstop.
+    let drained = Instant::from_std(plan.end) + plan.timeout + CLOSE_WAIT + Duration::from_secs(1);
     local.block_on(&rt, async {
         let tasks: Vec<_> = conns
             .iter()
             .map(|&c| tokio::task::spawn_local(connection(plan.clone(), c, stats.clone())))
             .collect();
-        let _ = tokio::time::timeout_at(end, async {
+        let _ = tokio::time::timeout_at(drained, async {
             for task in tasks {
                 let _ = task.await;
             }
@@ -221,7 +231,7 @@ fn run_thread(
         .await;
     });
     let done = std::time::Instant::now().min(plan.end);
-    // Tasks still running (requests in flight at the end) are dropped with the LocalSet.
+    // Tasks still running after the backstop (none in practice) are dropped with the LocalSet.
     drop(local);
     let mut stats = stats.take();
     stats.cpu_secs = thread_cpu_time().as_secs_f64();
@@ -264,23 +274,36 @@ async fn connection(plan: Arc<Plan>, index: usize, stats: Rc<RefCell<ThreadStats
             }
             tokio::time::sleep_until(due).await;
         }
-        if Instant::now() >= end || !plan.take_ticket() {
+        let sent = Instant::now();
+        let behind = due.is_some_and(|due| last_done > due);
+        // No new request after the end, except one an idle connection's timer woke late for.
+        if sent >= end && (due.is_none() || behind) {
+            if let Some(schedule) = plan.schedule {
+                let unsent = (k..)
+                    .map(|k| start + schedule.due(index, k))
+                    .take_while(|&due| due < end)
+                    .filter(|&due| due >= measure_from)
+                    .count();
+                stats.borrow_mut().unsent += unsent as u64;
+            }
             break;
         }
-        let sent = Instant::now();
+        if !plan.take_ticket() {
+            break;
+        }
         // Open loop: a request that waited for the previous response (the connection was behind
         // schedule) is charged from its due time; one that only waited for the timer is charged
         // from the actual send, so the timer's millisecond granularity is not billed to the
         // server.
         let began = match due {
-            Some(due) if last_done > due => due,
+            Some(due) if behind => due,
             _ => sent,
         };
         let reused = conn.is_some();
         let result = tokio::time::timeout(plan.timeout, exchange(&plan, &mut conn)).await;
         let done = Instant::now();
         last_done = done;
-        let counted = began >= measure_from && done <= end;
+        let counted = began >= measure_from;
         let outcome = match result {
             Ok(Ok(info)) => Ok(info),
             Ok(Err(f)) => Err(f),

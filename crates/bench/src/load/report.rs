@@ -99,6 +99,8 @@ pub struct ThreadStats {
     pub connections_opened: u64,
     /// CPU time the generator thread used (whole run, warm-up included), seconds.
     pub cpu_secs: f64,
+    /// Open loop: requests due in the window but never sent (their connection was still busy).
+    pub unsent: u64,
 }
 
 impl ThreadStats {
@@ -111,6 +113,7 @@ impl ThreadStats {
         self.body_bytes += o.body_bytes;
         self.connections_opened += o.connections_opened;
         self.cpu_secs += o.cpu_secs;
+        self.unsent += o.unsent;
     }
 }
 
@@ -153,6 +156,9 @@ pub struct LoadReport {
     pub status: StatusCounts,
     /// Requests without a valid response.
     pub errors: ErrorCounts,
+    /// Open loop: requests due in the window that were never sent because their connection was
+    /// still waiting for an earlier response when the window closed (overload; 0 in closed loop).
+    pub unsent: u64,
     /// TCP connections opened.
     pub connections_opened: u64,
     /// CPU seconds the generator's threads used over the whole run (warm-up included; 0 where
@@ -191,6 +197,7 @@ impl LoadReport {
             mbps: per_sec(stats.bytes) * 8.0 / 1e6,
             status: stats.status,
             errors: stats.errors,
+            unsent: stats.unsent,
             connections_opened: stats.connections_opened,
             generator_cpu_secs: stats.cpu_secs,
         }
@@ -275,6 +282,13 @@ impl fmt::Display for LoadReport {
             "  Socket errors: connect {}, write {}, read {}, timeout {}, parse {}",
             e.connect, e.write, e.read, e.timeout, e.parse
         )?;
+        if self.unsent > 0 {
+            writeln!(
+                f,
+                "  Unsent: {} requests were due but their connections were still busy at the end",
+                self.unsent
+            )?;
+        }
         write!(
             f,
             "  Generator CPU {:.2}s over {:.2}s (warm-up included)",
