@@ -2,7 +2,8 @@
 //! 127.0.0.1, to see that neither tool is the bottleneck before pointing them at a gateway.
 //!
 //! `cargo run --release -p keymaster-bench --example loopback -- [QUERY] [SECONDS] [CONNS] [RATE]`
-//! (RATE = open loop at that many requests per second; closed loop without it)
+//! (RATE = open loop at that many requests per second; closed loop without it). `--churn` anywhere
+//! opens a new connection per request.
 
 use std::time::Duration;
 
@@ -10,7 +11,9 @@ use keymaster_bench::load::{run_load, LoadConfig};
 use keymaster_bench::stub::spawn_stub;
 
 fn main() -> Result<(), String> {
-    let mut args = std::env::args().skip(1);
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let churn = all.iter().any(|a| a == "--churn");
+    let mut args = all.into_iter().filter(|a| a != "--churn");
     let query = args.next().unwrap_or_else(|| "length=1000".into());
     let secs: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(3);
     let connections: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(50);
@@ -21,6 +24,7 @@ fn main() -> Result<(), String> {
         url: format!("http://{}/?{query}", stub.local_addr()),
         connections,
         rate,
+        churn,
         threads: 1,
         duration: Duration::from_secs(secs),
         warmup: Duration::from_millis(500),
