@@ -1,2 +1,4 @@
-//! keymaster's bake-off tools: the stub origin ([`stub`]) and, later, the load generator.
+//! keymaster's bake-off tools: the stub origin ([`stub`], `keymaster stub`) and the load
+//! generator ([`load`], `keymaster load`).
+pub mod load;
 pub mod stub;
