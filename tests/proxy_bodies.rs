@@ -403,3 +403,43 @@ async fn absolute_form_target_is_sent_in_origin_form() {
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
     assert_eq!(String::from_utf8_lossy(rest), "GET /a%2Fb?x=1 HTTP/1.1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_are_not_requested_or_sent_without_te_trailers() {
+    let origin = trailer_origin().await;
+    let g = start_gateway(&config_text(origin.addr, "", ""));
+    let raw = raw(
+        g.addr,
+        b"GET /t HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    let (head, rest) = split_head(&raw);
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    assert_eq!(head_header(&head, "x-saw-te"), Some("-"), "{head}");
+    let (data, trailers) = dechunk(rest);
+    assert_eq!(data, b"hello");
+    assert_eq!(trailers, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_delimited_response_is_relayed_completely() {
+    let origin = raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        if read_head(&mut s, &mut carry).await.is_some() {
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nhello until close")
+                .await;
+        }
+    })
+    .await;
+    let g = start_gateway(&config_text(origin.addr, "", ""));
+    let mut c = Client::connect(g.addr).await;
+    let r = c.get("/").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, "hello until close");
+    // The close-delimited connection is not reused: the next request opens a new one.
+    let r = c.get("/").await;
+    assert_eq!(r.body, "hello until close");
+    assert_eq!(origin.connections(), 2);
+}

@@ -379,3 +379,54 @@ async fn malformed_response_connection_is_not_reused() {
     assert_eq!((r.status, &r.body[..]), (200, &b"ok"[..]));
     assert_eq!(origin.connections(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_abandoning_its_request_body_closes_the_origin_connection() {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, usize, bool)>();
+    let origin = raw_origin(move |mut s, i| {
+        let tx = tx.clone();
+        async move {
+            let mut carry = Vec::new();
+            let Some(head) = read_head(&mut s, &mut carry).await else {
+                return;
+            };
+            if i > 0 {
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+                let _ = read_head(&mut s, &mut carry).await;
+                return;
+            }
+            let cl: usize = head_header(&head, "content-length")
+                .unwrap()
+                .parse()
+                .unwrap();
+            // Read what arrives of the body; report how much and whether the gateway closed.
+            let (rest, eof) = read_to_eof(&mut s, Duration::from_secs(5)).await;
+            let _ = tx.send((cl, carry.len() + rest.len(), eof));
+        }
+    })
+    .await;
+    let g = start_gateway(&config_text(origin.addr, "", ""));
+    {
+        let mut c = TcpStream::connect(g.addr).await.unwrap();
+        c.write_all(b"POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+            .await
+            .unwrap();
+        // Wait until the origin has the request (its connection exists), then vanish.
+        assert!(wait_until(Duration::from_secs(3), || origin.connections() == 1).await);
+    }
+    let (cl, got, eof) = tokio::time::timeout(Duration::from_secs(6), rx.recv())
+        .await
+        .expect("origin reports")
+        .unwrap();
+    assert_eq!(cl, 1000);
+    assert!(got < 1000, "origin got {got} bytes");
+    assert!(
+        eof,
+        "origin connection must be closed when the client body is abandoned"
+    );
+    let r = get(g.addr, "/after").await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"ok"[..]));
+    assert_eq!(origin.connections(), 2);
+}
