@@ -199,3 +199,116 @@ pub fn metric(text: &str, prefix: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
 }
+
+// ---- Added by tests-a (proxy/routing tests) ----
+
+/// The admin `/metrics` text.
+pub async fn metrics_text(g: &TestGateway) -> String {
+    let m = admin_get(g, "/metrics").await;
+    String::from_utf8(m.body.to_vec()).expect("metrics are utf-8")
+}
+
+/// A purpose-made origin on 127.0.0.1:0: each accepted connection is handed to `handler`
+/// with its 0-based index, on its own task. `accepted` counts connections.
+pub struct RawOrigin {
+    pub addr: SocketAddr,
+    pub accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RawOrigin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RawOrigin {
+    pub fn connections(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+pub async fn raw_origin<F, Fut>(handler: F) -> RawOrigin
+where
+    F: Fn(TcpStream, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    let handler = std::sync::Arc::new(handler);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = listener.accept().await else {
+                return;
+            };
+            let i = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let h = handler.clone();
+            tokio::spawn(async move { h(s, i).await });
+        }
+    });
+    RawOrigin {
+        addr,
+        accepted,
+        task,
+    }
+}
+
+/// Read one request (or response) head up to and including the blank line, within 5 s.
+/// Returns the head as text plus any bytes read past it; `None` on EOF before a full head.
+pub async fn read_head(s: &mut TcpStream, carry: &mut Vec<u8>) -> Option<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut buf = [0u8; 8192];
+    loop {
+        if let Some(i) = carry.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&carry[..i + 4]).into_owned();
+            carry.drain(..i + 4);
+            return Some(head);
+        }
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
+            Ok(Ok(n)) => carry.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Read exactly `n` body bytes (after what `carry` holds), within 5 s.
+pub async fn read_exact_body(s: &mut TcpStream, carry: &mut Vec<u8>, n: usize) -> Vec<u8> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut buf = [0u8; 16 * 1024];
+    while carry.len() < n {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+            Ok(Ok(m)) => carry.extend_from_slice(&buf[..m]),
+        }
+    }
+    let take = n.min(carry.len());
+    carry.drain(..take).collect()
+}
+
+/// The value of header `name` (case-insensitive) in a raw head, first occurrence.
+pub fn head_header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.split("\r\n").skip(1).find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// Wait (bounded by `limit`) until `cond` holds, polling every 5 ms; returns whether it did.
+pub async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cond()
+}
+
+/// The stub's exact body of `length` bytes, plain and gzipped (`?length=N` vs `&gzip=1`).
+/// (Also keeps the `stub_body*` re-exports used in every test crate.)
+pub fn stub_bodies(length: usize) -> (Vec<u8>, Vec<u8>) {
+    (stub_body(length).to_vec(), stub_body_gzip(length).to_vec())
+}

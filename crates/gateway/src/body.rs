@@ -64,7 +64,7 @@ impl Body for RequestBody {
                 limit,
                 seen,
                 state,
-            } => match ready!(Pin::new(inner).poll_frame(cx)) {
+            } => match ready!(Pin::new(&mut *inner).poll_frame(cx)) {
                 Some(Ok(frame)) => {
                     if let Some(data) = frame.data_ref() {
                         *seen += data.len() as u64;
@@ -72,6 +72,11 @@ impl Body for RequestBody {
                             state.too_large.set(true);
                             return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
                         }
+                    }
+                    // hyper stops polling a sized body once it is at its end, so the final
+                    // `None` may never come: mark the body finished here too.
+                    if inner.is_end_stream() {
+                        state.finished.set(true);
                     }
                     Poll::Ready(Some(Ok(frame)))
                 }

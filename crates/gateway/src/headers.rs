@@ -161,17 +161,16 @@ static HOP_BY_HOP: [HeaderName; 6] = [
 /// `Transfer-Encoding`, `Upgrade`, `Proxy-Connection`. Returns whether the client asked for
 /// trailers (`TE: trailers`), which the caller may pass on.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
-    if let Some(conn) = headers.get(header::CONNECTION) {
-        // Collect first: the names borrow from the map.
-        let named: Vec<HeaderName> = conn
-            .to_str()
-            .unwrap_or("")
-            .split(',')
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
+    // Every Connection field line counts, not just the first (RFC 9110 §7.6.1).
+    // Collect first: the names borrow from the map.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|conn| conn.to_str().unwrap_or("").split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
     }
     let trailers = headers
         .get(header::TE)

@@ -200,12 +200,12 @@ async fn proxy(
     let server = cluster.pick().clone();
     match &route.host_rewrite {
         HostRewrite::Preserve => {
-            if !parts.headers.contains_key(header::HOST) {
-                let h = host_value
-                    .clone()
-                    .unwrap_or_else(|| server.authority.clone());
-                parts.headers.insert(header::HOST, h);
-            }
+            // The host the request was routed by: an absolute-form authority replaces a
+            // differing Host field (RFC 9112 §3.2.2), so the origin sees what was matched.
+            let h = host_value
+                .clone()
+                .unwrap_or_else(|| server.authority.clone());
+            parts.headers.insert(header::HOST, h);
         }
         HostRewrite::Origin => {
             parts.headers.insert(header::HOST, server.authority.clone());
@@ -242,7 +242,7 @@ async fn proxy(
     let origin_close = rparts
         .headers
         .get(header::CONNECTION)
-        .map(|v| connection_has_close(v))
+        .map(connection_has_close)
         .unwrap_or(false);
     hdr::strip_hop_by_hop(&mut rparts.headers);
     rparts

@@ -1,0 +1,368 @@
+//! Rule 2, header duties: hop-by-hop fields dropped both ways, `Via` both ways,
+//! `X-Forwarded-*` and RFC 7239 `Forwarded` with trusted and untrusted peers, request ids
+//! generated or propagated, `traceparent` untouched.
+mod support;
+use bytes::Bytes;
+use http_body_util::Full;
+use std::time::Duration;
+use support::*;
+use tokio::io::AsyncWriteExt;
+
+/// The headers the origin received, as (name, value) pairs in order.
+fn origin_headers(r: &Reply) -> Vec<(String, String)> {
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let v: serde_json::Value = serde_json::from_slice(&r.body).expect("inspect json");
+    v["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h[0].as_str().unwrap().to_string(),
+                h[1].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn values<'a>(h: &'a [(String, String)], name: &str) -> Vec<&'a str> {
+    h.iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+        .collect()
+}
+
+fn req(headers: &[(&str, &str)]) -> http::Request<Full<Bytes>> {
+    let mut b = http::Request::get("/__inspect");
+    for (n, v) in headers {
+        b = b.header(*n, *v);
+    }
+    b.body(Full::new(Bytes::new())).unwrap()
+}
+
+async fn inspect(
+    addr: std::net::SocketAddr,
+    headers: &[(&str, &str)],
+) -> (Reply, Vec<(String, String)>) {
+    let mut c = Client::connect(addr).await;
+    let r = c.send(req(headers)).await;
+    let h = origin_headers(&r);
+    (r, h)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_request_fields_are_dropped() {
+    let (g, _stub) = gateway_with_stub();
+    let (_, h) = inspect(
+        g.addr,
+        &[
+            ("connection", "keep-alive, x-secret, X-Other"),
+            ("x-secret", "1"),
+            ("x-other", "2"),
+            ("keep-alive", "timeout=5"),
+            ("te", "deflate"),
+            ("upgrade", "websocket"),
+            ("proxy-connection", "keep-alive"),
+            ("x-kept", "yes"),
+        ],
+    )
+    .await;
+    for gone in [
+        "connection",
+        "x-secret",
+        "x-other",
+        "keep-alive",
+        "te",
+        "upgrade",
+        "proxy-connection",
+        "transfer-encoding",
+    ] {
+        assert!(values(&h, gone).is_empty(), "{gone} forwarded: {h:?}");
+    }
+    assert_eq!(values(&h, "x-kept"), ["yes"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn te_trailers_survives_hop_by_hop_removal() {
+    let (g, _stub) = gateway_with_stub();
+    let (_, h) = inspect(g.addr, &[("te", "deflate, trailers")]).await;
+    assert_eq!(values(&h, "te"), ["trailers"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_response_fields_are_dropped() {
+    let origin = raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        while read_head(&mut s, &mut carry).await.is_some() {
+            let resp = "HTTP/1.1 200 OK\r\nConnection: x-origin-secret\r\nx-origin-secret: 1\r\nKeep-Alive: timeout=5, max=100\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\nUpgrade: h2c\r\nx-kept: yes\r\nVia: 1.1 origin-proxy\r\nContent-Length: 2\r\n\r\nok";
+            if s.write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let g = start_gateway(&config_text(origin.addr, "", ""));
+    let mut c = Client::connect(g.addr).await;
+    let r = c.get("/").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, "ok");
+    for gone in [
+        "connection",
+        "x-origin-secret",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "upgrade",
+    ] {
+        assert!(
+            r.headers.get(gone).is_none(),
+            "{gone} returned: {:?}",
+            r.headers
+        );
+    }
+    assert_eq!(r.headers["x-kept"], "yes");
+    let via: Vec<_> = r.headers.get_all("via").iter().collect();
+    assert_eq!(via, ["1.1 origin-proxy", "1.1 keymaster"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn via_is_added_upstream_after_existing_values() {
+    let (g, _stub) = gateway_with_stub();
+    let (r, h) = inspect(g.addr, &[("via", "1.0 fred")]).await;
+    assert_eq!(values(&h, "via"), ["1.0 fred", "1.1 keymaster"]);
+    assert_eq!(r.headers["via"], "1.1 keymaster");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn via_names_the_received_protocol_version() {
+    let (g, _stub) = gateway_with_stub();
+    let raw = raw(
+        g.addr,
+        b"GET /__inspect HTTP/1.0\r\nHost: x\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&raw);
+    assert!(
+        text.starts_with("HTTP/1.0 200 ") || text.starts_with("HTTP/1.1 200 "),
+        "{text}"
+    );
+    assert!(text.contains(r#"["via","1.0 keymaster"]"#), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_via_pseudonym_is_used() {
+    let s = stub();
+    let cfg = config_text(s.local_addr(), "", "").replace(
+        "drain_timeout = \"5s\"",
+        "drain_timeout = \"5s\"\nvia = \"edge-7\"",
+    );
+    let g = start_gateway(&cfg);
+    let (r, h) = inspect(g.addr, &[]).await;
+    assert_eq!(values(&h, "via"), ["1.1 edge-7"]);
+    assert_eq!(r.headers["via"], "1.1 edge-7");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untrusted_client_forwarding_chain_is_replaced() {
+    let (g, _stub) = gateway_with_stub();
+    let (_, h) = inspect(
+        g.addr,
+        &[
+            ("host", "shop.example:8443"),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "7.7.7.7"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "evil.example"),
+        ],
+    )
+    .await;
+    assert_eq!(values(&h, "x-forwarded-for"), ["127.0.0.1"]);
+    assert_eq!(values(&h, "x-forwarded-proto"), ["http"]);
+    assert_eq!(values(&h, "x-forwarded-host"), ["shop.example:8443"]);
+    assert_eq!(values(&h, "host"), ["shop.example:8443"]);
+    assert!(values(&h, "forwarded").is_empty(), "{h:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_are_set_when_absent() {
+    let (g, _stub) = gateway_with_stub();
+    let (_, h) = inspect(g.addr, &[]).await;
+    assert_eq!(values(&h, "x-forwarded-for"), ["127.0.0.1"]);
+    assert_eq!(values(&h, "x-forwarded-proto"), ["http"]);
+    assert_eq!(
+        values(&h, "x-forwarded-host"),
+        [g.addr.to_string().as_str()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_proxy_chain_is_extended_and_its_proto_host_kept() {
+    let s = stub();
+    let g = start_gateway(&config_text(
+        s.local_addr(),
+        r#"trusted_proxies = ["127.0.0.1/32"]"#,
+        "",
+    ));
+    let (_, h) = inspect(
+        g.addr,
+        &[
+            ("host", "internal:80"),
+            ("x-forwarded-for", "1.2.3.4"),
+            ("x-forwarded-for", "5.6.7.8, 9.9.9.9"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "shop.example"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        values(&h, "x-forwarded-for"),
+        ["1.2.3.4, 5.6.7.8, 9.9.9.9, 127.0.0.1"]
+    );
+    assert_eq!(values(&h, "x-forwarded-proto"), ["https"]);
+    assert_eq!(values(&h, "x-forwarded-host"), ["shop.example"]);
+
+    // A trusted peer that sent nothing gets what the gateway saw.
+    let (_, h) = inspect(g.addr, &[("host", "internal:80")]).await;
+    assert_eq!(values(&h, "x-forwarded-for"), ["127.0.0.1"]);
+    assert_eq!(values(&h, "x-forwarded-proto"), ["http"]);
+    assert_eq!(values(&h, "x-forwarded-host"), ["internal:80"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_header_is_added_when_configured() {
+    let s = stub();
+    let g = start_gateway(&config_text(s.local_addr(), "forwarded_header = true", ""));
+    let (_, h) = inspect(
+        g.addr,
+        &[("host", "h.example:8080"), ("forwarded", "for=6.6.6.6")],
+    )
+    .await;
+    assert_eq!(
+        values(&h, "forwarded"),
+        ["for=127.0.0.1;proto=http;host=\"h.example:8080\""]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_header_from_a_trusted_proxy_is_extended() {
+    let s = stub();
+    let g = start_gateway(&config_text(
+        s.local_addr(),
+        "forwarded_header = true\ntrusted_proxies = [\"127.0.0.1\"]",
+        "",
+    ));
+    let (_, h) = inspect(
+        g.addr,
+        &[
+            ("host", "h.example"),
+            ("forwarded", "for=192.0.2.60;proto=https"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        values(&h, "forwarded"),
+        ["for=192.0.2.60;proto=https, for=127.0.0.1;proto=http;host=\"h.example\""]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_id_is_generated_when_absent() {
+    let (g, _stub) = gateway_with_stub();
+    let (r, h) = inspect(g.addr, &[]).await;
+    let up = values(&h, "x-request-id");
+    assert_eq!(up.len(), 1, "{h:?}");
+    assert_eq!(up[0].len(), 32);
+    assert!(up[0].bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_eq!(r.headers["x-request-id"], up[0]);
+    let (r2, _) = inspect(g.addr, &[]).await;
+    assert_ne!(r2.headers["x-request-id"], r.headers["x-request-id"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_id_is_propagated_when_present() {
+    let (g, _stub) = gateway_with_stub();
+    let (r, h) = inspect(g.addr, &[("x-request-id", "client-abc-123")]).await;
+    assert_eq!(values(&h, "x-request-id"), ["client-abc-123"]);
+    assert_eq!(r.headers["x-request-id"], "client-abc-123");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_request_id_header_is_used() {
+    let s = stub();
+    let g = start_gateway(&config_text(
+        s.local_addr(),
+        "request_id_header = \"x-correlation-id\"",
+        "",
+    ));
+    let (r, h) = inspect(g.addr, &[("x-correlation-id", "corr-1")]).await;
+    assert_eq!(values(&h, "x-correlation-id"), ["corr-1"]);
+    assert!(values(&h, "x-request-id").is_empty());
+    assert_eq!(r.headers["x-correlation-id"], "corr-1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_id_is_on_gateway_error_responses() {
+    // Nothing listens on the origin port: the gateway answers 502 itself.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let g = start_gateway(&config_text(closed, "", ""));
+    let mut c = Client::connect(g.addr).await;
+    let r = c.send(req(&[("x-request-id", "err-req-9")])).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.headers["x-request-id"], "err-req-9");
+    let r = c.get("/").await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.headers["x-request-id"].len(), 32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traceparent_passes_through_unchanged() {
+    let (g, _stub) = gateway_with_stub();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let (_, h) = inspect(
+        g.addr,
+        &[("traceparent", tp), ("tracestate", "rojo=00f067aa0ba902b7")],
+    )
+    .await;
+    assert_eq!(values(&h, "traceparent"), [tp]);
+    assert_eq!(values(&h, "tracestate"), ["rojo=00f067aa0ba902b7"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_named_by_a_repeated_connection_header_are_dropped() {
+    let (g, _stub) = gateway_with_stub();
+    let (_, h) = inspect(
+        g.addr,
+        &[
+            ("connection", "keep-alive"),
+            ("connection", "x-second"),
+            ("x-second", "secret"),
+        ],
+    )
+    .await;
+    assert!(
+        values(&h, "x-second").is_empty(),
+        "x-second forwarded: {h:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_named_by_a_repeated_connection_header_are_dropped_from_responses() {
+    let origin = raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        while read_head(&mut s, &mut carry).await.is_some() {
+            let resp = "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nConnection: x-hop\r\nx-hop: 1\r\nContent-Length: 2\r\n\r\nok";
+            if s.write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let g = start_gateway(&config_text(origin.addr, "", ""));
+    let r = get(g.addr, "/").await;
+    assert_eq!(r.status, 200);
+    assert!(r.headers.get("x-hop").is_none(), "{:?}", r.headers);
+}
