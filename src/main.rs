@@ -35,6 +35,8 @@ enum Command {
     Proxy(ProxyArgs),
     /// The benchmark origin: `?length=N&delay=MS&dither=MS&gzip=1&chunked=1&status=CODE`.
     Stub(keymaster_bench::stub::StubArgs),
+    /// Load generator: closed loop (like wrk), open loop at a rate (like wrk2), or churn.
+    Load(keymaster_bench::load::LoadArgs),
 }
 
 #[derive(Args)]
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
         Some(Command::Validate(a)) => validate(a),
         Some(Command::Proxy(a)) => proxy(a),
         Some(Command::Stub(a)) => keymaster_bench::stub::stub_main(a).map_err(|e| e.to_string()),
+        Some(Command::Load(a)) => keymaster_bench::load::load_main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
