@@ -105,12 +105,13 @@ impl ConnState {
     pub(crate) fn request_started(&self) {
         self.inflight.set(self.inflight.get() + 1);
     }
-    pub(crate) fn request_finished(&self) {
+    /// A request's response is done (`now` is when it finished).
+    pub(crate) fn request_finished(&self, now: Instant) {
         let n = self.inflight.get().saturating_sub(1);
         self.inflight.set(n);
         if n == 0 {
             self.idle.set(true);
-            self.deadline.set(Instant::now() + self.idle_timeout);
+            self.deadline.set(now + self.idle_timeout);
         }
     }
 }

@@ -25,12 +25,54 @@ pub(crate) struct HeadLimits {
     pub max_header_bytes: usize,
 }
 
+/// What one pass over a header map found: size, framing fields and hop-by-hop fields.
+/// Scanning once lets the common request (no hop-by-hop fields, one Host, no body framing)
+/// skip every further lookup.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct HeadScan {
+    /// Bytes of the header section as sent (name + value + ": " + CRLF per field).
+    pub bytes: usize,
+    pub hosts: usize,
+    pub content_length: bool,
+    pub transfer_encoding: bool,
+    pub connection: bool,
+    /// Any hop-by-hop field (Connection, Keep-Alive, TE, Transfer-Encoding, Upgrade,
+    /// Proxy-Connection) is present.
+    pub hop_by_hop: bool,
+}
+
+impl HeadScan {
+    pub(crate) fn of(headers: &HeaderMap) -> HeadScan {
+        let mut s = HeadScan::default();
+        for (name, value) in headers {
+            let n = name.as_str();
+            s.bytes += n.len() + value.len() + 4;
+            match n {
+                "host" => s.hosts += 1,
+                "content-length" => s.content_length = true,
+                "transfer-encoding" => {
+                    s.transfer_encoding = true;
+                    s.hop_by_hop = true;
+                }
+                "connection" => {
+                    s.connection = true;
+                    s.hop_by_hop = true;
+                }
+                "te" | "upgrade" | "keep-alive" | "proxy-connection" => s.hop_by_hop = true,
+                _ => {}
+            }
+        }
+        s
+    }
+}
+
 /// Validate what hyper's parser accepted but a gateway must not forward.
 pub(crate) fn validate_request_head(
     method: &Method,
     uri: &http::Uri,
     version: Version,
     headers: &HeaderMap,
+    scan: &HeadScan,
     limits: &HeadLimits,
 ) -> Result<(), Error> {
     // Request line: method SP target SP HTTP/x.y
@@ -39,26 +81,20 @@ pub(crate) fn validate_request_head(
     if method.as_str().len() + target_len + 10 > limits.max_request_line {
         return Err(Error::new(Kind::UriTooLong, "request line too long"));
     }
-    let mut head_bytes = 0usize;
-    for (name, value) in headers {
-        head_bytes += name.as_str().len() + value.len() + 4;
-    }
-    if head_bytes > limits.max_header_bytes {
+    if scan.bytes > limits.max_header_bytes {
         return Err(Error::new(
             Kind::HeadersTooLarge,
             "request header fields too large",
         ));
     }
     if version == Version::HTTP_11 || version == Version::HTTP_10 {
-        let mut hosts = headers.get_all(header::HOST).iter();
-        let first = hosts.next();
-        if hosts.next().is_some() {
+        if scan.hosts > 1 {
             return Err(Error::new(Kind::BadRequest, "repeated Host header"));
         }
-        if version == Version::HTTP_11 && first.is_none() {
+        if version == Version::HTTP_11 && scan.hosts == 0 {
             return Err(Error::new(Kind::BadRequest, "missing Host header"));
         }
-        if let Some(h) = first {
+        if let Some(h) = headers.get(header::HOST) {
             if !valid_host(h.as_bytes()) {
                 return Err(Error::new(Kind::BadRequest, "invalid Host header"));
             }
@@ -66,8 +102,8 @@ pub(crate) fn validate_request_head(
     }
     // hyper already refused CL+TE (vendor patch), conflicting CL and non-chunked TE; these
     // checks keep the invariant local and cover HTTP/2, where the codec differs.
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        if headers.contains_key(header::CONTENT_LENGTH) {
+    if scan.transfer_encoding {
+        if scan.content_length {
             return Err(Error::new(
                 Kind::BadRequest,
                 "both Transfer-Encoding and Content-Length",
@@ -76,6 +112,9 @@ pub(crate) fn validate_request_head(
         if version != Version::HTTP_11 || !final_coding_is_chunked(headers) {
             return Err(Error::new(Kind::BadRequest, "invalid Transfer-Encoding"));
         }
+    }
+    if !scan.content_length {
+        return Ok(());
     }
     let mut cls = headers.get_all(header::CONTENT_LENGTH).iter();
     if let Some(first) = cls.next() {
@@ -130,9 +169,9 @@ fn final_coding_is_chunked(headers: &HeaderMap) -> bool {
 }
 
 /// A response head an origin must not send us: ambiguous or invalid framing.
-pub(crate) fn validate_response_head(headers: &HeaderMap) -> Result<(), Error> {
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        if headers.contains_key(header::CONTENT_LENGTH) {
+pub(crate) fn validate_response_head(headers: &HeaderMap, scan: &HeadScan) -> Result<(), Error> {
+    if scan.transfer_encoding {
+        if scan.content_length {
             return Err(Error::new(
                 Kind::OriginProtocol,
                 "origin sent both Transfer-Encoding and Content-Length",
@@ -160,7 +199,10 @@ static HOP_BY_HOP: [HeaderName; 6] = [
 /// Remove hop-by-hop fields: `Connection` and every field it names, `Keep-Alive`, `TE`,
 /// `Transfer-Encoding`, `Upgrade`, `Proxy-Connection`. Returns whether the client asked for
 /// trailers (`TE: trailers`), which the caller may pass on.
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, scan: &HeadScan) -> bool {
+    if !scan.hop_by_hop {
+        return false;
+    }
     // Every Connection field line counts, not just the first (RFC 9110 §7.6.1).
     // Collect first: the names borrow from the map.
     let named: Vec<HeaderName> = headers
@@ -265,7 +307,12 @@ pub(crate) fn add_forwarding(
             }
         }
     }
-    if forwarded_header {
+    if !forwarded_header {
+        // Never pass on what an untrusted client claims about earlier hops.
+        if !client.trusted && headers.contains_key(header::FORWARDED) {
+            headers.remove(header::FORWARDED);
+        }
+    } else {
         let mut element = format!("for={};proto={}", client.forwarded_for, client.proto);
         if let Some(h) = host.and_then(|h| h.to_str().ok()) {
             element.push_str(";host=\"");
@@ -374,7 +421,8 @@ mod tests {
             ("proxy-connection", "keep-alive"),
             ("x-kept", "yes"),
         ]);
-        assert!(strip_hop_by_hop(&mut h));
+        let scan = HeadScan::of(&h);
+        assert!(strip_hop_by_hop(&mut h, &scan));
         let names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, vec!["x-kept"]);
     }
@@ -451,12 +499,13 @@ mod tests {
 
     #[test]
     fn response_framing_checks() {
-        assert!(validate_response_head(&map(&[("transfer-encoding", "chunked")])).is_ok());
-        assert!(validate_response_head(&map(&[
-            ("transfer-encoding", "chunked"),
-            ("content-length", "3")
-        ]))
-        .is_err());
-        assert!(validate_response_head(&map(&[("transfer-encoding", "gzip")])).is_err());
+        let check = |pairs: &[(&str, &str)]| {
+            let h = map(pairs);
+            validate_response_head(&h, &HeadScan::of(&h))
+        };
+        assert!(check(&[("transfer-encoding", "chunked")]).is_ok());
+        assert!(check(&[("transfer-encoding", "chunked"), ("content-length", "3")]).is_err());
+        assert!(check(&[("transfer-encoding", "gzip")]).is_err());
+        assert!(check(&[("content-length", "3")]).is_ok());
     }
 }

@@ -54,23 +54,25 @@ pub(crate) async fn handle(
                 .map(|v| (&cx.listener.request_id_header, v));
             let resp = error_response(&err, rid, via);
             let status = resp.status().as_u16();
+            let now = Instant::now();
+            let elapsed = now.saturating_duration_since(start);
             cx.worker
                 .shared
                 .metrics
                 .error(err.category(), err.side().as_str());
             if let Some(route) = &info.route {
                 route.metrics.count(status);
-                route.metrics.latency.observe(start.elapsed().as_secs_f64());
+                route.metrics.latency.observe(elapsed.as_secs_f64());
             }
             if let Some(mut log) = info.log.take() {
                 log.status = status;
                 log.category = err.category();
-                log.duration_us = start.elapsed().as_micros() as u64;
+                log.duration_us = elapsed.as_micros() as u64;
                 if let Some(l) = &cx.worker.shared.access_log {
                     l.write(&log);
                 }
             }
-            cx.state.request_finished();
+            cx.state.request_finished(now);
             Ok(resp)
         }
     }
@@ -93,11 +95,13 @@ async fn proxy(
 ) -> Result<Response<ResponseBody>, Error> {
     let listener = &cx.listener;
     let (mut parts, body) = req.into_parts();
+    let scan = hdr::HeadScan::of(&parts.headers);
     hdr::validate_request_head(
         &parts.method,
         &parts.uri,
         parts.version,
         &parts.headers,
+        &scan,
         &listener.limits,
     )?;
 
@@ -136,7 +140,11 @@ async fn proxy(
     }
 
     // Body cap: refuse a declared oversize body before touching the origin.
-    if let Some(cl) = parts.headers.get(header::CONTENT_LENGTH) {
+    if let Some(cl) = scan
+        .content_length
+        .then(|| parts.headers.get(header::CONTENT_LENGTH))
+        .flatten()
+    {
         if parse_content_length(cl.as_bytes()).unwrap_or(0) > route.max_body_size {
             return Err(Error::new(
                 Kind::BodyTooLarge,
@@ -159,7 +167,7 @@ async fn proxy(
     };
 
     // Request header duties.
-    let trailers = hdr::strip_hop_by_hop(&mut parts.headers);
+    let trailers = hdr::strip_hop_by_hop(&mut parts.headers, &scan);
     if trailers {
         parts
             .headers
@@ -220,7 +228,6 @@ async fn proxy(
 
     // The deadline covers the whole exchange, body included.
     let deadline = route.request_timeout.map(|d| start + d);
-    let head_timeout = HeadTimeout::new(route.response_header_timeout, deadline);
 
     let outstanding = Outstanding::new(server.clone());
     let (resp, conn, attempts) = send(
@@ -229,7 +236,6 @@ async fn proxy(
         &server,
         Request::from_parts(parts, upstream_body),
         body_empty,
-        head_timeout,
         deadline,
         &body_state,
     )
@@ -238,13 +244,15 @@ async fn proxy(
 
     // Response header duties.
     let (mut rparts, rbody) = resp.into_parts();
-    hdr::validate_response_head(&rparts.headers)?;
-    let origin_close = rparts
-        .headers
-        .get(header::CONNECTION)
-        .map(connection_has_close)
-        .unwrap_or(false);
-    hdr::strip_hop_by_hop(&mut rparts.headers);
+    let rscan = hdr::HeadScan::of(&rparts.headers);
+    hdr::validate_response_head(&rparts.headers, &rscan)?;
+    let origin_close = rscan.connection
+        && rparts
+            .headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(connection_has_close);
+    hdr::strip_hop_by_hop(&mut rparts.headers, &rscan);
     rparts
         .headers
         .append(header::VIA, snapshot.stamps.via(rparts.version).clone());
@@ -299,14 +307,12 @@ fn connection_has_close(v: &HeaderValue) -> bool {
 /// Send the request on a pooled or new connection. A request that fails on a reused
 /// connection before any response (the keep-alive race) is sent once more on a fresh one,
 /// if it was not sent at all or is bodyless and so can be replayed.
-#[allow(clippy::too_many_arguments)]
 async fn send(
     cx: &Rc<ConnCtx>,
     route: &Route,
     server: &Arc<OriginServer>,
     req: Request<RequestBody>,
     body_empty: bool,
-    head_timeout: HeadTimeout,
     deadline: Option<Instant>,
     body_state: &RequestBodyState,
 ) -> Result<(Response<Incoming>, Conn, u32), Error> {
@@ -344,6 +350,7 @@ async fn send(
         None
     };
     conn.requests += 1;
+    let head_timeout = HeadTimeout::new(route.response_header_timeout, deadline);
     let first = tokio::time::timeout(head_timeout.wait, conn.sender.try_send_request(req)).await;
     let retry = match first {
         Ok(Ok(resp)) => return Ok((resp, conn, 1)),
@@ -380,6 +387,8 @@ async fn send(
     let mut conn = connect_within(cluster, server, route.connect_timeout, deadline).await?;
     cluster.metrics.requests.inc();
     conn.requests += 1;
+    // The retry gets what is left of the deadline, not a fresh one.
+    let head_timeout = HeadTimeout::new(route.response_header_timeout, deadline);
     match tokio::time::timeout(head_timeout.wait, conn.sender.send_request(retry)).await {
         Ok(Ok(resp)) => Ok((resp, conn, 2)),
         Ok(Err(e)) => Err(map_send_error(e)),
@@ -512,7 +521,7 @@ impl Drop for Exchange {
                 l.write(&log);
             }
         }
-        self.cx.state.request_finished();
+        self.cx.state.request_finished(now);
     }
 }
 

@@ -198,12 +198,9 @@ impl Route {
                 let rest = path.strip_prefix(from.as_str())?;
                 let mut s = String::with_capacity(to.len() + rest.len() + 1);
                 s.push_str(to);
-                if !to.ends_with('/') && !rest.is_empty() && !rest.starts_with('/') {
-                    s.push('/');
-                }
                 s.push_str(rest);
-                if s.is_empty() {
-                    s.push('/');
+                if !s.starts_with('/') {
+                    s.insert(0, '/');
                 }
                 s
             }
