@@ -357,6 +357,9 @@ async fn send(
                     "request body exceeds the route's limit",
                 ));
             }
+            if body_state.malformed.get() {
+                return Err(Error::new(Kind::BadRequest, "invalid request body framing"));
+            }
             let retry_req = match (unsent, replay) {
                 (Some(r), _) => Some(r),
                 (None, Some((m, u, h))) if stale_connection_error(&err) => {
