@@ -242,7 +242,7 @@ async fn proxy(
     let origin_close = rparts
         .headers
         .get(header::CONNECTION)
-        .map(|v| connection_has_close(v))
+        .map(connection_has_close)
         .unwrap_or(false);
     hdr::strip_hop_by_hop(&mut rparts.headers);
     rparts
