@@ -1,6 +1,6 @@
 //! Shared test harness: start the real gateway on 127.0.0.1:0 against real origins (the
 //! stub or purpose-made ones) and talk to it with real clients and raw sockets.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -198,4 +198,63 @@ pub fn metric(text: &str, prefix: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
+}
+
+// ---- Added for the wire_*/ops_*/cli tests ----
+
+/// `keymaster_upstream_requests_total{cluster="origin"}`: requests the gateway sent to the
+/// origin cluster of [`config_text`] (counts retries as separate requests).
+pub fn upstream_requests(g: &TestGateway) -> f64 {
+    metric(
+        &g.gateway().metrics_text(),
+        "keymaster_upstream_requests_total{cluster=\"origin\"}",
+    )
+}
+
+/// Read until the peer closes (`true`) or `wait` passes with no new data (`false`).
+pub async fn read_until_close(s: &mut TcpStream, wait: Duration) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match tokio::time::timeout(wait, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (out, true),
+            Err(_) => return (out, false),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Write raw bytes on a fresh connection; return what came back and whether the gateway
+/// closed the connection within `wait` of the last data.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8], wait: Duration) -> (Vec<u8>, bool) {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request).await.expect("write");
+    read_until_close(&mut s, wait).await
+}
+
+/// Number of HTTP/1.1 status lines in raw response bytes.
+pub fn count_responses(raw: &[u8]) -> usize {
+    raw.windows(9).filter(|w| w == b"HTTP/1.1 ").count()
+}
+
+/// A free 127.0.0.1 port (bind :0, read it, release it) for configs of child processes.
+pub fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Poll `f` every 10ms until it returns true or `limit` passes; returns the last result.
+pub async fn eventually<F: FnMut() -> bool>(limit: Duration, mut f: F) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
