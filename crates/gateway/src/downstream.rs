@@ -99,6 +99,9 @@ pub(crate) struct ConnState {
     idle: Cell<bool>,
     header_timeout: Duration,
     idle_timeout: Duration,
+    /// The connection task, parked in a read while requests were in flight: woken when the
+    /// last one finishes so the idle timer is armed.
+    reader: Cell<Option<std::task::Waker>>,
 }
 
 impl ConnState {
@@ -111,6 +114,9 @@ impl ConnState {
         if n == 0 {
             self.idle.set(true);
             self.deadline.set(Instant::now() + self.idle_timeout);
+            if let Some(w) = self.reader.take() {
+                w.wake();
+            }
         }
     }
 }
@@ -161,6 +167,8 @@ impl Read for TimedIo {
                             "client connection timed out (header read or idle)",
                         )));
                     }
+                } else {
+                    this.state.reader.set(Some(cx.waker().clone()));
                 }
                 Poll::Pending
             }
@@ -320,6 +328,7 @@ async fn serve_connection(
         idle: Cell::new(false),
         header_timeout: listener.header_read_timeout,
         idle_timeout: listener.idle_timeout,
+        reader: Cell::new(None),
     });
     let h2 = match listener.protocol {
         ListenerProtocol::Http1 => false,
