@@ -289,11 +289,9 @@ async fn starts_with_h2_preface(stream: &TcpStream) -> bool {
                 if n == H2_PREFACE.len() {
                     return true;
                 }
-                // A partial match: wait for more bytes.
-                if stream.readable().await.is_err() {
-                    return false;
-                }
-                tokio::task::yield_now().await;
+                // A partial match: wait for more bytes. Peeking leaves the socket readable,
+                // so `readable()` would return at once and spin; poll again shortly instead.
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
     }
