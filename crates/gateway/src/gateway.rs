@@ -107,6 +107,10 @@ pub struct Gateway {
     shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
     threads: Vec<JoinHandle<()>>,
+    /// The admin thread stops only after the workers have drained, so `/ready` can answer
+    /// 503 (and `/metrics` be scraped) while draining.
+    admin_shutdown: watch::Sender<bool>,
+    admin_thread: Option<JoinHandle<()>>,
     listeners: Vec<(String, SocketAddr)>,
     admin: Option<SocketAddr>,
 }
@@ -162,6 +166,8 @@ impl Gateway {
             None => None,
         };
         let admin = admin_socket.as_ref().and_then(|s| s.local_addr().ok());
+        let (admin_shutdown, admin_rx) = watch::channel(false);
+        let mut admin_thread = None;
 
         let snapshot = Snapshot::build(config, 1, &metrics)?;
         metrics.config_version.set(1);
@@ -187,7 +193,7 @@ impl Gateway {
         }
         if let Some(sock) = admin_socket {
             let shared = shared.clone();
-            let rx = rx.clone();
+            let rx = admin_rx;
             let t = std::thread::Builder::new()
                 .name("keymaster-admin".into())
                 .spawn(move || {
@@ -210,12 +216,14 @@ impl Gateway {
                     });
                 })
                 .map_err(|e| format!("cannot start admin thread: {e}"))?;
-            threads.push(t);
+            admin_thread = Some(t);
         }
         Ok(Gateway {
             shared,
             shutdown,
             threads,
+            admin_shutdown,
+            admin_thread,
             listeners,
             admin,
         })
@@ -265,6 +273,10 @@ impl Gateway {
         self.shared.draining.store(true, Ordering::Release);
         let _ = self.shutdown.send(true);
         for t in self.threads {
+            let _ = t.join();
+        }
+        let _ = self.admin_shutdown.send(true);
+        if let Some(t) = self.admin_thread {
             let _ = t.join();
         }
     }
