@@ -258,3 +258,25 @@ pub async fn eventually<F: FnMut() -> bool>(limit: Duration, mut f: F) -> bool {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// GET on a fresh connection, or `None` if connecting or the exchange fails (for probing
+/// listeners that may be closing).
+pub async fn try_get(addr: SocketAddr, path: &str) -> Option<Reply> {
+    let tcp = TcpStream::connect(addr).await.ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .ok()?;
+    tokio::spawn(conn);
+    let req = http::Request::get(path)
+        .header(http::header::HOST, addr.to_string())
+        .body(Full::new(Bytes::new()))
+        .ok()?;
+    let resp = sender.send_request(req).await.ok()?;
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.ok()?.to_bytes();
+    Some(Reply {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body,
+    })
+}
