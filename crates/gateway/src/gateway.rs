@@ -58,6 +58,11 @@ impl Shared {
     /// workers, admin and access log settings need a restart (logged when they differ).
     pub(crate) fn apply(&self, config: Config) -> Result<u64, String> {
         let _serial = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = keymaster_config::validate(&config) {
+            self.metrics.reloads.with_label_values(&["rejected"]).inc();
+            tracing::error!(error = %e, "reload rejected; keeping the running config");
+            return Err(e.to_string());
+        }
         let current = self.snapshot.load();
         if config.listeners != current.config.listeners
             || config.server.workers != current.config.server.workers
