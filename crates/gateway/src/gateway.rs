@@ -73,9 +73,11 @@ impl Shared {
                 "reload: listener, worker, admin and access log changes take effect on restart"
             );
         }
-        let version = self.next_version.fetch_add(1, Ordering::AcqRel);
+        // Serialised by `reload_lock`: a rejected config does not use up a version number.
+        let version = self.next_version.load(Ordering::Acquire);
         match Snapshot::build(config, version, &self.metrics) {
             Ok(snap) => {
+                self.next_version.store(version + 1, Ordering::Release);
                 self.snapshot.store(Arc::new(snap));
                 self.metrics.config_version.set(version as i64);
                 self.metrics.reloads.with_label_values(&["ok"]).inc();
