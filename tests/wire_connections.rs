@@ -503,3 +503,49 @@ async fn partial_h2_preface_does_not_spin_a_worker() {
     assert!(closed);
     drop(child);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_connection_with_a_cancelled_stream_still_idles_out() {
+    let s = stub();
+    let toml = config_text(
+        s.local_addr(),
+        "protocol = \"h2c\"\nheader_read_timeout = \"300ms\"\nidle_timeout = \"500ms\"",
+        "",
+    )
+    .replace(
+        "response_header_timeout = \"5s\"",
+        "response_header_timeout = \"30s\"",
+    );
+    let g = start_gateway(&toml);
+    let tcp = TcpStream::connect(g.addr).await.unwrap();
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    // A request the client gives up on while the origin is still thinking (RST_STREAM).
+    let req = http::Request::get(format!("http://{}/?delay=10000", g.addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    h2.ready().await.unwrap();
+    let pending = h2.send_request(req);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), pending)
+            .await
+            .is_err(),
+        "origin answered early"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || upstream_requests(&g) == 1.0).await,
+        "request reached the origin"
+    );
+    // Nothing in flight any more: the connection must idle out (500ms), not live forever.
+    let t0 = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(4), conn).await;
+    assert!(
+        closed.is_ok(),
+        "h2 connection still open {:?} after its only stream was cancelled",
+        t0.elapsed()
+    );
+    drop(h2);
+}
