@@ -1,6 +1,6 @@
 //! Shared test harness: start the real gateway on 127.0.0.1:0 against real origins (the
 //! stub or purpose-made ones) and talk to it with real clients and raw sockets.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -311,4 +311,85 @@ pub async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool
 /// (Also keeps the `stub_body*` re-exports used in every test crate.)
 pub fn stub_bodies(length: usize) -> (Vec<u8>, Vec<u8>) {
     (stub_body(length).to_vec(), stub_body_gzip(length).to_vec())
+}
+
+// ---- Added for the wire_*/ops_*/cli tests ----
+
+/// `keymaster_upstream_requests_total{cluster="origin"}`: requests the gateway sent to the
+/// origin cluster of [`config_text`] (counts retries as separate requests).
+pub fn upstream_requests(g: &TestGateway) -> f64 {
+    metric(
+        &g.gateway().metrics_text(),
+        "keymaster_upstream_requests_total{cluster=\"origin\"}",
+    )
+}
+
+/// Read until the peer closes (`true`) or `wait` passes with no new data (`false`).
+pub async fn read_until_close(s: &mut TcpStream, wait: Duration) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match tokio::time::timeout(wait, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (out, true),
+            Err(_) => return (out, false),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Write raw bytes on a fresh connection; return what came back and whether the gateway
+/// closed the connection within `wait` of the last data.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8], wait: Duration) -> (Vec<u8>, bool) {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request).await.expect("write");
+    read_until_close(&mut s, wait).await
+}
+
+/// Number of HTTP/1.1 status lines in raw response bytes.
+pub fn count_responses(raw: &[u8]) -> usize {
+    raw.windows(9).filter(|w| w == b"HTTP/1.1 ").count()
+}
+
+/// A free 127.0.0.1 port (bind :0, read it, release it) for configs of child processes.
+pub fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Poll `f` every 10ms until it returns true or `limit` passes; returns the last result.
+pub async fn eventually<F: FnMut() -> bool>(limit: Duration, mut f: F) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// GET on a fresh connection, or `None` if connecting or the exchange fails (for probing
+/// listeners that may be closing).
+pub async fn try_get(addr: SocketAddr, path: &str) -> Option<Reply> {
+    let tcp = TcpStream::connect(addr).await.ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .ok()?;
+    tokio::spawn(conn);
+    let req = http::Request::get(path)
+        .header(http::header::HOST, addr.to_string())
+        .body(Full::new(Bytes::new()))
+        .ok()?;
+    let resp = sender.send_request(req).await.ok()?;
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.ok()?.to_bytes();
+    Some(Reply {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body,
+    })
 }

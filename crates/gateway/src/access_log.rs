@@ -112,19 +112,21 @@ fn json_line(r: &LogRecord) -> String {
 }
 
 fn combined_line(r: &LogRecord) -> String {
+    // Quoted fields escape `\` and `"` so a client cannot forge fields of the line.
+    let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
     let dash = |s: &str| {
         if s.is_empty() {
             "-".to_string()
         } else {
-            s.replace('"', "\\\"")
+            esc(s)
         }
     };
     format!(
         "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\" rid={} route={} origin={} category={} duration_ms={:.3} attempts={}\n",
         r.client,
         clf_now(),
-        r.method,
-        r.uri,
+        esc(&r.method),
+        esc(&r.uri),
         r.version,
         r.status,
         r.bytes_out,

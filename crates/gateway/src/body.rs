@@ -23,6 +23,8 @@ use crate::proxy::Exchange;
 pub(crate) struct RequestBodyState {
     pub(crate) finished: Cell<bool>,
     pub(crate) too_large: Cell<bool>,
+    /// The client's body framing was invalid (e.g. a bad chunk size): a 400, not a 499.
+    pub(crate) malformed: Cell<bool>,
 }
 
 /// The downstream request body on its way upstream.
@@ -80,7 +82,12 @@ impl Body for RequestBody {
                     }
                     Poll::Ready(Some(Ok(frame)))
                 }
-                Some(Err(e)) => Poll::Ready(Some(Err(Box::new(e)))),
+                Some(Err(e)) => {
+                    if is_malformed_body(&e) {
+                        state.malformed.set(true);
+                    }
+                    Poll::Ready(Some(Err(Box::new(e))))
+                }
                 None => {
                     state.finished.set(true);
                     Poll::Ready(None)
@@ -102,6 +109,22 @@ impl Body for RequestBody {
             RequestBody::Stream { inner, .. } => inner.size_hint(),
         }
     }
+}
+
+/// hyper's body decoder reports invalid framing (bad chunk size or line ending) as
+/// `InvalidData`/`InvalidInput`; a client that went away shows up as EOF or a reset.
+fn is_malformed_body(e: &hyper::Error) -> bool {
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
+            );
+        }
+        src = s.source();
+    }
+    false
 }
 
 /// The body sent to the client.

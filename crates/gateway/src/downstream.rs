@@ -99,6 +99,9 @@ pub(crate) struct ConnState {
     idle: Cell<bool>,
     header_timeout: Duration,
     idle_timeout: Duration,
+    /// The connection task, parked in a read while requests were in flight: woken when the
+    /// last one finishes so the idle timer is armed.
+    reader: Cell<Option<std::task::Waker>>,
 }
 
 impl ConnState {
@@ -112,6 +115,9 @@ impl ConnState {
         if n == 0 {
             self.idle.set(true);
             self.deadline.set(now + self.idle_timeout);
+            if let Some(w) = self.reader.take() {
+                w.wake();
+            }
         }
     }
 }
@@ -162,6 +168,8 @@ impl Read for TimedIo {
                             "client connection timed out (header read or idle)",
                         )));
                     }
+                } else {
+                    this.state.reader.set(Some(cx.waker().clone()));
                 }
                 Poll::Pending
             }
@@ -282,11 +290,9 @@ async fn starts_with_h2_preface(stream: &TcpStream) -> bool {
                 if n == H2_PREFACE.len() {
                     return true;
                 }
-                // A partial match: wait for more bytes.
-                if stream.readable().await.is_err() {
-                    return false;
-                }
-                tokio::task::yield_now().await;
+                // A partial match: wait for more bytes. Peeking leaves the socket readable,
+                // so `readable()` would return at once and spin; poll again shortly instead.
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
     }
@@ -321,6 +327,7 @@ async fn serve_connection(
         idle: Cell::new(false),
         header_timeout: listener.header_read_timeout,
         idle_timeout: listener.idle_timeout,
+        reader: Cell::new(None),
     });
     let h2 = match listener.protocol {
         ListenerProtocol::Http1 => false,

@@ -58,6 +58,11 @@ impl Shared {
     /// workers, admin and access log settings need a restart (logged when they differ).
     pub(crate) fn apply(&self, config: Config) -> Result<u64, String> {
         let _serial = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = keymaster_config::validate(&config) {
+            self.metrics.reloads.with_label_values(&["rejected"]).inc();
+            tracing::error!(error = %e, "reload rejected; keeping the running config");
+            return Err(e.to_string());
+        }
         let current = self.snapshot.load();
         if config.listeners != current.config.listeners
             || config.server.workers != current.config.server.workers
@@ -68,9 +73,11 @@ impl Shared {
                 "reload: listener, worker, admin and access log changes take effect on restart"
             );
         }
-        let version = self.next_version.fetch_add(1, Ordering::AcqRel);
+        // Serialised by `reload_lock`: a rejected config does not use up a version number.
+        let version = self.next_version.load(Ordering::Acquire);
         match Snapshot::build(config, version, &self.metrics) {
             Ok(snap) => {
+                self.next_version.store(version + 1, Ordering::Release);
                 self.snapshot.store(Arc::new(snap));
                 self.metrics.config_version.set(version as i64);
                 self.metrics.reloads.with_label_values(&["ok"]).inc();
@@ -107,6 +114,10 @@ pub struct Gateway {
     shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
     threads: Vec<JoinHandle<()>>,
+    /// The admin thread stops only after the workers have drained, so `/ready` can answer
+    /// 503 (and `/metrics` be scraped) while draining.
+    admin_shutdown: watch::Sender<bool>,
+    admin_thread: Option<JoinHandle<()>>,
     listeners: Vec<(String, SocketAddr)>,
     admin: Option<SocketAddr>,
 }
@@ -162,6 +173,8 @@ impl Gateway {
             None => None,
         };
         let admin = admin_socket.as_ref().and_then(|s| s.local_addr().ok());
+        let (admin_shutdown, admin_rx) = watch::channel(false);
+        let mut admin_thread = None;
 
         let snapshot = Snapshot::build(config, 1, &metrics)?;
         metrics.config_version.set(1);
@@ -187,7 +200,7 @@ impl Gateway {
         }
         if let Some(sock) = admin_socket {
             let shared = shared.clone();
-            let rx = rx.clone();
+            let rx = admin_rx;
             let t = std::thread::Builder::new()
                 .name("keymaster-admin".into())
                 .spawn(move || {
@@ -210,12 +223,14 @@ impl Gateway {
                     });
                 })
                 .map_err(|e| format!("cannot start admin thread: {e}"))?;
-            threads.push(t);
+            admin_thread = Some(t);
         }
         Ok(Gateway {
             shared,
             shutdown,
             threads,
+            admin_shutdown,
+            admin_thread,
             listeners,
             admin,
         })
@@ -265,6 +280,10 @@ impl Gateway {
         self.shared.draining.store(true, Ordering::Release);
         let _ = self.shutdown.send(true);
         for t in self.threads {
+            let _ = t.join();
+        }
+        let _ = self.admin_shutdown.send(true);
+        if let Some(t) = self.admin_thread {
             let _ = t.join();
         }
     }

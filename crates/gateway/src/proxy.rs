@@ -39,13 +39,18 @@ pub(crate) async fn handle(
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
     cx.state.request_started();
+    let mut inflight = InFlight(Some(cx.state.clone()));
     let snapshot = cx.worker.shared.snapshot.load_full();
     let mut info = RequestInfo::default();
     if cx.worker.shared.access_log.is_some() {
         info.log = Some(Box::new(LogRecord::from_request(&req, &cx)));
     }
     match proxy(&cx, &snapshot, req, start, &mut info).await {
-        Ok(resp) => Ok(resp),
+        Ok(resp) => {
+            // The response body's `Exchange` now finishes the request.
+            inflight.0 = None;
+            Ok(resp)
+        }
         Err(err) => {
             let via = snapshot.stamps.via(Version::HTTP_11);
             let rid = info
@@ -54,8 +59,7 @@ pub(crate) async fn handle(
                 .map(|v| (&cx.listener.request_id_header, v));
             let resp = error_response(&err, rid, via);
             let status = resp.status().as_u16();
-            let now = Instant::now();
-            let elapsed = now.saturating_duration_since(start);
+            let elapsed = start.elapsed();
             cx.worker
                 .shared
                 .metrics
@@ -72,8 +76,21 @@ pub(crate) async fn handle(
                     l.write(&log);
                 }
             }
-            cx.state.request_finished(now);
+            drop(inflight);
             Ok(resp)
+        }
+    }
+}
+
+/// Finishes the request on its connection if the handler is dropped before a response (an
+/// HTTP/2 stream reset by the client); otherwise the connection would count it in flight
+/// forever and never idle out.
+struct InFlight(Option<Rc<crate::downstream::ConnState>>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(state) = self.0.take() {
+            state.request_finished(Instant::now());
         }
     }
 }
@@ -363,6 +380,9 @@ async fn send(
                     Kind::BodyTooLarge,
                     "request body exceeds the route's limit",
                 ));
+            }
+            if body_state.malformed.get() {
+                return Err(Error::new(Kind::BadRequest, "invalid request body framing"));
             }
             let retry_req = match (unsent, replay) {
                 (Some(r), _) => Some(r),

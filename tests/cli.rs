@@ -1,0 +1,170 @@
+//! The `keymaster` binary's command line: validate, --help/--version, and `proxy`.
+mod support;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+use support::*;
+
+fn keymaster(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_keymaster"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+const BAD: &str = r#"[[listeners]]
+name = "main"
+address = "0.0.0.0:8080"
+trusted_proxies = ["10.0.0.0/33"]
+
+[[routes]]
+name = "api"
+cluster = "api-servers"
+match = { path_prefix = "api", methods = ["get"] }
+host_policy = "fixed"
+
+[[clusters]]
+name = "api"
+servers = [{ address = "10.0.1.5", weight = 0 }]
+"#;
+
+#[test]
+fn validate_accepts_a_good_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("good.toml");
+    std::fs::write(&path, config_text("127.0.0.1:9".parse().unwrap(), "", "")).unwrap();
+    let out = keymaster(&["validate", "--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}: ok\n", path.display())
+    );
+}
+
+#[test]
+fn validate_reports_every_problem_with_position_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, BAD).unwrap();
+    let p = path.to_str().unwrap();
+    let out = keymaster(&["validate", "--config", p]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for expected in [
+        format!("{p}:4:20: listeners[0].trusted_proxies[0]: "),
+        format!("{p}:8:1: routes[0].cluster: unknown cluster \"api-servers\""),
+        format!("{p}:9:11: routes[0].match.path_prefix: "),
+        format!("{p}:9:43: routes[0].match.methods[0]: "),
+        format!("{p}:10:1: routes[0].host_policy: "),
+        format!("{p}:14:14: clusters[0].servers[0].address: "),
+        format!("{p}:14:36: clusters[0].servers[0].weight: "),
+    ] {
+        assert!(
+            err.lines().any(|l| l.starts_with(&expected)),
+            "missing {expected:?} in:\n{err}"
+        );
+    }
+    assert!(err.contains("7 problem(s) found"), "{err}");
+}
+
+#[test]
+fn validate_reports_a_syntax_error_and_a_missing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("syntax.toml");
+    std::fs::write(&path, "[server]\nworkers = \n").unwrap();
+    let p = path.to_str().unwrap();
+    let out = keymaster(&["validate", "--config", p]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with(&format!("{p}:2:")), "{err}");
+
+    let missing = dir.path().join("missing.toml");
+    let out = keymaster(&["validate", "--config", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("missing.toml"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn help_and_version() {
+    let out = keymaster(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("keymaster {}\n", env!("CARGO_PKG_VERSION"))
+    );
+    let out = keymaster(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for sub in ["run", "validate", "proxy", "stub"] {
+        assert!(help.contains(sub), "{help}");
+    }
+    for (sub, flag) in [
+        ("run", "--config"),
+        ("validate", "--config"),
+        ("proxy", "--listen"),
+        ("stub", "--listen"),
+    ] {
+        let out = keymaster(&[sub, "--help"]);
+        assert_eq!(out.status.code(), Some(0), "{sub} --help");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("Usage: keymaster"), "{sub}: {text}");
+        assert!(text.contains(flag), "{sub}: {text}");
+    }
+    // Usage errors exit 2 (clap), not 0 or 1.
+    assert_eq!(keymaster(&["validate"]).status.code(), Some(2));
+    assert_eq!(keymaster(&["no-such-command"]).status.code(), Some(2));
+}
+
+struct Proc(std::process::Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_subcommand_serves_requests() {
+    let s = stub();
+    let listen = free_addr();
+    let mut p = Proc(
+        Command::new(env!("CARGO_BIN_EXE_keymaster"))
+            .args([
+                "proxy",
+                "--listen",
+                &listen.to_string(),
+                "--to",
+                &s.local_addr().to_string(),
+                "--workers",
+                "1",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut reply = None;
+    for _ in 0..250 {
+        if let Some(r) = try_get(listen, "/?length=321").await {
+            reply = Some(r);
+            break;
+        }
+        assert!(p.0.try_wait().unwrap().is_none(), "keymaster proxy exited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = reply.expect("keymaster proxy never served");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, stub_body(321));
+    assert_eq!(r.headers["via"], "1.1 keymaster");
+    unsafe { libc::kill(p.0.id() as i32, libc::SIGTERM) };
+    let mut exited = None;
+    for _ in 0..250 {
+        if let Some(st) = p.0.try_wait().unwrap() {
+            exited = Some(st);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(exited.expect("exits on SIGTERM").success());
+}

@@ -1,0 +1,351 @@
+//! Wire safety: ambiguous or malformed request heads are refused with the exact status, the
+//! connection is closed, and nothing reaches the origin. Controls show valid bodies pass.
+mod support;
+use std::time::Duration;
+use support::*;
+
+/// A gateway with small, exact limits, and a route "/small" with a 100-byte body cap.
+fn limited_gateway() -> (TestGateway, StubHandle) {
+    let s = stub();
+    let g = start_gateway(&config_text(
+        s.local_addr(),
+        r#"max_request_line = "1KiB"
+max_header_bytes = "4KiB"
+max_headers = 20
+header_read_timeout = "2s""#,
+        r#"[[routes]]
+name = "small"
+cluster = "origin"
+match = { path_prefix = "/small" }
+max_body_size = 100
+"#,
+    ));
+    (g, s)
+}
+
+/// Send `req` on a raw socket: exactly one response with `expect`, connection closed, and the
+/// origin saw no request.
+async fn probe(req: &[u8], expect: u16) {
+    let (g, _s) = limited_gateway();
+    let (resp, closed) = raw_exchange(g.addr, req, Duration::from_secs(2)).await;
+    let text = String::from_utf8_lossy(&resp);
+    assert_eq!(
+        status_of(&resp),
+        Some(expect),
+        "request {req:?} got:\n{text}"
+    );
+    assert_eq!(count_responses(&resp), 1, "one response only:\n{text}");
+    assert!(closed, "connection must be closed after {expect}:\n{text}");
+    assert_eq!(
+        upstream_requests(&g),
+        0.0,
+        "nothing may reach the origin for {req:?}"
+    );
+}
+
+macro_rules! probe {
+    ($name:ident, $req:expr, $status:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            probe($req, $status).await;
+        }
+    };
+}
+
+// --- Content-Length / Transfer-Encoding ambiguity (a smuggled GET rides in each body) ---
+probe!(
+    content_length_then_transfer_encoding,
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 44\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n",
+    400
+);
+probe!(
+    transfer_encoding_then_content_length,
+    b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 44\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n",
+    400
+);
+probe!(
+    two_different_content_lengths,
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nhello",
+    400
+);
+probe!(
+    content_length_list_with_different_values,
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3, 5\r\n\r\nhello",
+    400
+);
+probe!(
+    content_length_plus_sign,
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\nhello",
+    400
+);
+probe!(
+    content_length_negative,
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\nhello",
+    400
+);
+probe!(
+    content_length_with_inner_space,
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5 5\r\n\r\nhello",
+    400
+);
+probe!(
+    content_length_hex,
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0x10\r\n\r\nhello",
+    400
+);
+probe!(
+    content_length_empty,
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: \r\n\r\nhello",
+    400
+);
+probe!(
+    transfer_encoding_gzip_only,
+    b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n0\r\n\r\n",
+    400
+);
+probe!(
+    transfer_encoding_chunked_then_gzip,
+    b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n",
+    400
+);
+probe!(
+    transfer_encoding_split_over_two_lines_ending_in_gzip,
+    b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n0\r\n\r\n",
+    400
+);
+probe!(
+    transfer_encoding_on_http_1_0,
+    b"POST / HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    400
+);
+
+// --- Malformed header lines ---
+probe!(
+    obs_fold_with_space,
+    b"GET / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n c\r\n\r\n",
+    400
+);
+probe!(
+    obs_fold_with_tab,
+    b"GET / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n\tc\r\n\r\n",
+    400
+);
+probe!(
+    bare_cr_in_header_value,
+    b"GET / HTTP/1.1\r\nHost: a\r\nX-A: b\rX-B: c\r\n\r\n",
+    400
+);
+probe!(
+    nul_in_header_value,
+    b"GET / HTTP/1.1\r\nHost: a\r\nX-A: b\x00c\r\n\r\n",
+    400
+);
+probe!(
+    control_char_in_header_value,
+    b"GET / HTTP/1.1\r\nHost: a\r\nX-A: b\x01c\r\n\r\n",
+    400
+);
+probe!(
+    del_in_header_value,
+    b"GET / HTTP/1.1\r\nHost: a\r\nX-A: b\x7fc\r\n\r\n",
+    400
+);
+probe!(
+    space_before_colon,
+    b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length : 5\r\n\r\nhello",
+    400
+);
+
+// --- Request line ---
+probe!(
+    nul_in_request_target,
+    b"GET /a\x00b HTTP/1.1\r\nHost: a\r\n\r\n",
+    400
+);
+probe!(
+    control_char_in_request_target,
+    b"GET /a\x01b HTTP/1.1\r\nHost: a\r\n\r\n",
+    400
+);
+probe!(
+    del_in_request_target,
+    b"GET /a\x7fb HTTP/1.1\r\nHost: a\r\n\r\n",
+    400
+);
+probe!(
+    invalid_method_token,
+    b"G(T / HTTP/1.1\r\nHost: a\r\n\r\n",
+    400
+);
+probe!(version_1_2, b"GET / HTTP/1.2\r\nHost: a\r\n\r\n", 400);
+probe!(
+    version_2_0_in_h1_line,
+    b"GET / HTTP/2.0\r\nHost: a\r\n\r\n",
+    400
+);
+probe!(
+    version_trailing_garbage,
+    b"GET / HTTP/1.1x\r\nHost: a\r\n\r\n",
+    400
+);
+
+// --- Host ---
+probe!(
+    missing_host_on_http_1_1,
+    b"GET / HTTP/1.1\r\nX-A: b\r\n\r\n",
+    400
+);
+probe!(
+    two_host_headers,
+    b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    400
+);
+probe!(
+    host_with_a_path,
+    b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n",
+    400
+);
+
+// --- Limits (1KiB request line, 4KiB head, 20 fields, 100-byte body on /small) ---
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_line_over_limit_is_414() {
+    let req = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "a".repeat(1100));
+    probe(req.as_bytes(), 414).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_line_just_under_limit_passes() {
+    let (g, _s) = limited_gateway();
+    // "GET " + target + " HTTP/1.1" = 1000 bytes.
+    let target = format!("/?{}", "a".repeat(1000 - 4 - 9 - 2));
+    let req = format!("GET {target} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    let (resp, _) = raw_exchange(g.addr, req.as_bytes(), Duration::from_secs(2)).await;
+    assert_eq!(
+        status_of(&resp),
+        Some(200),
+        "{}",
+        String::from_utf8_lossy(&resp)
+    );
+    assert_eq!(upstream_requests(&g), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_over_max_header_bytes_is_431() {
+    let req = format!(
+        "GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
+        "b".repeat(5000)
+    );
+    probe(req.as_bytes(), 431).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_over_max_header_bytes_in_many_fields_is_431() {
+    let mut req = String::from("GET / HTTP/1.1\r\nHost: a\r\n");
+    for i in 0..10 {
+        req.push_str(&format!("X-F{i}: {}\r\n", "v".repeat(500)));
+    }
+    req.push_str("\r\n");
+    probe(req.as_bytes(), 431).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_header_fields_is_431() {
+    let mut req = String::from("GET / HTTP/1.1\r\nHost: a\r\n");
+    for i in 0..25 {
+        req.push_str(&format!("X-F{i}: v\r\n"));
+    }
+    req.push_str("\r\n");
+    probe(req.as_bytes(), 431).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_body_over_route_limit_is_413() {
+    // Head only: the gateway must answer from the declared length without reading the body.
+    probe(
+        b"POST /small HTTP/1.1\r\nHost: a\r\nContent-Length: 101\r\n\r\n",
+        413,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_body_over_route_limit_is_413() {
+    let (g, _s) = limited_gateway();
+    let chunk = "x".repeat(150);
+    let req = format!(
+        "POST /small HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        chunk.len()
+    );
+    let (resp, closed) = raw_exchange(g.addr, req.as_bytes(), Duration::from_secs(2)).await;
+    let text = String::from_utf8_lossy(&resp);
+    assert_eq!(status_of(&resp), Some(413), "{text}");
+    assert!(closed, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_chunk_size_is_400() {
+    let (g, _s) = limited_gateway();
+    let req = b"POST /__inspect HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n";
+    let (resp, closed) = raw_exchange(g.addr, req, Duration::from_secs(2)).await;
+    let text = String::from_utf8_lossy(&resp);
+    assert_eq!(status_of(&resp), Some(400), "{text}");
+    assert!(closed, "{text}");
+}
+
+// --- Controls: valid bodies go through, keep-alive stays open ---
+async fn inspect(g: &TestGateway, req: &[u8]) -> serde_json::Value {
+    let (resp, _) = raw_exchange(g.addr, req, Duration::from_secs(2)).await;
+    let text = String::from_utf8_lossy(&resp).to_string();
+    assert_eq!(status_of(&resp), Some(200), "{text}");
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valid_chunked_post_goes_through() {
+    let (g, _s) = limited_gateway();
+    let j = inspect(
+        &g,
+        b"POST /__inspect HTTP/1.1\r\nHost: a\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(j["method"], "POST");
+    assert_eq!(j["body_len"], 11);
+    assert_eq!(upstream_requests(&g), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valid_content_length_post_goes_through() {
+    let (g, _s) = limited_gateway();
+    let j = inspect(
+        &g,
+        b"POST /__inspect HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .await;
+    assert_eq!(j["body_len"], 5);
+    let cl: Vec<_> = j["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h[0] == "content-length")
+        .collect();
+    assert_eq!(cl.len(), 1, "{j}");
+    assert_eq!(upstream_requests(&g), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_at_route_limit_goes_through() {
+    let (g, _s) = limited_gateway();
+    let req = format!(
+        "POST /small/__inspect HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 100\r\n\r\n{}",
+        "x".repeat(100)
+    );
+    let (resp, _) = raw_exchange(g.addr, req.as_bytes(), Duration::from_secs(2)).await;
+    assert_eq!(
+        status_of(&resp),
+        Some(200),
+        "{}",
+        String::from_utf8_lossy(&resp)
+    );
+    assert_eq!(upstream_requests(&g), 1.0);
+}
