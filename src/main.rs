@@ -110,8 +110,10 @@ fn run(args: RunArgs) -> Result<(), String> {
         }
     };
     let gateway = Gateway::start(config, source.clone())?;
-    print_banner(&gateway, &source, stub.as_ref().map(|s| s.local_addr()));
-    gateway.run_until_signal().map_err(|e| e.to_string())?;
+    let stub_addr = stub.as_ref().map(|s| s.local_addr());
+    gateway
+        .run_until_signal(|g| print_banner(g, &source, stub_addr))
+        .map_err(|e| e.to_string())?;
     if let Some(stub) = stub {
         stub.shutdown();
     }
@@ -187,6 +189,7 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
     }];
     keymaster_config::validate(&config).map_err(|e| e.to_string())?;
     let gateway = Gateway::start(config, ConfigSource::Memory)?;
-    print_banner(&gateway, &ConfigSource::Memory, None);
-    gateway.run_until_signal().map_err(|e| e.to_string())
+    gateway
+        .run_until_signal(|g| print_banner(g, &ConfigSource::Memory, None))
+        .map_err(|e| e.to_string())
 }

@@ -289,8 +289,9 @@ impl Gateway {
     }
 
     /// Serve until SIGTERM or SIGINT (then drain and return); SIGHUP reloads the config
-    /// source. Blocks the calling thread.
-    pub fn run_until_signal(self) -> std::io::Result<()> {
+    /// source. `on_ready` runs once the signal handlers are installed (print the banner there,
+    /// so nobody signals the process before it can drain). Blocks the calling thread.
+    pub fn run_until_signal(self, on_ready: impl FnOnce(&Gateway)) -> std::io::Result<()> {
         use tokio::signal::unix::{signal, SignalKind};
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -299,6 +300,7 @@ impl Gateway {
             let mut term = signal(SignalKind::terminate())?;
             let mut int = signal(SignalKind::interrupt())?;
             let mut hup = signal(SignalKind::hangup())?;
+            on_ready(&self);
             loop {
                 tokio::select! {
                     _ = term.recv() => break,
