@@ -99,8 +99,12 @@ pub(crate) struct ConnState {
     idle: Cell<bool>,
     header_timeout: Duration,
     idle_timeout: Duration,
+    /// When the connection's timer is armed to fire. The timer is lazy: it is moved only when
+    /// the deadline comes earlier; a later deadline is picked up when the timer fires.
+    armed: Cell<Instant>,
     /// The connection task, parked in a read while requests were in flight: woken when the
-    /// last one finishes so the idle timer is armed.
+    /// last one finishes and the idle deadline is earlier than the armed timer (only possible
+    /// when `idle_timeout < header_read_timeout`).
     reader: Cell<Option<std::task::Waker>>,
 }
 
@@ -114,9 +118,12 @@ impl ConnState {
         self.inflight.set(n);
         if n == 0 {
             self.idle.set(true);
-            self.deadline.set(now + self.idle_timeout);
-            if let Some(w) = self.reader.take() {
-                w.wake();
+            let deadline = now + self.idle_timeout;
+            self.deadline.set(deadline);
+            if deadline < self.armed.get() {
+                if let Some(w) = self.reader.take() {
+                    w.wake();
+                }
             }
         }
     }
@@ -157,19 +164,26 @@ impl Read for TimedIo {
                 Poll::Ready(r)
             }
             Poll::Pending => {
-                if this.state.inflight.get() == 0 {
-                    let d = this.state.deadline.get();
-                    if this.sleep.deadline() != d {
+                let state = &this.state;
+                if state.inflight.get() == 0 {
+                    let d = state.deadline.get();
+                    if d < state.armed.get() {
                         this.sleep.as_mut().reset(d);
+                        state.armed.set(d);
                     }
-                    if this.sleep.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "client connection timed out (header read or idle)",
-                        )));
+                    while this.sleep.as_mut().poll(cx).is_ready() {
+                        if state.armed.get() >= d {
+                            return Poll::Ready(Err(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                "client connection timed out (header read or idle)",
+                            )));
+                        }
+                        // Fired for an older, earlier deadline: move on to the current one.
+                        this.sleep.as_mut().reset(d);
+                        state.armed.set(d);
                     }
-                } else {
-                    this.state.reader.set(Some(cx.waker().clone()));
+                } else if state.idle_timeout < state.header_timeout {
+                    state.reader.set(Some(cx.waker().clone()));
                 }
                 Poll::Pending
             }
@@ -327,6 +341,7 @@ async fn serve_connection(
         idle: Cell::new(false),
         header_timeout: listener.header_read_timeout,
         idle_timeout: listener.idle_timeout,
+        armed: Cell::new(now + listener.header_read_timeout),
         reader: Cell::new(None),
     });
     let h2 = match listener.protocol {
