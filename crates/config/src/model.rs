@@ -337,7 +337,7 @@ impl Default for PoolConfig {
     fn default() -> Self {
         Self {
             max_connections: 0,
-            max_idle: 256,
+            max_idle: 1024,
             idle_timeout: Duration::from_secs(4),
             max_requests_per_connection: 10_000,
         }

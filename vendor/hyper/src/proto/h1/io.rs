@@ -12,10 +12,15 @@ use super::{Http1Transaction, ParseContext, ParsedMessage};
 use crate::common::buf::BufList;
 
 /// The initial buffer size allocated before trying to read from IO.
-pub(crate) const INIT_BUFFER_SIZE: usize = 8192;
+// keymaster patch (vendor/PATCHES.md #2): start read buffers at 4 KiB (they still grow
+// adaptively up to max_buf_size) and head-write buffers at 1 KiB. An edge gateway holds two
+// sockets per proxied request; 16 KiB reserved up front on each dominated its memory at
+// thousands of connections.
+pub(crate) const INIT_BUFFER_SIZE: usize = 4096;
+const INIT_HEAD_WRITE_SIZE: usize = 1024;
 
 /// The minimum value that can be set to max buffer size.
-pub(crate) const MINIMUM_MAX_BUFFER_SIZE: usize = INIT_BUFFER_SIZE;
+pub(crate) const MINIMUM_MAX_BUFFER_SIZE: usize = 8192;
 
 /// The default maximum read buffer size. If the buffer gets this big and
 /// a message is still not complete, a `TooLarge` error is triggered.
@@ -535,7 +540,7 @@ pub(super) struct WriteBuf<B> {
 impl<B: Buf> WriteBuf<B> {
     fn new(strategy: WriteStrategy) -> WriteBuf<B> {
         WriteBuf {
-            headers: Cursor::new(Vec::with_capacity(INIT_BUFFER_SIZE)),
+            headers: Cursor::new(Vec::with_capacity(INIT_HEAD_WRITE_SIZE)),
             max_buf_size: DEFAULT_MAX_BUFFER_SIZE,
             queue: BufList::new(),
             strategy,
