@@ -12,18 +12,7 @@ use tokio::io::AsyncWriteExt;
 /// One route to one cluster at `origin` with the given `pool = {...}` inline table.
 fn pool_config(origin: SocketAddr, pool: &str) -> String {
     format!(
-        r#"
-[server]
-workers = 1
-drain_timeout = "5s"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[[listeners]]
-name = "main"
-address = "127.0.0.1:0"
-
+        r#"{PREAMBLE}
 [[routes]]
 name = "default"
 cluster = "origin"

@@ -13,18 +13,7 @@ use tokio::net::TcpStream;
 /// A config with only the given routes (no catch-all) to cluster "o" at `origin`.
 fn cfg(origin: SocketAddr, routes: &str) -> String {
     format!(
-        r#"
-[server]
-workers = 1
-drain_timeout = "5s"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[[listeners]]
-name = "main"
-address = "127.0.0.1:0"
-
+        r#"{PREAMBLE}
 {routes}
 
 [[clusters]]

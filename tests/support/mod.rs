@@ -43,12 +43,9 @@ impl Drop for TestGateway {
     }
 }
 
-/// A config with one listener on 127.0.0.1:0, admin on 127.0.0.1:0, one worker, one route
-/// "default" for everything to cluster "origin" at `origin`. `extra` is appended verbatim
-/// (more `[[routes]]`, `[[clusters]]`, or keys for the listener via `listener_extra`).
-pub fn config_text(origin: SocketAddr, listener_extra: &str, extra: &str) -> String {
-    format!(
-        r#"
+/// The common head of every test config: one worker, a short drain, admin and the "main"
+/// listener on ephemeral ports. Listener keys may follow directly, then routes and clusters.
+pub const PREAMBLE: &str = r#"
 [server]
 workers = 1
 drain_timeout = "5s"
@@ -59,7 +56,14 @@ listen = "127.0.0.1:0"
 [[listeners]]
 name = "main"
 address = "127.0.0.1:0"
-{listener_extra}
+"#;
+
+/// A config with one listener on 127.0.0.1:0, admin on 127.0.0.1:0, one worker, one route
+/// "default" for everything to cluster "origin" at `origin`. `extra` is appended verbatim
+/// (more `[[routes]]`, `[[clusters]]`, or keys for the listener via `listener_extra`).
+pub fn config_text(origin: SocketAddr, listener_extra: &str, extra: &str) -> String {
+    format!(
+        r#"{PREAMBLE}{listener_extra}
 
 {extra}
 

@@ -40,16 +40,16 @@ pub enum RequestBody {
     },
 }
 
-/// The client body exceeded the route's cap.
+/// A body stream keymaster itself ended: the route's size cap or the request deadline.
 #[derive(Debug)]
-pub(crate) struct BodyTooLarge;
+pub(crate) struct BodyStopped(&'static str);
 
-impl std::fmt::Display for BodyTooLarge {
+impl std::fmt::Display for BodyStopped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("request body exceeds the route's max_body_size")
+        f.write_str(self.0)
     }
 }
-impl std::error::Error for BodyTooLarge {}
+impl std::error::Error for BodyStopped {}
 
 impl Body for RequestBody {
     type Data = Bytes;
@@ -72,7 +72,9 @@ impl Body for RequestBody {
                         *seen += data.len() as u64;
                         if *seen > *limit {
                             state.too_large.set(true);
-                            return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+                            return Poll::Ready(Some(Err(Box::new(BodyStopped(
+                                "request body exceeds the route's max_body_size",
+                            )))));
                         }
                     }
                     // hyper stops polling a sized body once it is at its end, so the final
@@ -149,17 +151,6 @@ pub struct OriginBody {
     pub(crate) deadline: Option<Pin<Box<Sleep>>>,
 }
 
-/// The request deadline passed while the body was streaming.
-#[derive(Debug)]
-pub(crate) struct DeadlineExceeded;
-
-impl std::fmt::Display for DeadlineExceeded {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("request deadline exceeded while streaming the response body")
-    }
-}
-impl std::error::Error for DeadlineExceeded {}
-
 impl Body for ResponseBody {
     type Data = Bytes;
     type Error = BoxError;
@@ -174,7 +165,9 @@ impl Body for ResponseBody {
                 if let Some(d) = o.deadline.as_mut() {
                     if d.as_mut().poll(cx).is_ready() {
                         o.exchange.fail_body("origin_request_timeout");
-                        return Poll::Ready(Some(Err(Box::new(DeadlineExceeded))));
+                        return Poll::Ready(Some(Err(Box::new(BodyStopped(
+                            "request deadline exceeded while streaming the response body",
+                        )))));
                     }
                 }
                 match ready!(Pin::new(&mut o.inner).poll_frame(cx)) {

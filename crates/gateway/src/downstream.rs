@@ -325,6 +325,22 @@ where
     }
 }
 
+/// Drive a hyper server connection; on the drain signal ask it to finish gracefully (HTTP/1
+/// closes once idle, HTTP/2 sends GOAWAY) and keep driving it until in-flight requests end.
+/// A macro because hyper's HTTP/1 and HTTP/2 connections share no trait for this.
+macro_rules! serve_until_shutdown {
+    ($conn:ident, $shutdown:ident) => {{
+        tokio::pin!($conn);
+        tokio::select! {
+            _ = $conn.as_mut() => {}
+            _ = $shutdown.changed() => {
+                $conn.as_mut().graceful_shutdown();
+                let _ = $conn.await;
+            }
+        }
+    }};
+}
+
 async fn serve_connection(
     worker: Rc<Worker>,
     listener: Arc<ListenerCtx>,
@@ -385,14 +401,7 @@ async fn serve_connection(
         let conn = hyper::server::conn::http2::Builder::new(LocalExec)
             .max_header_list_size((listener.limits.max_header_bytes as u32).max(1024))
             .serve_connection(io, svc);
-        tokio::pin!(conn);
-        tokio::select! {
-            _ = conn.as_mut() => {}
-            _ = shutdown.changed() => {
-                conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
-            }
-        }
+        serve_until_shutdown!(conn, shutdown);
     } else {
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
@@ -407,13 +416,6 @@ async fn serve_connection(
             .header_read_timeout(None)
             .timer(hyper_util::rt::TokioTimer::new());
         let conn = builder.serve_connection(io, svc);
-        tokio::pin!(conn);
-        tokio::select! {
-            _ = conn.as_mut() => {}
-            _ = shutdown.changed() => {
-                conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
-            }
-        }
+        serve_until_shutdown!(conn, shutdown);
     }
 }
