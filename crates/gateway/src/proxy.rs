@@ -205,6 +205,7 @@ async fn proxy(
     }
 
     // Request target: verbatim unless a rewrite is configured; origin-form upstream.
+    let authority_form = parts.uri.authority().is_some();
     let rewritten = route.rewrite(parts.uri.path(), parts.uri.query());
     if let Some(target) = rewritten {
         parts.uri = Uri::try_from(target)
@@ -227,10 +228,13 @@ async fn proxy(
         HostRewrite::Preserve => {
             // The host the request was routed by: an absolute-form authority replaces a
             // differing Host field (RFC 9112 §3.2.2), so the origin sees what was matched.
-            let h = host_value
-                .clone()
-                .unwrap_or_else(|| server.authority.clone());
-            parts.headers.insert(header::HOST, h);
+            // A plain origin-form request already carries it.
+            if authority_form || scan.hosts == 0 {
+                let h = host_value
+                    .clone()
+                    .unwrap_or_else(|| server.authority.clone());
+                parts.headers.insert(header::HOST, h);
+            }
         }
         HostRewrite::Origin => {
             parts.headers.insert(header::HOST, server.authority.clone());
