@@ -249,7 +249,7 @@ mod tests {
     fn axes_are_nice() {
         assert_eq!(nice_axis(0.0), (1.0, 0.2));
         let (top, step) = nice_axis(9_500.0);
-        assert!(top >= 9_500.0 && top <= 12_000.0, "{top}");
+        assert!((9_500.0..=12_000.0).contains(&top), "{top}");
         assert_eq!(step, 2_000.0);
         let (top, step) = nice_axis(0.42);
         assert!(top >= 0.42 && step > 0.0);
