@@ -73,7 +73,7 @@ pub fn nginx_config(p: &Parity) -> String {
          \x20 uwsgi_temp_path {dir}/uwsgi;\n\
          \x20 scgi_temp_path {dir}/scgi;\n\
          \x20 keepalive_requests 1000000;\n\
-         \x20 upstream origin {{ server {origin}; keepalive 1024; keepalive_requests 1000000; }}\n\
+         \x20 upstream origin {{ server {origin}; keepalive {idle}; keepalive_requests 1000000; }}\n\
          \x20 server {{\n\
          \x20   listen {listen} backlog=4096;\n\
          \x20   location / {{\n\
@@ -85,10 +85,15 @@ pub fn nginx_config(p: &Parity) -> String {
          \x20 }}\n\
          }}\n",
         w = p.workers,
+        idle = POOL_IDLE,
         origin = p.origin,
         listen = p.listen,
     )
 }
+
+/// Idle upstream connections each system may keep: keymaster's default `pool.max_idle` (256),
+/// mirrored as nginx `keepalive` and HAProxy `pool-max-conn`.
+pub const POOL_IDLE: usize = 256;
 
 /// The HAProxy config for a run: `nbthread` = workers, HTTP mode, `http-reuse always` (upstream
 /// keep-alive), no `log` lines (so no logs), `maxconn` bounded by the fd limit.
@@ -112,8 +117,9 @@ pub fn haproxy_config(p: &Parity) -> String {
          \x20 bind {listen}\n\
          \x20 default_backend be\n\
          backend be\n\
-         \x20 server origin {origin}\n",
+         \x20 server origin {origin} pool-max-conn {idle}\n",
         w = p.workers,
+        idle = POOL_IDLE,
         m = p.max_conns,
         dir = p.work_dir.display(),
         origin = p.origin,
@@ -394,7 +400,7 @@ mod tests {
         let c = nginx_config(&parity(2));
         assert!(c.contains("worker_processes 2;"));
         assert!(c.contains("access_log off;"));
-        assert!(c.contains("upstream origin { server 127.0.0.1:18081; keepalive 1024;"));
+        assert!(c.contains("upstream origin { server 127.0.0.1:18081; keepalive 256;"));
         assert!(c.contains("proxy_http_version 1.1;"));
         assert!(c.contains("proxy_set_header Connection \"\";"));
         assert!(c.contains("listen 127.0.0.1:18090"));
@@ -411,7 +417,7 @@ mod tests {
         assert!(c.contains("option http-keep-alive\n"));
         assert!(c.contains("maxconn 8000\n"));
         assert!(c.contains("bind 127.0.0.1:18090\n"));
-        assert!(c.contains("server origin 127.0.0.1:18081\n"));
+        assert!(c.contains("server origin 127.0.0.1:18081 pool-max-conn 256\n"));
         // No logging at all: HAProxy logs only where a `log` line says.
         assert!(!c.lines().any(|l| l.trim_start().starts_with("log ")));
     }
