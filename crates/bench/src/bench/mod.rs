@@ -63,7 +63,8 @@ pub struct BenchArgs {
     /// Measured time per step (default 10s; 2s with --quick).
     #[arg(short = 'd', long, value_name = "TIME", value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// Unmeasured time at the start of each step (default 2s; 500ms with --quick).
+    /// Unmeasured time at the start of each step, at least 1 ms per connection (default 2s;
+    /// 500ms with --quick).
     #[arg(long, value_name = "TIME", value_parser = parse_duration)]
     pub settle: Option<Duration>,
     /// Warm-up per system start (default 10s; 1s with --quick).
@@ -564,6 +565,9 @@ fn run_step(
     t: Timings,
     threads: usize,
 ) -> Result<(LoadReport, Option<ProcFigures>), String> {
+    // Opening N connections at once overflows listen queues (SYN cookies, retransmits after
+    // 1 s and more) and would bill the set-up to the step: settle at least 1 ms per connection.
+    let settle = t.settle.max(Duration::from_millis(connections as u64));
     let cfg = LoadConfig {
         url: format!("http://{target}{}", sc.path),
         connections,
@@ -571,7 +575,7 @@ fn run_step(
         rate: args.rate,
         churn: sc.churn,
         threads,
-        warmup: t.settle,
+        warmup: settle,
         timeout: args.timeout,
         ..LoadConfig::default()
     };
@@ -579,7 +583,7 @@ fn run_step(
     // sampler reads /proc at the start and the end of the measured window from its own thread.
     let origin = Instant::now() + Duration::from_millis(20);
     let sampler = pid.map(|pid| {
-        let (from, to) = (origin + t.settle, origin + t.settle + t.step);
+        let (from, to) = (origin + settle, origin + settle + t.step);
         std::thread::spawn(move || {
             sleep_until(from);
             let (a, at_a) = procfs::sample_tree(pid);

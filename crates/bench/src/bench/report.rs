@@ -114,7 +114,7 @@ pub fn report_markdown(run: &BenchRun) -> String {
     );
     let _ = writeln!(
         md,
-        "- load: {mode}, {} generator thread(s); each step {:.1}s measured after {:.1}s settling; \
+        "- load: {mode}, {} generator thread(s); each step {:.1}s measured after {:.1}s settling (at least 1 ms per connection); \
          {:.1}s warm-up per system start; {} repeat(s){}{}",
         st.generator_threads,
         st.step_secs,
