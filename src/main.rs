@@ -37,6 +37,8 @@ enum Command {
     Stub(keymaster_bench::stub::StubArgs),
     /// Load generator: closed loop (like wrk), open loop at a rate (like wrk2), or churn.
     Load(keymaster_bench::load::LoadArgs),
+    /// The bake-off: stub, keymaster and peers (nginx, HAProxy) under the seed's scenarios.
+    Bench(keymaster_bench::bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -85,6 +87,7 @@ fn main() -> ExitCode {
         Some(Command::Proxy(a)) => proxy(a),
         Some(Command::Stub(a)) => keymaster_bench::stub::stub_main(a).map_err(|e| e.to_string()),
         Some(Command::Load(a)) => keymaster_bench::load::load_main(a),
+        Some(Command::Bench(a)) => keymaster_bench::bench::bench_main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

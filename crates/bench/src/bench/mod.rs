@@ -1,0 +1,745 @@
+//! `keymaster bench`: the whole bake-off as one command.
+//!
+//! Starts the stub origin, keymaster and every peer it finds (nginx, HAProxy, `--peer`), warms
+//! each up, runs the scenarios' connection steps against each with the in-process load
+//! generator ([`crate::load`]), reads the system under test's CPU, context switches and RSS from
+//! `/proc` ([`procfs`]) around every measured window, and writes `report.md`, SVG charts and
+//! `results.json` ([`report`]). See `docs/benchmarking.md` for the method.
+
+pub mod model;
+pub mod procfs;
+pub mod report;
+pub mod svg;
+pub mod systems;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::load::{parse_duration, run_load, LoadConfig, LoadReport};
+use model::{
+    BenchRun, Machine, ProcFigures, Sample, ScenarioResult, Settings, StepResult, SystemInfo,
+};
+use systems::{CpuSet, Parity, Proc, SystemKind, SystemSpec};
+
+/// Scenario names, in run order.
+pub const SCENARIOS: [&str; 4] = ["ramp", "saturation", "gzip", "churn"];
+
+/// Arguments of `keymaster bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Scenarios to run (repeatable or comma-separated): ramp, saturation, gzip, churn.
+    #[arg(long = "scenario", value_name = "NAME", value_delimiter = ',')]
+    pub scenarios: Vec<String>,
+    /// Ramp steps: `2013` = the seed's 700, 900, ... 1900, 2000 connections (1 KB, 50 ms).
+    #[arg(long, value_name = "NAME")]
+    pub preset: Option<String>,
+    /// Ramp connection steps (comma-separated), overriding the default 100,200,400,800,1600.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub connections: Vec<usize>,
+    /// Connections of the saturation step(s).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub saturation_connections: Vec<usize>,
+    /// Run only these systems (comma-separated): keymaster, nginx, haproxy, direct, peer names.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Peers to look for: `auto` (nginx and HAProxy if installed) or `none`.
+    #[arg(long, value_name = "auto|none", default_value = "auto")]
+    pub peers: String,
+    /// Another system: `NAME='command with {listen} {port} {origin} {workers}'` (repeatable).
+    #[arg(long = "peer", value_name = "NAME=CMD")]
+    pub extra_peers: Vec<String>,
+    /// keymaster binary to test (default: this one).
+    #[arg(long, value_name = "PATH")]
+    pub keymaster: Option<PathBuf>,
+    /// Workers of every system under test (threads for keymaster and HAProxy, processes for nginx).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub workers: usize,
+    /// Pin the system under test to the first `workers` CPUs, the stub and generator to the rest.
+    #[arg(long)]
+    pub pin: bool,
+    /// Measured time per step (default 10s; 2s with --quick).
+    #[arg(short = 'd', long, value_name = "TIME", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Unmeasured time at the start of each step, at least 1 ms per connection (default 2s;
+    /// 500ms with --quick).
+    #[arg(long, value_name = "TIME", value_parser = parse_duration)]
+    pub settle: Option<Duration>,
+    /// Warm-up per system start (default 10s; 1s with --quick).
+    #[arg(long, value_name = "TIME", value_parser = parse_duration)]
+    pub warmup: Option<Duration>,
+    /// Repeat every step N times (each repeat a full pass over the systems); report min/median/max.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub repeats: usize,
+    /// Short steps and fewer of them: everything in under 3 minutes.
+    #[arg(long)]
+    pub quick: bool,
+    /// Open loop at this rate (requests/s) instead of closed loop.
+    #[arg(short = 'R', long, value_name = "REQ_PER_SEC")]
+    pub rate: Option<u64>,
+    /// Load generator threads (0 = the CPUs it may use).
+    #[arg(short = 't', long, value_name = "T", default_value_t = 0)]
+    pub threads: usize,
+    /// Per-request timeout.
+    #[arg(long, value_name = "TIME", default_value = "5s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Results directory (default bench-results/<UTC timestamp>).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Note for the report header (e.g. "shared 2-core VM").
+    #[arg(long, value_name = "TEXT")]
+    pub note: Option<String>,
+    /// Print results.json to stdout (progress still goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One scenario to run.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Short name.
+    pub name: &'static str,
+    /// Description for the report.
+    pub title: String,
+    /// Path and query.
+    pub path: String,
+    /// New connection per request.
+    pub churn: bool,
+    /// Connection steps.
+    pub connections: Vec<usize>,
+}
+
+/// The seed's ramp (2013 report): 700 to 2000 connections.
+pub const PRESET_2013: [usize; 8] = [700, 900, 1100, 1300, 1500, 1700, 1900, 2000];
+
+/// The scenarios `args` asks for, with their steps.
+pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
+    for s in &args.scenarios {
+        if !SCENARIOS.contains(&s.as_str()) {
+            return Err(format!(
+                "unknown scenario {s:?} (known: {})",
+                SCENARIOS.join(", ")
+            ));
+        }
+    }
+    if !args.connections.is_empty() && args.preset.is_some() {
+        return Err("--preset and --connections both set the ramp steps: pick one".into());
+    }
+    let ramp = match (
+        args.preset.as_deref(),
+        args.connections.is_empty(),
+        args.quick,
+    ) {
+        (Some("2013"), _, _) => PRESET_2013.to_vec(),
+        (Some(p), _, _) => return Err(format!("unknown preset {p:?} (known: 2013)")),
+        (None, false, _) => args.connections.clone(),
+        (None, true, true) => vec![100, 400, 1600],
+        (None, true, false) => vec![100, 200, 400, 800, 1600],
+    };
+    let saturation = if args.saturation_connections.is_empty() {
+        vec![64]
+    } else {
+        args.saturation_connections.clone()
+    };
+    let (gzip, churn) = if args.quick {
+        (vec![200], vec![32])
+    } else {
+        (vec![100, 200, 400], vec![16, 64])
+    };
+    let all = vec![
+        Scenario {
+            name: "ramp",
+            title: "the seed ramp: 1 KB body, 50 ms stub delay".into(),
+            path: "/?length=1024&delay=50".into(),
+            churn: false,
+            connections: ramp,
+        },
+        Scenario {
+            name: "saturation",
+            title: "no delay, 1 KB body: maximum throughput and CPU per request".into(),
+            path: "/?length=1024".into(),
+            churn: false,
+            connections: saturation,
+        },
+        Scenario {
+            name: "gzip",
+            title: "10 KB gzip body, 0–50 ms dither (the 2013 m1.medium run)".into(),
+            path: "/?length=10240&gzip=1&dither=50".into(),
+            churn: false,
+            connections: gzip,
+        },
+        Scenario {
+            name: "churn",
+            title: "connection churn: a new client connection per request, 1 KB, no delay".into(),
+            path: "/?length=1024".into(),
+            churn: true,
+            connections: churn,
+        },
+    ];
+    Ok(all
+        .into_iter()
+        .filter(|s| args.scenarios.is_empty() || args.scenarios.iter().any(|n| n == s.name))
+        .collect())
+}
+
+/// The systems to run and the ones skipped (with why).
+pub fn discover_systems(args: &BenchArgs) -> Result<(Vec<SystemSpec>, Vec<SystemInfo>), String> {
+    let exe = match &args.keymaster {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?,
+    };
+    let mut candidates: Vec<(String, Result<SystemKind, String>)> = vec![
+        ("direct".into(), Ok(SystemKind::Direct)),
+        ("keymaster".into(), Ok(SystemKind::Keymaster(exe))),
+    ];
+    match args.peers.as_str() {
+        "auto" => {
+            for (name, make) in [
+                ("nginx", SystemKind::Nginx as fn(PathBuf) -> SystemKind),
+                ("haproxy", SystemKind::Haproxy),
+            ] {
+                let kind = systems::find_program(name)
+                    .map(make)
+                    .ok_or_else(|| "not installed (not on PATH or in /usr/sbin)".to_owned());
+                candidates.push((name.into(), kind));
+            }
+        }
+        "none" => {}
+        other => return Err(format!("--peers {other:?}: expected auto or none")),
+    }
+    for p in &args.extra_peers {
+        let (name, cmd) = p
+            .split_once('=')
+            .ok_or_else(|| format!("--peer {p:?}: expected NAME='command'"))?;
+        if !cmd.contains("{listen}") && !cmd.contains("{port}") {
+            return Err(format!(
+                "--peer {name}: the command needs {{listen}} or {{port}}"
+            ));
+        }
+        candidates.push((
+            name.trim().to_owned(),
+            Ok(SystemKind::Custom(cmd.to_owned())),
+        ));
+    }
+    for o in &args.only {
+        if !candidates.iter().any(|(n, _)| n == o) {
+            return Err(format!(
+                "--only {o}: no such system (have {})",
+                names(&candidates)
+            ));
+        }
+    }
+    let mut run = Vec::new();
+    let mut skipped = Vec::new();
+    for (name, kind) in candidates {
+        if !args.only.is_empty() && !args.only.contains(&name) {
+            continue;
+        }
+        match kind {
+            Ok(kind) => run.push(SystemSpec { name, kind }),
+            Err(why) => skipped.push(SystemInfo {
+                name,
+                version: None,
+                status: format!("skipped: {why}"),
+                config: None,
+            }),
+        }
+    }
+    Ok((run, skipped))
+}
+
+fn names(c: &[(String, Result<SystemKind, String>)]) -> String {
+    c.iter()
+        .map(|(n, _)| n.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Resolved timings.
+#[derive(Debug, Clone, Copy)]
+struct Timings {
+    step: Duration,
+    settle: Duration,
+    warmup: Duration,
+}
+
+/// `keymaster bench`.
+pub fn bench_main(args: BenchArgs) -> Result<(), String> {
+    let run = run_bench(&args)?;
+    if args.json {
+        let json = serde_json::to_string_pretty(&run).map_err(|e| e.to_string())?;
+        println!("{json}");
+    }
+    Ok(())
+}
+
+/// Runs the bench and writes the results directory; returns the run.
+pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
+    let scenarios = scenarios(args)?;
+    if args.repeats == 0 {
+        return Err("--repeats must be at least 1".into());
+    }
+    if args.workers == 0 {
+        return Err("--workers must be at least 1".into());
+    }
+    let t = Timings {
+        step: args.duration.unwrap_or(if args.quick {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(10)
+        }),
+        settle: args.settle.unwrap_or(if args.quick {
+            Duration::from_millis(500)
+        } else {
+            Duration::from_secs(2)
+        }),
+        warmup: args.warmup.unwrap_or(if args.quick {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(10)
+        }),
+    };
+    let started = SystemTime::now();
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("bench-results").join(timestamp(started, true)));
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (sut_cpus, load_cpus) = if args.pin {
+        if args.workers >= cpus {
+            return Err(format!(
+                "--pin: {cpus} CPU(s) leave none for the stub and generator with --workers {}",
+                args.workers
+            ));
+        }
+        (
+            Some(CpuSet((0..args.workers).collect())),
+            Some(CpuSet((args.workers..cpus).collect())),
+        )
+    } else {
+        (None, None)
+    };
+    let load_cpu_count = load_cpus.as_ref().map_or(cpus, |c| c.0.len());
+    let gen_threads = if args.threads > 0 {
+        args.threads
+    } else {
+        load_cpu_count
+    };
+    let nofile = systems::raise_nofile_limit();
+    if let Some(set) = &load_cpus {
+        // Before any thread exists: every generator thread inherits this affinity.
+        systems::pin_current_thread(set).map_err(|e| format!("pinning the generator: {e}"))?;
+    }
+    let (specs, mut infos) = discover_systems(args)?;
+    for info in &infos {
+        progress(&format!("{}: {}", info.name, info.status));
+    }
+
+    // The stub origin.
+    let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
+    let stub_addr = systems::free_addr().map_err(|e| format!("stub port: {e}"))?;
+    let mut stub_cmd = Command::new(&exe);
+    stub_cmd
+        .arg("stub")
+        .arg("--listen")
+        .arg(stub_addr.to_string())
+        .arg("--workers")
+        .arg(load_cpu_count.to_string());
+    let mut stub = Proc::spawn("stub", stub_cmd, &logs.join("stub.log"), load_cpus.as_ref())?;
+    stub.wait_ready(stub_addr, Duration::from_secs(10))?;
+    progress(&format!("stub origin on {stub_addr} (pid {})", stub.pid()));
+
+    let max_conns = ((nofile.saturating_sub(200)) / 2).clamp(256, 8000) as usize;
+    let mut samples: BTreeMap<(usize, String, usize), Vec<Sample>> = BTreeMap::new();
+    let mut status: BTreeMap<String, SystemInfo> = BTreeMap::new();
+    for spec in &specs {
+        status.insert(
+            spec.name.clone(),
+            SystemInfo {
+                name: spec.name.clone(),
+                version: systems::version_of(&spec.kind),
+                status: "ran".into(),
+                config: None,
+            },
+        );
+    }
+    let total_steps: usize = scenarios.iter().map(|s| s.connections.len()).sum();
+    for repeat in 0..args.repeats {
+        for spec in &specs {
+            if status[&spec.name].status != "ran" {
+                continue;
+            }
+            let work_dir = out.join("work").join(&spec.name);
+            let listen = systems::free_addr().map_err(|e| format!("port: {e}"))?;
+            let parity = Parity {
+                listen,
+                origin: stub_addr,
+                workers: args.workers,
+                work_dir: work_dir.clone(),
+                max_conns,
+            };
+            let started_system = start_system(spec, &parity, &logs, sut_cpus.as_ref());
+            let (target, proc) = match started_system {
+                Ok(x) => x,
+                Err(e) => {
+                    progress(&format!("{}: failed: {e}", spec.name));
+                    if let Some(i) = status.get_mut(&spec.name) {
+                        i.status = format!("failed: {e}");
+                    }
+                    continue;
+                }
+            };
+            if repeat == 0 {
+                if let Some(i) = status.get_mut(&spec.name) {
+                    i.config = config_text(&spec.kind, &parity);
+                }
+            }
+            let target = target.unwrap_or(stub_addr);
+            // Warm-up: keep-alive, no delay, enough connections to open pools and touch pages.
+            let warm = run_load(&LoadConfig {
+                url: format!("http://{target}/?length=1024"),
+                connections: 64,
+                duration: t.warmup,
+                threads: gen_threads,
+                timeout: args.timeout,
+                ..LoadConfig::default()
+            })?;
+            progress(&format!(
+                "[repeat {}/{}] {} on {target}: warm-up {:.0} req/s{}",
+                repeat + 1,
+                args.repeats,
+                spec.name,
+                warm.requests_per_sec,
+                if warm.all_ok() { "" } else { " (with errors!)" }
+            ));
+            let mut done = 0;
+            for (si, sc) in scenarios.iter().enumerate() {
+                for &conns in &sc.connections {
+                    done += 1;
+                    let (load, figures) = run_step(
+                        sc,
+                        conns,
+                        target,
+                        proc.as_ref().map(Proc::pid),
+                        args,
+                        t,
+                        gen_threads,
+                    )?;
+                    let sample = Sample::new(&load, figures);
+                    progress(&progress_line(
+                        &format!("{}/{}", done, total_steps),
+                        sc.name,
+                        &spec.name,
+                        conns,
+                        &sample,
+                    ));
+                    samples
+                        .entry((si, spec.name.clone(), conns))
+                        .or_default()
+                        .push(sample);
+                }
+            }
+            drop(proc);
+        }
+    }
+    drop(stub);
+
+    // Systems in run order, then the skipped ones.
+    let mut system_infos: Vec<SystemInfo> = specs
+        .iter()
+        .filter_map(|s| status.remove(&s.name))
+        .collect();
+    system_infos.append(&mut infos);
+    let order: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    let scenario_results = scenarios
+        .iter()
+        .enumerate()
+        .map(|(si, sc)| {
+            let mut steps = Vec::new();
+            for &conns in &sc.connections {
+                for name in &order {
+                    if let Some(v) = samples.remove(&(si, (*name).to_owned(), conns)) {
+                        steps.push(StepResult::from_samples(name, conns, v));
+                    }
+                }
+            }
+            ScenarioResult {
+                name: sc.name.to_owned(),
+                title: sc.title.clone(),
+                path: sc.path.clone(),
+                churn: sc.churn,
+                steps,
+            }
+        })
+        .collect();
+    let run = BenchRun {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        started_utc: timestamp(started, false),
+        machine: machine(cpus),
+        note: args.note.clone(),
+        settings: Settings {
+            quick: args.quick,
+            repeats: args.repeats,
+            step_secs: t.step.as_secs_f64(),
+            settle_secs: t.settle.as_secs_f64(),
+            warmup_secs: t.warmup.as_secs_f64(),
+            workers: args.workers,
+            sut_cpus: sut_cpus.map(|c| c.describe()),
+            load_cpus: load_cpus.map(|c| c.describe()),
+            generator_threads: gen_threads,
+            rate: args.rate,
+            nofile,
+        },
+        systems: system_infos,
+        scenarios: scenario_results,
+    };
+    report::write_results(&run, &out)?;
+    let flagged = run
+        .scenarios
+        .iter()
+        .flat_map(|s| &s.steps)
+        .filter(|s| s.errors)
+        .count();
+    progress(&format!(
+        "results in {} (report.md, *.svg, results.json){}",
+        out.display(),
+        if flagged > 0 {
+            format!("; {flagged} step(s) had errors, flagged in the report")
+        } else {
+            String::new()
+        }
+    ));
+    if !args.json {
+        println!("{}", out.join("report.md").display());
+    }
+    Ok(run)
+}
+
+/// Starts a system; returns its listen address (None for direct) and its process.
+fn start_system(
+    spec: &SystemSpec,
+    parity: &Parity,
+    logs: &std::path::Path,
+    cpus: Option<&CpuSet>,
+) -> Result<(Option<SocketAddr>, Option<Proc>), String> {
+    let cmd = systems::command_for(&spec.kind, parity)
+        .map_err(|e| format!("writing config into {}: {e}", parity.work_dir.display()))?;
+    let Some(cmd) = cmd else {
+        return Ok((None, None));
+    };
+    let log = logs.join(format!("{}.log", spec.name));
+    let mut proc = Proc::spawn(&spec.name, cmd, &log, cpus)?;
+    proc.wait_ready(parity.listen, Duration::from_secs(15))
+        .map_err(|e| format!("{e} (see {})", log.display()))?;
+    Ok((Some(parity.listen), Some(proc)))
+}
+
+fn config_text(kind: &SystemKind, p: &Parity) -> Option<String> {
+    match kind {
+        SystemKind::Nginx(_) => Some(systems::nginx_config(p)),
+        SystemKind::Haproxy(_) => Some(systems::haproxy_config(p)),
+        SystemKind::Keymaster(exe) => Some(format!(
+            "{} proxy --listen {} --to {} --workers {}",
+            exe.file_name()
+                .map_or_else(|| "keymaster".into(), |n| n.to_string_lossy()),
+            p.listen,
+            p.origin,
+            p.workers
+        )),
+        SystemKind::Custom(t) => Some(systems::fill_template(t, p)),
+        SystemKind::Direct => None,
+    }
+}
+
+/// Runs one step: the load, with `/proc` read at the start and the end of the measured window.
+fn run_step(
+    sc: &Scenario,
+    connections: usize,
+    target: SocketAddr,
+    pid: Option<u32>,
+    args: &BenchArgs,
+    t: Timings,
+    threads: usize,
+) -> Result<(LoadReport, Option<ProcFigures>), String> {
+    // Opening N connections at once overflows listen queues (SYN cookies, retransmits after
+    // 1 s and more) and would bill the set-up to the step: settle at least 1 ms per connection.
+    let settle = t.settle.max(Duration::from_millis(connections as u64));
+    let cfg = LoadConfig {
+        url: format!("http://{target}{}", sc.path),
+        connections,
+        duration: t.step,
+        rate: args.rate,
+        churn: sc.churn,
+        threads,
+        warmup: settle,
+        timeout: args.timeout,
+        ..LoadConfig::default()
+    };
+    // run_load starts its schedule 20 ms after it is called, then settles for `warmup`; the
+    // sampler reads /proc at the start and the end of the measured window from its own thread.
+    let origin = Instant::now() + Duration::from_millis(20);
+    let sampler = pid.map(|pid| {
+        let (from, to) = (origin + settle, origin + settle + t.step);
+        std::thread::spawn(move || {
+            sleep_until(from);
+            let (a, at_a) = procfs::sample_tree(pid);
+            sleep_until(to);
+            let (b, at_b) = procfs::sample_tree(pid);
+            let d = procfs::delta(&a, &b, procfs::ticks_per_sec());
+            ProcFigures {
+                cpu_secs: d.cpu_secs,
+                switches: d.switches,
+                wall_secs: (at_b - at_a).as_secs_f64(),
+                rss_kib: b.rss_kib,
+            }
+        })
+    });
+    let load = run_load(&cfg)?;
+    let figures = match sampler {
+        Some(h) => Some(
+            h.join()
+                .map_err(|_| "the /proc sampler panicked".to_owned())?,
+        ),
+        None => None,
+    };
+    Ok((load, figures))
+}
+
+fn sleep_until(t: Instant) {
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
+    }
+}
+
+/// One live progress line.
+pub fn progress_line(n: &str, scenario: &str, system: &str, conns: usize, s: &Sample) -> String {
+    let cpu = match (s.cpu_pct, s.cpu_ms_per_1k, s.ctx_per_req) {
+        (Some(p), Some(c), Some(x)) => {
+            format!("  cpu {p:5.1}%  {c:6.1} ms/1k req  ctx {x:5.2}/req")
+        }
+        _ => String::new(),
+    };
+    let errors = if s.has_errors() {
+        format!(
+            "  ERRORS: non-2xx {} socket {} unsent {}",
+            s.non_2xx, s.socket_errors, s.unsent
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "[{n}] {scenario:<10} {system:<10} c={conns:<5} {:>8.0} req/s  p50 {:7.2}  p99 {:7.2} ms{cpu}  gen {:3.0}%{errors}",
+        s.rps, s.p50_ms, s.p99_ms, s.generator_cpu_pct
+    )
+}
+
+fn progress(line: &str) {
+    eprintln!("bench: {line}");
+}
+
+fn machine(cpus: usize) -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map_or_else(|| "unknown CPU".to_owned(), |(_, m)| m.trim().to_owned());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "unknown".to_owned(), |k| k.trim().to_owned());
+    Machine {
+        cpus,
+        cpu_model,
+        kernel,
+    }
+}
+
+/// UTC time as `2024-05-01T12:34:56Z`, or `20240501-123456` for a directory name.
+pub fn timestamp(t: SystemTime, compact: bool) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(mo <= 2);
+    if compact {
+        format!("{y:04}{mo:02}{d:02}-{h:02}{m:02}{s:02}")
+    } else {
+        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    fn parse(argv: &[&str]) -> BenchArgs {
+        Cli::parse_from(std::iter::once("bench").chain(argv.iter().copied())).args
+    }
+
+    #[test]
+    fn timestamps() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(timestamp(t, false), "2023-11-14T22:13:20Z");
+        assert_eq!(timestamp(t, true), "20231114-221320");
+        assert_eq!(timestamp(UNIX_EPOCH, false), "1970-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn scenario_selection_and_presets() {
+        let all = scenarios(&parse(&[])).unwrap();
+        assert_eq!(all.iter().map(|s| s.name).collect::<Vec<_>>(), SCENARIOS);
+        assert_eq!(all[0].connections, [100, 200, 400, 800, 1600]);
+        assert_eq!(all[0].path, "/?length=1024&delay=50");
+        let seed = scenarios(&parse(&["--preset", "2013", "--scenario", "ramp"])).unwrap();
+        assert_eq!(seed.len(), 1);
+        assert_eq!(seed[0].connections, PRESET_2013);
+        let two = scenarios(&parse(&["--scenario", "saturation,churn", "--quick"])).unwrap();
+        assert_eq!(
+            two.iter().map(|s| s.name).collect::<Vec<_>>(),
+            ["saturation", "churn"]
+        );
+        assert!(two[1].churn);
+        assert!(scenarios(&parse(&["--scenario", "nope"])).is_err());
+        assert!(scenarios(&parse(&["--preset", "1999"])).is_err());
+        let custom = scenarios(&parse(&["--connections", "10,20"])).unwrap();
+        assert_eq!(custom[0].connections, [10, 20]);
+    }
+
+    #[test]
+    fn system_selection() {
+        let (run, skipped) = discover_systems(&parse(&["--peers", "none"])).unwrap();
+        let names: Vec<_> = run.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["direct", "keymaster"]);
+        assert!(skipped.is_empty());
+        let (run, _) = discover_systems(&parse(&[
+            "--peer",
+            "envoy=envoy --listen {listen} --to {origin}",
+            "--only",
+            "keymaster,envoy",
+        ]))
+        .unwrap();
+        let names: Vec<_> = run.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["keymaster", "envoy"]);
+        assert!(discover_systems(&parse(&["--only", "tomcat"])).is_err());
+        assert!(discover_systems(&parse(&["--peer", "x=no placeholders"])).is_err());
+    }
+}
