@@ -66,7 +66,7 @@ error_log $WORK/nginx-error.log;
 events { worker_connections 10240; }
 http {
   access_log off;
-  upstream origin { server 127.0.0.1:$STUB_PORT; keepalive 256; }
+  upstream origin { server 127.0.0.1:$STUB_PORT; keepalive 1024; }
   server {
     listen 127.0.0.1:18091 reuseport;
     location / { proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; }

@@ -91,9 +91,9 @@ pub fn nginx_config(p: &Parity) -> String {
     )
 }
 
-/// Idle upstream connections each system may keep: keymaster's default `pool.max_idle` (256),
+/// Idle upstream connections each system may keep: keymaster's default `pool.max_idle` (1024),
 /// mirrored as nginx `keepalive` and HAProxy `pool-max-conn`.
-pub const POOL_IDLE: usize = 256;
+pub const POOL_IDLE: usize = 1024;
 
 /// The HAProxy config for a run: `nbthread` = workers, HTTP mode, `http-reuse always` (upstream
 /// keep-alive), no `log` lines (so no logs), `maxconn` bounded by the fd limit.
@@ -400,7 +400,7 @@ mod tests {
         let c = nginx_config(&parity(2));
         assert!(c.contains("worker_processes 2;"));
         assert!(c.contains("access_log off;"));
-        assert!(c.contains("upstream origin { server 127.0.0.1:18081; keepalive 256;"));
+        assert!(c.contains("upstream origin { server 127.0.0.1:18081; keepalive 1024;"));
         assert!(c.contains("proxy_http_version 1.1;"));
         assert!(c.contains("proxy_set_header Connection \"\";"));
         assert!(c.contains("listen 127.0.0.1:18090"));
@@ -417,7 +417,7 @@ mod tests {
         assert!(c.contains("option http-keep-alive\n"));
         assert!(c.contains("maxconn 8000\n"));
         assert!(c.contains("bind 127.0.0.1:18090\n"));
-        assert!(c.contains("server origin 127.0.0.1:18081 pool-max-conn 256\n"));
+        assert!(c.contains("server origin 127.0.0.1:18081 pool-max-conn 1024\n"));
         // No logging at all: HAProxy logs only where a `log` line says.
         assert!(!c.lines().any(|l| l.trim_start().starts_with("log ")));
     }
