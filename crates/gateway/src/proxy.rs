@@ -339,18 +339,9 @@ async fn send(
 ) -> Result<(Response<Incoming>, Conn, u32), Error> {
     let cluster = &route.cluster;
     let pools = &cx.worker.pools;
-    let mut reused = None;
-    while let Some(mut c) = pools.checkout(server.state.id, Instant::now()) {
+    let reused = pools.checkout(server.state.id, Instant::now());
+    if reused.is_some() {
         cluster.metrics.idle_connections.dec();
-        if c.sender.is_ready() {
-            reused = Some(c);
-            break;
-        }
-        // Just returned and not yet idle inside hyper: wait briefly for it.
-        if let Ok(Ok(())) = tokio::time::timeout(route.connect_timeout, c.sender.ready()).await {
-            reused = Some(c);
-            break;
-        }
     }
     let is_reused = reused.is_some();
     let mut conn = match reused {

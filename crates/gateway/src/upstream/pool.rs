@@ -14,6 +14,9 @@ use tokio::time::Instant;
 use super::OriginServer;
 use crate::body::RequestBody;
 
+/// How many idle connections a checkout looks at before opening a new one.
+const CHECKOUT_SCAN: usize = 8;
+
 /// One upstream HTTP/1 connection.
 pub(crate) struct Conn {
     pub(crate) sender: SendRequest<RequestBody>,
@@ -54,14 +57,24 @@ impl Pools {
     pub(crate) fn checkout(&self, origin_id: usize, now: Instant) -> Option<Conn> {
         let mut pools = self.by_origin.borrow_mut();
         let pool = pools.get_mut(origin_id)?;
-        while let Some(idle) = pool.idle.pop_back() {
+        // Newest first; a connection hyper has not yet marked idle after its last exchange
+        // is skipped (left in place) rather than waited for: waiting would park this request
+        // behind every other task on the worker.
+        let mut i = pool.idle.len();
+        let mut scanned = 0;
+        while i > 0 && scanned < CHECKOUT_SCAN {
+            i -= 1;
+            scanned += 1;
+            let idle = &pool.idle[i];
             if now.saturating_duration_since(idle.since) >= idle.idle_timeout {
-                // The newest is expired, so all older ones are too.
-                pool.idle.clear();
+                // This one and all older ones are expired.
+                pool.idle.drain(..=i);
                 return None;
             }
-            if !idle.conn.sender.is_closed() {
-                return Some(idle.conn);
+            if idle.conn.sender.is_closed() {
+                pool.idle.remove(i);
+            } else if idle.conn.sender.is_ready() {
+                return pool.idle.remove(i).map(|idle| idle.conn);
             }
         }
         None
