@@ -354,7 +354,7 @@ async fn serve_connection(
     listener: Arc<ListenerCtx>,
     stream: TcpStream,
     peer: SocketAddr,
-    shutdown: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
     _guard: OpenGuard,
 ) {
     let _ = stream.set_nodelay(true);
@@ -362,12 +362,12 @@ async fn serve_connection(
         // The handshake shares the header-read budget; the request clock starts after it.
         let settings = tls.current.load_full();
         let acceptor = tokio_rustls::TlsAcceptor::from(settings.server_config.clone());
-        let stream = match tokio::time::timeout(
-            listener.header_read_timeout,
-            acceptor.accept(stream),
-        )
-        .await
-        {
+        let handshake = tokio::time::timeout(listener.header_read_timeout, acceptor.accept(stream));
+        let handshake = tokio::select! {
+            r = handshake => r,
+            _ = shutdown.changed() => return, // draining: no new sessions
+        };
+        let stream = match handshake {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 listener.metrics.tls_handshake_failures.inc();

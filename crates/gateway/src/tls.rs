@@ -136,16 +136,15 @@ pub(crate) fn rebuild(
 ) -> Result<Vec<(Arc<ListenerTls>, TlsSettings)>, String> {
     let mut out = Vec::new();
     for (name, tls) in running {
-        let found = listeners.iter().enumerate().find(|(_, l)| &l.name == name);
-        match found {
-            Some((i, l)) => match &l.tls {
+        // A listener gone from the new config needs a restart too (warned about by the caller).
+        if let Some((i, l)) = listeners.iter().enumerate().find(|(_, l)| &l.name == name) {
+            match &l.tls {
                 Some(t) => out.push((tls.clone(), build(i, t)?)),
                 None => tracing::warn!(
                     listener = %name,
                     "reload: turning TLS off takes effect on restart; keeping TLS"
                 ),
-            },
-            None => {}
+            }
         }
     }
     for l in listeners {
