@@ -235,8 +235,9 @@ fn yes() -> bool {
 pub struct TlsConfig {
     /// Certificates chosen by SNI; the first is the default (no SNI, or no match).
     pub certificates: Vec<TlsCertificate>,
-    /// ALPN protocols offered, in preference order: "h2", "http/1.1".
-    pub alpn: Vec<String>,
+    /// ALPN protocols offered, in preference order: "h2", "http/1.1". Absent: both for
+    /// `protocol = "auto"`, only "http/1.1" for `protocol = "http1"`.
+    pub alpn: Option<Vec<String>>,
     /// `"1.2"` or `"1.3"`.
     pub min_version: TlsVersion,
     /// Verify client certificates against a CA.
@@ -247,7 +248,7 @@ impl Default for TlsConfig {
     fn default() -> Self {
         Self {
             certificates: Vec::new(),
-            alpn: vec!["h2".into(), "http/1.1".into()],
+            alpn: None,
             min_version: TlsVersion::Tls12,
             client_auth: None,
         }
@@ -255,6 +256,15 @@ impl Default for TlsConfig {
 }
 
 impl TlsConfig {
+    /// The ALPN protocols offered on a listener of `protocol` (see [`TlsConfig::alpn`]).
+    pub fn effective_alpn(&self, protocol: ListenerProtocol) -> Vec<String> {
+        match (&self.alpn, protocol) {
+            (Some(list), _) => list.clone(),
+            (None, ListenerProtocol::Http1) => vec!["http/1.1".into()],
+            (None, _) => vec!["h2".into(), "http/1.1".into()],
+        }
+    }
+
     /// Make relative file paths relative to `dir` (the config file's directory).
     pub fn resolve_paths(&mut self, dir: &std::path::Path) {
         let fix = |p: &mut String| {

@@ -204,7 +204,7 @@ fn check_tls(l: &ListenerConfig, tls: &TlsConfig, at: &KeyPath, p: &mut Problems
         }
     }
     let mut seen = Vec::new();
-    for (j, proto) in tls.alpn.iter().enumerate() {
+    for (j, proto) in tls.alpn.iter().flatten().enumerate() {
         let path = at.key("alpn").index(j);
         if proto != "h2" && proto != "http/1.1" {
             p.push(

@@ -445,6 +445,12 @@ fn listener_tls() {
         17,
         "not a valid HTTP header name",
     );
+    // protocol = "http1" with the default ALPN offers only http/1.1: valid.
+    assert!(errors(&format!(
+        "{BASE}{}",
+        tls_listener(&format!("protocol = \"http1\"\ntls = {{ {certs} }}\n"))
+    ))
+    .is_empty());
     let errs = errors(&format!(
         "{BASE}{}",
         tls_listener("[listeners.tls]\nmin_version = \"1.1\"\n")

@@ -171,7 +171,7 @@ impl Gateway {
         for (i, l) in config.listeners.iter().enumerate() {
             let tls = match &l.tls {
                 Some(t) => {
-                    let tls = Arc::new(ListenerTls::new(crate::tls::build(i, t)?));
+                    let tls = Arc::new(ListenerTls::new(crate::tls::build(i, l.protocol, t)?));
                     listener_tls.push((l.name.clone(), tls.clone()));
                     Some(tls)
                 }

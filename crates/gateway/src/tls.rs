@@ -20,7 +20,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use keymaster_config::{ListenerConfig, TlsConfig, TlsVersion};
+use keymaster_config::{ListenerConfig, ListenerProtocol, TlsConfig, TlsVersion};
 
 /// A listener's TLS state, swapped whole on reload.
 pub(crate) struct ListenerTls {
@@ -57,7 +57,11 @@ fn provider() -> Arc<CryptoProvider> {
 
 /// Read and compile the TLS settings of listener `index` (for error messages) from its config.
 /// Every file is read now; errors name the config key and the file.
-pub(crate) fn build(index: usize, tls: &TlsConfig) -> Result<TlsSettings, String> {
+pub(crate) fn build(
+    index: usize,
+    protocol: ListenerProtocol,
+    tls: &TlsConfig,
+) -> Result<TlsSettings, String> {
     let at = format!("listeners[{index}].tls");
     let provider = provider();
     let mut resolver = SniResolver::default();
@@ -119,7 +123,11 @@ pub(crate) fn build(index: usize, tls: &TlsConfig) -> Result<TlsSettings, String
         }
     };
     let mut config = builder.with_cert_resolver(Arc::new(resolver));
-    config.alpn_protocols = tls.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    config.alpn_protocols = tls
+        .effective_alpn(protocol)
+        .iter()
+        .map(|p| p.as_bytes().to_vec())
+        .collect();
     Ok(TlsSettings {
         server_config: Arc::new(config),
         identity_header,
@@ -139,7 +147,7 @@ pub(crate) fn rebuild(
         // A listener gone from the new config needs a restart too (warned about by the caller).
         if let Some((i, l)) = listeners.iter().enumerate().find(|(_, l)| &l.name == name) {
             match &l.tls {
-                Some(t) => out.push((tls.clone(), build(i, t)?)),
+                Some(t) => out.push((tls.clone(), build(i, l.protocol, t)?)),
                 None => tracing::warn!(
                     listener = %name,
                     "reload: turning TLS off takes effect on restart; keeping TLS"
