@@ -110,7 +110,7 @@ async fn bad_certificate_files_reject_the_reload_and_the_old_certificate_keeps_s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relative_paths_are_relative_to_the_config_file_and_reload_from_the_file() {
+async fn relative_paths_follow_the_config_file_and_admin_reload_rereads_them() {
     let pki = Pki::new();
     let old = pki.issue("site", &["a.example"], "old", false);
     let s = stub();
@@ -123,18 +123,51 @@ async fn relative_paths_are_relative_to_the_config_file_and_reload_from_the_file
     std::fs::write(&path, &text).unwrap();
     let config = keymaster_config::load_file(&path).expect("valid config");
     let gw = Gateway::start(config, ConfigSource::File(path.clone())).expect("starts");
-    let addr = gw.listener_addr("main").unwrap();
+    let g = TestGateway {
+        addr: gw.listener_addr("main").unwrap(),
+        admin: gw.admin_addr().unwrap(),
+        gw: Some(gw),
+    };
     let cfg = client_config(&pki, &ClientOpts::default());
-    let conn = connect(addr, "a.example", cfg.clone()).await.unwrap();
+    let conn = connect(g.addr, "a.example", cfg.clone()).await.unwrap();
     assert!(peer_leaf(&conn) == old.der);
 
+    // Rotate, then POST /reload on the admin listener (what SIGHUP does too).
     let new = pki.issue("site", &["a.example"], "new", false);
-    gw.reload_from_source().expect("reload");
-    let conn = connect(addr, "a.example", cfg.clone()).await.unwrap();
+    let r = admin_post(&g, "/reload").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let conn = connect(g.addr, "a.example", cfg.clone()).await.unwrap();
     assert!(peer_leaf(&conn) == new.der);
-    tokio::task::spawn_blocking(move || gw.shutdown())
+
+    // A key file that vanished: 422 naming the key, and the current certificate stays.
+    std::fs::remove_file(pki.path("site.key")).unwrap();
+    let r = admin_post(&g, "/reload").await;
+    assert_eq!(r.status, 422, "{:?}", r.body);
+    let body = String::from_utf8_lossy(&r.body);
+    assert!(
+        body.contains("listeners[0].tls.certificates[0].key: cannot read"),
+        "{body}"
+    );
+    let conn = connect(g.addr, "a.example", cfg.clone()).await.unwrap();
+    assert!(peer_leaf(&conn) == new.der);
+    let r = H1::handshake(conn)
+        .await
+        .unwrap()
+        .get("/?length=3", &[])
         .await
         .unwrap();
+    assert_eq!(r.status, 200);
+    tokio::task::spawn_blocking(move || drop(g)).await.unwrap();
+}
+
+async fn admin_post(g: &TestGateway, path: &str) -> Reply {
+    let mut c = Client::connect(g.admin).await;
+    c.send(
+        http::Request::post(path)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await
 }
 
 trait ClonePaths {
