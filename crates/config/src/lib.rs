@@ -68,11 +68,20 @@ pub fn load_str(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
 }
 
 /// Read, parse and validate a config file. An unreadable file is one error naming the path.
+/// Relative TLS file paths are taken relative to the config file's directory.
 pub fn load_file(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
     let path = path.as_ref();
     let origin = path.display().to_string();
     match std::fs::read_to_string(path) {
-        Ok(text) => load_str(&text, &origin),
+        Ok(text) => load_str(&text, &origin).map(|mut config| {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            for l in &mut config.listeners {
+                if let Some(tls) = &mut l.tls {
+                    tls.resolve_paths(dir);
+                }
+            }
+            config
+        }),
         Err(e) => Err(ConfigError {
             origin,
             line: None,

@@ -164,6 +164,8 @@ pub struct ListenerConfig {
     pub forwarded_header: bool,
     /// Header carrying the request id (generated when absent).
     pub request_id_header: String,
+    /// `tls`: terminate TLS on this listener (absent = cleartext).
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ListenerConfig {
@@ -181,6 +183,101 @@ impl Default for ListenerConfig {
             trusted_proxies: Vec::new(),
             forwarded_header: false,
             request_id_header: "x-request-id".into(),
+            tls: None,
+        }
+    }
+}
+
+/// Lowest TLS version a listener accepts.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub enum TlsVersion {
+    /// TLS 1.2 and 1.3.
+    #[default]
+    #[serde(rename = "1.2")]
+    Tls12,
+    /// TLS 1.3 only.
+    #[serde(rename = "1.3")]
+    Tls13,
+}
+
+/// One certificate chain and its private key (PEM files).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsCertificate {
+    /// PEM file with the leaf certificate first, then intermediates.
+    pub cert: String,
+    /// PEM file with the private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: String,
+}
+
+/// Client-certificate verification (mTLS).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientAuthConfig {
+    /// PEM file with the CA certificates client certificates must chain to.
+    pub ca: String,
+    /// Reject clients without a certificate (false: verify one when presented).
+    #[serde(default = "yes")]
+    pub required: bool,
+    /// Request header set to the verified client's identity (subject CN, else first DNS
+    /// name) when forwarding; any value the client sent in it is removed. Absent = not sent.
+    #[serde(default)]
+    pub forward_header: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// TLS termination on a listener.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// Certificates chosen by SNI; the first is the default (no SNI, or no match).
+    pub certificates: Vec<TlsCertificate>,
+    /// ALPN protocols offered, in preference order: "h2", "http/1.1". Absent: both for
+    /// `protocol = "auto"`, only "http/1.1" for `protocol = "http1"`.
+    pub alpn: Option<Vec<String>>,
+    /// `"1.2"` or `"1.3"`.
+    pub min_version: TlsVersion,
+    /// Verify client certificates against a CA.
+    pub client_auth: Option<ClientAuthConfig>,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        Self {
+            certificates: Vec::new(),
+            alpn: None,
+            min_version: TlsVersion::Tls12,
+            client_auth: None,
+        }
+    }
+}
+
+impl TlsConfig {
+    /// The ALPN protocols offered on a listener of `protocol` (see [`TlsConfig::alpn`]).
+    pub fn effective_alpn(&self, protocol: ListenerProtocol) -> Vec<String> {
+        match (&self.alpn, protocol) {
+            (Some(list), _) => list.clone(),
+            (None, ListenerProtocol::Http1) => vec!["http/1.1".into()],
+            (None, _) => vec!["h2".into(), "http/1.1".into()],
+        }
+    }
+
+    /// Make relative file paths relative to `dir` (the config file's directory).
+    pub fn resolve_paths(&mut self, dir: &std::path::Path) {
+        let fix = |p: &mut String| {
+            if !p.is_empty() && std::path::Path::new(p.as_str()).is_relative() {
+                *p = dir.join(p.as_str()).display().to_string();
+            }
+        };
+        for c in &mut self.certificates {
+            fix(&mut c.cert);
+            fix(&mut c.key);
+        }
+        if let Some(ca) = &mut self.client_auth {
+            fix(&mut ca.ca);
         }
     }
 }

@@ -2,7 +2,9 @@
 //! collected with the key path it concerns (the caller turns paths into lines).
 
 use crate::locate::KeyPath;
-use crate::model::{Config, HeaderEdits, HostPolicy, ListenerConfig, RouteConfig};
+use crate::model::{
+    Config, HeaderEdits, HostPolicy, ListenerConfig, ListenerProtocol, RouteConfig, TlsConfig,
+};
 use crate::units::Duration;
 use crate::{ClusterConfig, OriginServerConfig};
 use std::collections::{BTreeMap, HashMap};
@@ -175,6 +177,64 @@ fn check_listener(l: &ListenerConfig, at: &KeyPath, p: &mut Problems) {
         }
     }
     check_header_name(&l.request_id_header, at.key("request_id_header"), p);
+    if let Some(tls) = &l.tls {
+        check_tls(l, tls, &at.key("tls"), p);
+    }
+}
+
+fn check_tls(l: &ListenerConfig, tls: &TlsConfig, at: &KeyPath, p: &mut Problems) {
+    if l.protocol == ListenerProtocol::H2c {
+        p.push(
+            at.clone(),
+            "protocol = \"h2c\" is cleartext HTTP/2; with tls expected protocol = \"auto\" (ALPN picks h2 or http/1.1) or \"http1\"",
+        );
+    }
+    if tls.certificates.is_empty() {
+        p.push(
+            at.key("certificates"),
+            "no certificates; expected at least one, e.g. certificates = [{ cert = \"cert.pem\", key = \"key.pem\" }]",
+        );
+    }
+    for (j, c) in tls.certificates.iter().enumerate() {
+        let cat = at.key("certificates").index(j);
+        for (key, value) in [("cert", &c.cert), ("key", &c.key)] {
+            if value.trim().is_empty() {
+                p.push(cat.key(key), "must not be empty; expected a PEM file path");
+            }
+        }
+    }
+    let mut seen = Vec::new();
+    for (j, proto) in tls.alpn.iter().flatten().enumerate() {
+        let path = at.key("alpn").index(j);
+        if proto != "h2" && proto != "http/1.1" {
+            p.push(
+                path,
+                format!(
+                    "{proto:?} is not a supported ALPN protocol; expected \"h2\" or \"http/1.1\""
+                ),
+            );
+        } else if seen.contains(&proto) {
+            p.push(
+                path,
+                format!("{proto:?} is listed twice; expected each protocol once"),
+            );
+        } else if proto == "h2" && l.protocol == ListenerProtocol::Http1 {
+            p.push(
+                path,
+                "\"h2\" is offered but the listener's protocol is \"http1\"; expected alpn = [\"http/1.1\"] or protocol = \"auto\"",
+            );
+        }
+        seen.push(proto);
+    }
+    if let Some(ca) = &tls.client_auth {
+        let cat = at.key("client_auth");
+        if ca.ca.trim().is_empty() {
+            p.push(cat.key("ca"), "must not be empty; expected a PEM file path");
+        }
+        if let Some(h) = &ca.forward_header {
+            check_header_name(h, cat.key("forward_header"), p);
+        }
+    }
 }
 
 fn check_header_name(name: &str, path: KeyPath, p: &mut Problems) {

@@ -51,7 +51,11 @@ fn documented_example_loads() {
         Ok(c) => c,
         Err(e) => panic!("documented example fails:\n{e}"),
     };
-    assert_eq!(c.listeners.len(), 2);
+    assert_eq!(c.listeners.len(), 3);
+    let tls = c.listeners[2].tls.as_ref().expect("tls listener");
+    assert_eq!(tls.certificates.len(), 2);
+    assert_eq!(tls.min_version, TlsVersion::Tls12);
+    assert_eq!(tls.client_auth.as_ref().map(|a| a.required), Some(false));
     assert_eq!(c.server.drain_timeout, Duration::from_secs(20));
     assert_eq!(c.listeners[0].max_header_bytes, ByteSize(32 * 1024));
     assert_eq!(c.listeners[0].protocol, ListenerProtocol::Auto);
@@ -82,6 +86,18 @@ fn every_key_is_documented() {
     r.response_header_timeout = Some(Duration::from_secs(1));
     r.request_timeout = Some(Duration::from_secs(1));
     c.clusters[0].request_timeout = Some(Duration::from_secs(1));
+    c.listeners[0].tls = Some(TlsConfig {
+        certificates: vec![TlsCertificate {
+            cert: "c".into(),
+            key: "k".into(),
+        }],
+        client_auth: Some(ClientAuthConfig {
+            ca: "ca".into(),
+            required: true,
+            forward_header: Some("x".into()),
+        }),
+        ..TlsConfig::default()
+    });
     let value = serde_json::to_value(&c).expect("serializable");
     fn keys(v: &serde_json::Value, out: &mut Vec<String>) {
         match v {

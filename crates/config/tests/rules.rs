@@ -387,3 +387,75 @@ fn three_paths_reported_once() {
         "path_prefix and path_exact and path_regex are all set",
     );
 }
+
+/// A second listener (listeners[1]) starting at line 12; its TLS keys start at line 15.
+fn tls_listener(keys: &str) -> String {
+    format!("[[listeners]]\nname = \"tls\"\naddress = \"127.0.0.1:8443\"\n{keys}")
+}
+
+#[test]
+fn listener_tls() {
+    let certs = "certificates = [{ cert = \"c.pem\", key = \"k.pem\" }]";
+    assert!(errors(&format!(
+        "{BASE}{}",
+        tls_listener(&format!(
+            "tls = {{ {certs}, alpn = [\"http/1.1\", \"h2\"], min_version = \"1.3\", client_auth = {{ ca = \"ca.pem\", required = false, forward_header = \"x-client-cert\" }} }}\n"
+        ))
+    ))
+    .is_empty());
+    one(
+        &tls_listener("[listeners.tls]\n"),
+        "listeners[1].tls.certificates",
+        15,
+        "no certificates",
+    );
+    one(
+        &tls_listener("[listeners.tls]\ncertificates = [{ cert = \"\", key = \"k.pem\" }]\n"),
+        "listeners[1].tls.certificates[0].cert",
+        16,
+        "must not be empty",
+    );
+    one(
+        &tls_listener(&format!(
+            "[listeners.tls]\n{certs}\nalpn = [\"h2\", \"spdy/3\"]\n"
+        )),
+        "listeners[1].tls.alpn[1]",
+        17,
+        "not a supported ALPN protocol",
+    );
+    one(
+        &tls_listener(&format!(
+            "protocol = \"http1\"\n[listeners.tls]\n{certs}\nalpn = [\"h2\"]\n"
+        )),
+        "listeners[1].tls.alpn[0]",
+        18,
+        "protocol is \"http1\"",
+    );
+    one(
+        &tls_listener(&format!("protocol = \"h2c\"\n[listeners.tls]\n{certs}\n")),
+        "listeners[1].tls",
+        16,
+        "cleartext",
+    );
+    one(
+        &tls_listener(&format!(
+            "[listeners.tls]\n{certs}\nclient_auth = {{ ca = \"ca.pem\", forward_header = \"bad header\" }}\n"
+        )),
+        "listeners[1].tls.client_auth.forward_header",
+        17,
+        "not a valid HTTP header name",
+    );
+    // protocol = "http1" with the default ALPN offers only http/1.1: valid.
+    assert!(errors(&format!(
+        "{BASE}{}",
+        tls_listener(&format!("protocol = \"http1\"\ntls = {{ {certs} }}\n"))
+    ))
+    .is_empty());
+    let errs = errors(&format!(
+        "{BASE}{}",
+        tls_listener("[listeners.tls]\nmin_version = \"1.1\"\n")
+    ));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].line, Some(16), "{errs:?}");
+    assert!(errs[0].message.contains("1.2"), "{errs:?}");
+}

@@ -26,6 +26,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::headers::{ClientFacts, HeadLimits};
 use crate::metrics::ListenerMetrics;
+use crate::tls::{ListenerTls, TlsFacts};
 use crate::worker::Worker;
 use keymaster_config::{ListenerConfig, ListenerProtocol};
 
@@ -43,10 +44,16 @@ pub(crate) struct ListenerCtx {
     pub(crate) forwarded_header: bool,
     pub(crate) request_id_header: HeaderName,
     pub(crate) metrics: ListenerMetrics,
+    /// TLS termination (swapped on reload); `None` for a cleartext listener.
+    pub(crate) tls: Option<Arc<ListenerTls>>,
 }
 
 impl ListenerCtx {
-    pub(crate) fn new(cfg: &ListenerConfig, metrics: ListenerMetrics) -> Result<Self, String> {
+    pub(crate) fn new(
+        cfg: &ListenerConfig,
+        metrics: ListenerMetrics,
+        tls: Option<Arc<ListenerTls>>,
+    ) -> Result<Self, String> {
         let trusted = cfg
             .trusted_proxies
             .iter()
@@ -73,6 +80,7 @@ impl ListenerCtx {
             request_id_header: HeaderName::from_bytes(cfg.request_id_header.as_bytes())
                 .map_err(|e| format!("listener {}: request_id_header: {e}", cfg.name))?,
             metrics,
+            tls,
         })
     }
 }
@@ -138,14 +146,14 @@ pub(crate) struct ConnCtx {
     pub(crate) state: Rc<ConnState>,
 }
 
-/// The client socket plus the connection-level timeouts.
-pub(crate) struct TimedIo {
-    inner: TokioIo<TcpStream>,
+/// The client socket (plain or TLS) plus the connection-level timeouts.
+pub(crate) struct TimedIo<S> {
+    inner: S,
     state: Rc<ConnState>,
     sleep: Pin<Box<Sleep>>,
 }
 
-impl Read for TimedIo {
+impl<S: Read + Unpin> Read for TimedIo<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -191,7 +199,7 @@ impl Read for TimedIo {
     }
 }
 
-impl Write for TimedIo {
+impl<S: Write + Unpin> Write for TimedIo<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -350,16 +358,50 @@ async fn serve_connection(
     _guard: OpenGuard,
 ) {
     let _ = stream.set_nodelay(true);
-    let now = Instant::now();
-    let state = Rc::new(ConnState {
-        inflight: Cell::new(0),
-        deadline: Cell::new(now + listener.header_read_timeout),
-        idle: Cell::new(false),
-        header_timeout: listener.header_read_timeout,
-        idle_timeout: listener.idle_timeout,
-        armed: Cell::new(now + listener.header_read_timeout),
-        reader: Cell::new(None),
-    });
+    if let Some(tls) = &listener.tls {
+        // The handshake shares the header-read budget; the request clock starts after it.
+        let settings = tls.current.load_full();
+        let acceptor = tokio_rustls::TlsAcceptor::from(settings.server_config.clone());
+        let handshake = tokio::time::timeout(listener.header_read_timeout, acceptor.accept(stream));
+        let handshake = tokio::select! {
+            r = handshake => r,
+            _ = shutdown.changed() => return, // draining: no new sessions
+        };
+        let stream = match handshake {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                listener.metrics.tls_handshake_failures.inc();
+                tracing::debug!(listener = %listener.name, %peer, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                listener.metrics.tls_handshake_failures.inc();
+                tracing::debug!(listener = %listener.name, %peer, "TLS handshake timed out");
+                return;
+            }
+        };
+        let conn = stream.get_ref().1;
+        let h2 = conn.alpn_protocol() == Some(b"h2");
+        let facts = TlsFacts {
+            client_identity: conn
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(crate::tls::client_identity),
+            identity_header: settings.identity_header.clone(),
+        };
+        let client = client_facts(&listener, peer, "https", Some(facts));
+        serve_io(
+            worker,
+            listener,
+            TokioIo::new(stream),
+            h2,
+            client,
+            peer,
+            shutdown,
+        )
+        .await;
+        return;
+    }
     let h2 = match listener.protocol {
         ListenerProtocol::Http1 => false,
         ListenerProtocol::H2c => true,
@@ -375,15 +417,58 @@ async fn serve_connection(
             }
         }
     };
+    let client = client_facts(&listener, peer, "http", None);
+    serve_io(
+        worker,
+        listener,
+        TokioIo::new(stream),
+        h2,
+        client,
+        peer,
+        shutdown,
+    )
+    .await;
+}
+
+fn client_facts(
+    listener: &ListenerCtx,
+    peer: SocketAddr,
+    proto: &'static str,
+    tls: Option<TlsFacts>,
+) -> ClientFacts {
     let ip = peer.ip();
-    let trusted = listener.trusted.iter().any(|n| n.contains(&ip));
-    let client = ClientFacts {
+    ClientFacts {
         ip_value: http::HeaderValue::from_str(&ip.to_string())
             .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
         forwarded_for: crate::headers::forwarded_for(ip),
-        trusted,
-        proto: "http",
-    };
+        trusted: listener.trusted.iter().any(|n| n.contains(&ip)),
+        proto,
+        tls,
+    }
+}
+
+/// Serve HTTP on an established client stream (cleartext or after the TLS handshake).
+async fn serve_io<S>(
+    worker: Rc<Worker>,
+    listener: Arc<ListenerCtx>,
+    stream: S,
+    h2: bool,
+    client: ClientFacts,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: Read + Write + Unpin + 'static,
+{
+    let now = Instant::now();
+    let state = Rc::new(ConnState {
+        inflight: Cell::new(0),
+        deadline: Cell::new(now + listener.header_read_timeout),
+        idle: Cell::new(false),
+        header_timeout: listener.header_read_timeout,
+        idle_timeout: listener.idle_timeout,
+        armed: Cell::new(now + listener.header_read_timeout),
+        reader: Cell::new(None),
+    });
     let cx = Rc::new(ConnCtx {
         worker,
         listener: listener.clone(),
@@ -392,7 +477,7 @@ async fn serve_connection(
         state: state.clone(),
     });
     let io = TimedIo {
-        inner: TokioIo::new(stream),
+        inner: stream,
         sleep: Box::pin(tokio::time::sleep_until(state.deadline.get())),
         state,
     };

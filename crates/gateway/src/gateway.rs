@@ -18,6 +18,7 @@ use crate::access_log::AccessLog;
 use crate::downstream::{bind_reuseport, ListenerCtx};
 use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
+use crate::tls::ListenerTls;
 use crate::worker::{self, WorkerSockets};
 use keymaster_config::Config;
 
@@ -51,6 +52,8 @@ pub(crate) struct Shared {
     pub(crate) source: ConfigSource,
     next_version: AtomicU64,
     reload_lock: Mutex<()>,
+    /// TLS listeners by name: their certificates are re-read on every reload.
+    listener_tls: Vec<(String, Arc<ListenerTls>)>,
 }
 
 impl Shared {
@@ -63,8 +66,18 @@ impl Shared {
             tracing::error!(error = %e, "reload rejected; keeping the running config");
             return Err(e.to_string());
         }
+        // Re-read every TLS listener's files first: a bad certificate rejects the reload.
+        let tls = match crate::tls::rebuild(&self.listener_tls, &config.listeners) {
+            Ok(t) => t,
+            Err(e) => {
+                self.metrics.reloads.with_label_values(&["rejected"]).inc();
+                tracing::error!(error = %e, "reload rejected; keeping the running config");
+                return Err(e);
+            }
+        };
         let current = self.snapshot.load();
-        if config.listeners != current.config.listeners
+        if crate::tls::without_tls(&config.listeners)
+            != crate::tls::without_tls(&current.config.listeners)
             || config.server.workers != current.config.server.workers
             || config.admin != current.config.admin
             || config.access_log != current.config.access_log
@@ -79,6 +92,9 @@ impl Shared {
             Ok(snap) => {
                 self.next_version.store(version + 1, Ordering::Release);
                 self.snapshot.store(Arc::new(snap));
+                for (listener, settings) in tls {
+                    listener.current.store(Arc::new(settings));
+                }
                 self.metrics.config_version.set(version as i64);
                 self.metrics.reloads.with_label_values(&["ok"]).inc();
                 tracing::info!(version, "config reloaded");
@@ -151,8 +167,17 @@ impl Gateway {
             })
             .collect();
         let mut listeners = Vec::new();
-        for l in &config.listeners {
-            let ctx = Arc::new(ListenerCtx::new(l, metrics.listener(&l.name))?);
+        let mut listener_tls = Vec::new();
+        for (i, l) in config.listeners.iter().enumerate() {
+            let tls = match &l.tls {
+                Some(t) => {
+                    let tls = Arc::new(ListenerTls::new(crate::tls::build(i, l.protocol, t)?));
+                    listener_tls.push((l.name.clone(), tls.clone()));
+                    Some(tls)
+                }
+                None => None,
+            };
+            let ctx = Arc::new(ListenerCtx::new(l, metrics.listener(&l.name), tls)?);
             let first = bind_reuseport(l.address)
                 .map_err(|e| format!("listener {}: bind {}: {e}", l.name, l.address))?;
             let addr = first
@@ -186,6 +211,7 @@ impl Gateway {
             source,
             next_version: AtomicU64::new(2),
             reload_lock: Mutex::new(()),
+            listener_tls,
         });
         let (shutdown, rx) = watch::channel(false);
         let mut threads = Vec::new();

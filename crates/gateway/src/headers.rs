@@ -17,6 +17,8 @@ pub(crate) struct ClientFacts {
     pub trusted: bool,
     /// "http" or "https".
     pub proto: &'static str,
+    /// What the TLS handshake established (TLS listeners only).
+    pub tls: Option<crate::tls::TlsFacts>,
 }
 
 /// Limits from the listener that hyper does not enforce exactly as configured.
@@ -307,6 +309,19 @@ pub(crate) fn add_forwarding(
             }
         }
     }
+    if let Some(tls) = &client.tls {
+        if let Some(name) = &tls.identity_header {
+            // Only the gateway vouches for a client certificate: drop any claimed value.
+            headers.remove(name);
+            if let Some(v) = tls
+                .client_identity
+                .as_deref()
+                .and_then(|id| HeaderValue::from_str(id).ok())
+            {
+                headers.insert(name.clone(), v);
+            }
+        }
+    }
     if !forwarded_header {
         // Never pass on what an untrusted client claims about earlier hops.
         if !client.trusted && headers.contains_key(header::FORWARDED) {
@@ -452,6 +467,7 @@ mod tests {
             forwarded_for: "10.1.1.1".into(),
             trusted: false,
             proto: "http",
+            tls: None,
         };
         let mut h = map(&[
             ("x-forwarded-for", "6.6.6.6"),
@@ -476,6 +492,7 @@ mod tests {
             forwarded_for: "10.1.1.1".into(),
             trusted: true,
             proto: "http",
+            tls: None,
         };
         let mut h = map(&[
             ("x-forwarded-for", "1.2.3.4"),

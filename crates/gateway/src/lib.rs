@@ -14,6 +14,7 @@
 //! | `body` | streaming request/response bodies with caps |
 //! | [`error`] | the one error type; `respond` turns it into the client's response |
 //! | `snapshot` | a compiled config version |
+//! | `tls` | inbound TLS: certificates by SNI, ALPN, mTLS, swapped on reload |
 //! | [`metrics`], `admin`, [`access_log`] | observability |
 
 pub mod access_log;
@@ -28,6 +29,7 @@ mod proxy;
 mod respond;
 mod route;
 mod snapshot;
+mod tls;
 mod upstream;
 mod worker;
 

@@ -22,6 +22,7 @@ pub struct Metrics {
     downstream_open: IntGaugeVec,
     downstream_accepted: IntCounterVec,
     downstream_rejected: IntCounterVec,
+    tls_handshake_failures: IntCounterVec,
     pub(crate) config_version: IntGauge,
     pub(crate) reloads: IntCounterVec,
 }
@@ -59,6 +60,7 @@ pub(crate) struct ListenerMetrics {
     pub(crate) open: IntGauge,
     pub(crate) accepted: IntCounter,
     pub(crate) rejected: IntCounter,
+    pub(crate) tls_handshake_failures: IntCounter,
 }
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -174,6 +176,12 @@ impl Metrics {
                 "Client connections closed at once because the listener was at max_connections",
                 &["listener"],
             ),
+            tls_handshake_failures: counter_vec(
+                &r,
+                "tls_handshake_failures_total",
+                "Client TLS handshakes that failed or timed out",
+                &["listener"],
+            ),
             reloads: counter_vec(
                 &r,
                 "config_reloads_total",
@@ -211,6 +219,7 @@ impl Metrics {
             open: self.downstream_open.with_label_values(&[name]),
             accepted: self.downstream_accepted.with_label_values(&[name]),
             rejected: self.downstream_rejected.with_label_values(&[name]),
+            tls_handshake_failures: self.tls_handshake_failures.with_label_values(&[name]),
         }
     }
 
