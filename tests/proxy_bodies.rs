@@ -244,7 +244,13 @@ async fn expect_100_continue_is_answered_before_the_body() {
         interim.starts_with("HTTP/1.1 100 Continue\r\n"),
         "{interim}"
     );
-    assert!(carry.is_empty(), "nothing after 100 before the body");
+    // Anything after the 100 can only be the start of the final response: the echo origin
+    // may send its 200 head before the body arrives (a server may answer early).
+    assert!(
+        carry.is_empty() || carry.starts_with(b"HTTP/1.1 200 "),
+        "{:?}",
+        String::from_utf8_lossy(&carry)
+    );
     s.write_all(b"hello").await.unwrap();
     let more = read_for(&mut s, Duration::from_secs(5)).await;
     carry.extend_from_slice(&more);
