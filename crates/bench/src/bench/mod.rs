@@ -11,6 +11,7 @@ pub mod procfs;
 pub mod report;
 pub mod svg;
 pub mod systems;
+pub mod wrk;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
