@@ -169,7 +169,7 @@ fn exec(args: &[String], cpus: Option<&CpuSet>) -> Result<String, String> {
 }
 
 /// CPU seconds (user + system) of this process's reaped children so far.
-fn children_cpu_secs() -> f64 {
+pub fn children_cpu_secs() -> f64 {
     // SAFETY: getrusage fills the zeroed struct it is given; RUSAGE_CHILDREN is valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
