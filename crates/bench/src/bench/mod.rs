@@ -11,6 +11,7 @@ pub mod procfs;
 pub mod report;
 pub mod svg;
 pub mod systems;
+pub mod wrk;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -26,6 +27,34 @@ use systems::{CpuSet, Parity, Proc, SystemKind, SystemSpec};
 
 /// Scenario names, in run order.
 pub const SCENARIOS: [&str; 4] = ["ramp", "saturation", "gzip", "churn"];
+
+/// Which program drives the load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Driver {
+    /// The in-process generator ([`crate::load`]).
+    #[default]
+    Builtin,
+    /// wrk as a child process ([`wrk`]); closed loop only.
+    Wrk,
+}
+
+impl Driver {
+    /// Name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Driver::Builtin => "builtin",
+            Driver::Wrk => "wrk",
+        }
+    }
+
+    /// The other driver.
+    pub fn other(self) -> Driver {
+        match self {
+            Driver::Builtin => Driver::Wrk,
+            Driver::Wrk => Driver::Builtin,
+        }
+    }
+}
 
 /// Arguments of `keymaster bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -94,6 +123,13 @@ pub struct BenchArgs {
     /// Print results.json to stdout (progress still goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// Load driver for every step: the built-in generator or wrk (must be on PATH).
+    #[arg(long, value_enum, value_name = "builtin|wrk", default_value_t = Driver::Builtin)]
+    pub driver: Driver,
+    /// Also run every step with the other driver, right after, and compare requests/s and p50
+    /// (flagged when they differ by more than 10%); writes drivers.md. Needs wrk.
+    #[arg(long)]
+    pub compare_drivers: bool,
 }
 
 /// One scenario to run.
@@ -301,6 +337,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
             Duration::from_secs(10)
         }),
     };
+    let driver_note = driver_note(args)?;
     let started = SystemTime::now();
     let out = args
         .out
@@ -368,6 +405,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
         );
     }
     let total_steps: usize = scenarios.iter().map(|s| s.connections.len()).sum();
+    let mut comparisons: Vec<DriverComparison> = Vec::new();
     for repeat in 0..args.repeats {
         for spec in &specs {
             if status[&spec.name].status != "ran" {
@@ -400,14 +438,18 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
             }
             let target = target.unwrap_or(stub_addr);
             // Warm-up: keep-alive, no delay, enough connections to open pools and touch pages.
-            let warm = run_load(&LoadConfig {
-                url: format!("http://{target}/?length=1024"),
-                connections: 64,
-                duration: t.warmup,
-                threads: gen_threads,
-                timeout: args.timeout,
-                ..LoadConfig::default()
-            })?;
+            let warm = drive(
+                args.driver,
+                load_cpus.as_ref(),
+                &LoadConfig {
+                    url: format!("http://{target}/?length=1024"),
+                    connections: 64,
+                    duration: t.warmup,
+                    threads: gen_threads,
+                    timeout: args.timeout,
+                    ..LoadConfig::default()
+                },
+            )?;
             progress(&format!(
                 "[repeat {}/{}] {} on {target}: warm-up {:.0} req/s{}",
                 repeat + 1,
@@ -420,15 +462,14 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
             for (si, sc) in scenarios.iter().enumerate() {
                 for &conns in &sc.connections {
                     done += 1;
-                    let (load, figures) = run_step(
-                        sc,
-                        conns,
+                    let step = Step {
                         target,
-                        proc.as_ref().map(Proc::pid),
-                        args,
-                        t,
-                        gen_threads,
-                    )?;
+                        pid: proc.as_ref().map(Proc::pid),
+                        timings: t,
+                        threads: gen_threads,
+                        load_cpus: load_cpus.as_ref(),
+                    };
+                    let (load, figures) = run_step(sc, conns, args, args.driver, &step)?;
                     let sample = Sample::new(&load, figures);
                     progress(&progress_line(
                         &format!("{}/{}", done, total_steps),
@@ -437,6 +478,17 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
                         conns,
                         &sample,
                     ));
+                    if args.compare_drivers {
+                        let other = args.driver.other();
+                        let (second, _) = run_step(sc, conns, args, other, &step)?;
+                        let (builtin, wrk) = match args.driver {
+                            Driver::Builtin => (&load, &second),
+                            Driver::Wrk => (&second, &load),
+                        };
+                        let row = DriverComparison::new(sc.name, &spec.name, conns, builtin, wrk);
+                        progress(&row.line());
+                        comparisons.push(row);
+                    }
                     samples
                         .entry((si, spec.name.clone(), conns))
                         .or_default()
@@ -493,11 +545,26 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
             generator_threads: gen_threads,
             rate: args.rate,
             nofile,
+            driver: driver_note,
         },
         systems: system_infos,
         scenarios: scenario_results,
     };
     report::write_results(&run, &out)?;
+    if args.compare_drivers {
+        let md = comparison_markdown(&comparisons);
+        let path = out.join("drivers.md");
+        std::fs::write(&path, &md).map_err(|e| format!("{}: {e}", path.display()))?;
+        eprint!("{md}");
+        let off = comparisons.iter().filter(|c| c.disagree()).count();
+        progress(&format!(
+            "driver comparison in {}: {} of {} step(s) differ by more than {:.0}%",
+            path.display(),
+            off,
+            comparisons.len(),
+            AGREEMENT * 100.0
+        ));
+    }
     let flagged = run
         .scenarios
         .iter()
@@ -555,47 +622,109 @@ fn config_text(kind: &SystemKind, p: &Parity) -> Option<String> {
     }
 }
 
+/// Where and how one step runs.
+struct Step<'a> {
+    target: SocketAddr,
+    pid: Option<u32>,
+    timings: Timings,
+    threads: usize,
+    load_cpus: Option<&'a CpuSet>,
+}
+
+/// One load run with `driver` (`cpus`: where wrk is pinned; the built-in generator's threads
+/// inherit the bench's own pinning).
+fn drive(driver: Driver, cpus: Option<&CpuSet>, cfg: &LoadConfig) -> Result<LoadReport, String> {
+    match driver {
+        Driver::Builtin => run_load(cfg),
+        Driver::Wrk => wrk::run_wrk(cfg, cpus),
+    }
+}
+
+/// The report header's driver line; checks that wrk is there when it is needed.
+fn driver_note(args: &BenchArgs) -> Result<String, String> {
+    let needs_wrk = args.driver == Driver::Wrk || args.compare_drivers;
+    if !needs_wrk {
+        return Ok(Driver::Builtin.name().to_owned());
+    }
+    let path = wrk::require_wrk().map_err(|e| {
+        if args.compare_drivers {
+            e.replace("--driver wrk", "--compare-drivers")
+        } else {
+            e
+        }
+    })?;
+    if args.rate.is_some() {
+        return Err("wrk runs closed loop only: --rate cannot be used with --driver wrk or --compare-drivers".into());
+    }
+    let version = wrk::wrk_version(&path).unwrap_or_else(|| path.display().to_string());
+    let mut note = match args.driver {
+        Driver::Builtin => "builtin".to_owned(),
+        Driver::Wrk => format!("wrk ({version}; durations rounded up to whole seconds)"),
+    };
+    if args.compare_drivers {
+        note.push_str(&format!(
+            "; every step also run with {} right after (--compare-drivers, {version}), see drivers.md",
+            args.driver.other().name()
+        ));
+    }
+    Ok(note)
+}
+
 /// Runs one step: the load, with `/proc` read at the start and the end of the measured window.
 fn run_step(
     sc: &Scenario,
     connections: usize,
-    target: SocketAddr,
-    pid: Option<u32>,
     args: &BenchArgs,
-    t: Timings,
-    threads: usize,
+    driver: Driver,
+    step: &Step<'_>,
 ) -> Result<(LoadReport, Option<ProcFigures>), String> {
+    let t = step.timings;
     // Opening N connections at once overflows listen queues (SYN cookies, retransmits after
     // 1 s and more) and would bill the set-up to the step: settle at least 1 ms per connection.
     let settle = t.settle.max(Duration::from_millis(connections as u64));
     let cfg = LoadConfig {
-        url: format!("http://{target}{}", sc.path),
+        url: format!("http://{}{}", step.target, sc.path),
         connections,
         duration: t.step,
         rate: args.rate,
         churn: sc.churn,
-        threads,
+        threads: step.threads,
         warmup: settle,
         timeout: args.timeout,
         ..LoadConfig::default()
     };
+    let figures = |pid: u32, (a, at_a): (procfs::TreeSample, Instant)| {
+        let (b, at_b) = procfs::sample_tree(pid);
+        let d = procfs::delta(&a, &b, procfs::ticks_per_sec());
+        ProcFigures {
+            cpu_secs: d.cpu_secs,
+            switches: d.switches,
+            wall_secs: (at_b - at_a).as_secs_f64(),
+            rss_kib: b.rss_kib,
+        }
+    };
+    if driver == Driver::Wrk {
+        // A separate unmeasured wrk run settles the step (rounded up to whole seconds), then
+        // /proc is read right before the measured wrk starts and right after it exits.
+        let cpu_before = wrk::children_cpu_secs();
+        let warm = wrk::warm_up(&cfg, step.load_cpus)?;
+        let start = step.pid.map(|pid| (pid, procfs::sample_tree(pid)));
+        let mut load = wrk::measure(&cfg, step.load_cpus)?;
+        let procs = start.map(|(pid, a)| figures(pid, a));
+        load.warmup_secs = warm;
+        load.generator_cpu_secs = wrk::children_cpu_secs() - cpu_before;
+        return Ok((load, procs));
+    }
     // run_load starts its schedule 20 ms after it is called, then settles for `warmup`; the
     // sampler reads /proc at the start and the end of the measured window from its own thread.
     let origin = Instant::now() + Duration::from_millis(20);
-    let sampler = pid.map(|pid| {
+    let sampler = step.pid.map(|pid| {
         let (from, to) = (origin + settle, origin + settle + t.step);
         std::thread::spawn(move || {
             sleep_until(from);
-            let (a, at_a) = procfs::sample_tree(pid);
+            let a = procfs::sample_tree(pid);
             sleep_until(to);
-            let (b, at_b) = procfs::sample_tree(pid);
-            let d = procfs::delta(&a, &b, procfs::ticks_per_sec());
-            ProcFigures {
-                cpu_secs: d.cpu_secs,
-                switches: d.switches,
-                wall_secs: (at_b - at_a).as_secs_f64(),
-                rss_kib: b.rss_kib,
-            }
+            figures(pid, a)
         })
     });
     let load = run_load(&cfg)?;
@@ -607,6 +736,121 @@ fn run_step(
         None => None,
     };
     Ok((load, figures))
+}
+
+/// Drivers agree when requests/s and p50 differ by at most this fraction.
+pub const AGREEMENT: f64 = 0.10;
+
+/// One step run with both drivers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriverComparison {
+    /// Scenario.
+    pub scenario: String,
+    /// System under test.
+    pub system: String,
+    /// Connections.
+    pub connections: usize,
+    /// Requests/s: built-in, wrk.
+    pub rps: (f64, f64),
+    /// p50 latency, ms: built-in, wrk.
+    pub p50_ms: (f64, f64),
+    /// Whether either run had errors.
+    pub errors: bool,
+}
+
+impl DriverComparison {
+    /// Compares the built-in generator's and wrk's reports of the same step.
+    pub fn new(
+        scenario: &str,
+        system: &str,
+        connections: usize,
+        builtin: &LoadReport,
+        wrk: &LoadReport,
+    ) -> DriverComparison {
+        DriverComparison {
+            scenario: scenario.to_owned(),
+            system: system.to_owned(),
+            connections,
+            rps: (builtin.requests_per_sec, wrk.requests_per_sec),
+            p50_ms: (builtin.latency_ms.p50, wrk.latency_ms.p50),
+            errors: !builtin.all_ok() || !wrk.all_ok(),
+        }
+    }
+
+    /// wrk / built-in requests/s.
+    pub fn rps_ratio(&self) -> f64 {
+        ratio(self.rps.1, self.rps.0)
+    }
+
+    /// wrk / built-in p50.
+    pub fn p50_ratio(&self) -> f64 {
+        ratio(self.p50_ms.1, self.p50_ms.0)
+    }
+
+    /// Whether requests/s or p50 differ by more than [`AGREEMENT`] (or either run had errors).
+    pub fn disagree(&self) -> bool {
+        let off = |r: f64| !r.is_finite() || (r - 1.0).abs() > AGREEMENT;
+        self.errors || off(self.rps_ratio()) || off(self.p50_ratio())
+    }
+
+    /// A progress line.
+    pub fn line(&self) -> String {
+        format!(
+            "drivers {} {} c={}: req/s builtin {:.0} wrk {:.0} (x{:.3}), p50 builtin {:.3} wrk {:.3} ms (x{:.3}){}",
+            self.scenario,
+            self.system,
+            self.connections,
+            self.rps.0,
+            self.rps.1,
+            self.rps_ratio(),
+            self.p50_ms.0,
+            self.p50_ms.1,
+            self.p50_ratio(),
+            if self.disagree() { "  DISAGREE" } else { "  agree" }
+        )
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else if a == 0.0 {
+        1.0
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// The `--compare-drivers` table.
+pub fn comparison_markdown(rows: &[DriverComparison]) -> String {
+    let mut md = format!(
+        "# Load drivers compared\n\nEach step run with the built-in generator and with wrk, one right after \
+         the other, against the same system. Ratios are wrk / built-in; a step is flagged when \
+         requests/s or p50 differ by more than {:.0}% or either run had errors.\n\n\
+         | scenario | system | conns | req/s builtin | req/s wrk | ratio | p50 builtin (ms) | p50 wrk (ms) | ratio | verdict |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        AGREEMENT * 100.0
+    );
+    for r in rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {} |\n",
+            r.scenario,
+            r.system,
+            r.connections,
+            r.rps.0,
+            r.rps.1,
+            r.rps_ratio(),
+            r.p50_ms.0,
+            r.p50_ms.1,
+            r.p50_ratio(),
+            match (r.disagree(), r.errors) {
+                (_, true) => "**errors**",
+                (true, false) => "**disagree**",
+                (false, false) => "agree",
+            }
+        ));
+    }
+    md
 }
 
 fn sleep_until(t: Instant) {
@@ -722,6 +966,78 @@ mod tests {
         assert!(scenarios(&parse(&["--preset", "1999"])).is_err());
         let custom = scenarios(&parse(&["--connections", "10,20"])).unwrap();
         assert_eq!(custom[0].connections, [10, 20]);
+    }
+
+    #[test]
+    fn driver_flags() {
+        let a = parse(&[]);
+        assert_eq!((a.driver, a.compare_drivers), (Driver::Builtin, false));
+        let a = parse(&["--driver", "wrk", "--compare-drivers"]);
+        assert_eq!((a.driver, a.compare_drivers), (Driver::Wrk, true));
+        assert_eq!(a.driver.other(), Driver::Builtin);
+        assert!(Cli::try_parse_from(["bench", "--driver", "ab"]).is_err());
+        assert_eq!(driver_note(&parse(&[])).unwrap(), "builtin");
+        if wrk::find_wrk().is_some() {
+            let e = driver_note(&parse(&["--driver", "wrk", "-R", "100"])).unwrap_err();
+            assert!(e.contains("closed loop"), "{e}");
+            assert!(driver_note(&parse(&["--driver", "wrk"]))
+                .unwrap()
+                .starts_with("wrk ("));
+        } else {
+            let e = driver_note(&parse(&["--driver", "wrk"])).unwrap_err();
+            assert!(e.contains("wrk is not installed"), "{e}");
+        }
+    }
+
+    #[test]
+    fn driver_agreement() {
+        let report = |rps: f64, p50: f64| LoadReport {
+            requests_per_sec: rps,
+            latency_ms: crate::load::LatencySummary {
+                p50,
+                ..Default::default()
+            },
+            ..run_load_report_template()
+        };
+        let c = DriverComparison::new(
+            "saturation",
+            "direct",
+            20,
+            &report(1000.0, 2.0),
+            &report(1090.0, 1.85),
+        );
+        assert!((c.rps_ratio() - 1.09).abs() < 1e-9);
+        assert!((c.p50_ratio() - 0.925).abs() < 1e-9);
+        assert!(!c.disagree());
+        assert!(c.line().ends_with("agree"));
+        let c = DriverComparison::new(
+            "ramp",
+            "keymaster",
+            20,
+            &report(1000.0, 2.0),
+            &report(880.0, 2.0),
+        );
+        assert!(c.disagree());
+        let c = DriverComparison::new(
+            "ramp",
+            "keymaster",
+            20,
+            &report(1000.0, 2.0),
+            &report(1000.0, 2.3),
+        );
+        assert!(c.disagree());
+        let md = comparison_markdown(&[c]);
+        assert!(md.contains("| ramp | keymaster | 20 | 1000 | 1000 | 1.000 | 2.000 | 2.300 | 1.150 | **disagree** |"), "{md}");
+        let c = DriverComparison::new("x", "y", 1, &report(0.0, 0.0), &report(0.0, 0.0));
+        assert!(!c.disagree());
+    }
+
+    fn run_load_report_template() -> LoadReport {
+        wrk::parse_wrk_output(
+            "  1 threads and 1 connections\n  10 requests in 1.00s, 1.00KB read\n    Latency 1ms 1ms 1ms 1%\n 50% 1ms\n 75% 1ms\n 90% 1ms\n 99% 1ms\nRequests/sec: 10\n",
+        )
+        .unwrap()
+        .to_report(&LoadConfig::default())
     }
 
     #[test]

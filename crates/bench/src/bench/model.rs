@@ -60,6 +60,9 @@ pub struct Settings {
     pub rate: Option<u64>,
     /// Open-files limit in force.
     pub nofile: u64,
+    /// Load driver: `builtin` or `wrk` (with wrk's version), plus a note under
+    /// `--compare-drivers`. Empty in runs recorded before the flag existed.
+    pub driver: String,
 }
 
 /// A system and whether it ran.

@@ -108,6 +108,9 @@ pub fn report_markdown(run: &BenchRun) -> String {
         _ => "not pinned (all processes share all CPUs)".to_owned(),
     };
     let _ = writeln!(md, "- pinning: {pin}");
+    if !st.driver.is_empty() {
+        let _ = writeln!(md, "- load driver: {}", st.driver);
+    }
     let mode = st.rate.map_or_else(
         || "closed loop (like wrk)".to_owned(),
         |r| format!("open loop at {r} req/s (like wrk2)"),

@@ -234,7 +234,7 @@ impl CpuSet {
             .join(",")
     }
 
-    fn to_libc(&self) -> libc::cpu_set_t {
+    pub(crate) fn to_libc(&self) -> libc::cpu_set_t {
         // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
         for &cpu in &self.0 {
