@@ -26,11 +26,12 @@ use crate::access_log::LogRecord;
 use crate::body::{OriginBody, RequestBody, RequestBodyState, ResponseBody};
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind};
+use crate::filter::FilterCtx;
 use crate::headers::{self as hdr, parse_content_length};
 use crate::respond::error_response;
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
-use crate::upstream::{connect::connect, pool::Conn, OriginServer};
+use crate::upstream::{connect::connect, pool::Conn, Cluster, OriginServer};
 
 /// Serve one request. Never fails: errors become responses here.
 pub(crate) async fn handle(
@@ -46,6 +47,12 @@ pub(crate) async fn handle(
         info.log = Some(Box::new(LogRecord::from_request(&req, &cx)));
     }
     match proxy(&cx, &snapshot, req, start, &mut info).await {
+        Ok(resp) if info.local.is_some() => {
+            // Answered by the filter chain: no `Exchange`, finish here.
+            finish_local(&cx, &mut info, resp.status().as_u16(), start);
+            drop(inflight);
+            Ok(resp)
+        }
         Ok(resp) => {
             // The response body's `Exchange` now finishes the request.
             inflight.0 = None;
@@ -101,6 +108,38 @@ struct RequestInfo {
     request_id: Option<HeaderValue>,
     route: Option<Arc<Route>>,
     log: Option<Box<LogRecord>>,
+    /// The filter chain answered: `"filter_response"`, or `"local_filter_error"`.
+    local: Option<&'static str>,
+}
+
+/// Metrics and the access log line of a response the filter chain made.
+fn finish_local(cx: &ConnCtx, info: &mut RequestInfo, status: u16, start: Instant) {
+    let elapsed = start.elapsed();
+    let category = info.local.unwrap_or("filter_response");
+    if category != "filter_response" {
+        cx.worker.shared.metrics.error(category, "internal");
+    }
+    if let Some(route) = &info.route {
+        route.metrics.count(status);
+        route.metrics.latency.observe(elapsed.as_secs_f64());
+    }
+    if let Some(mut log) = info.log.take() {
+        log.status = status;
+        log.category = category;
+        log.duration_us = elapsed.as_micros() as u64;
+        if let Some(l) = &cx.worker.shared.access_log {
+            l.write(&log);
+        }
+    }
+}
+
+/// The 500 for a failed filter (through `respond`, like every error).
+fn filter_failed(
+    snapshot: &Snapshot,
+    rid: (&http::HeaderName, &HeaderValue),
+) -> Response<ResponseBody> {
+    let err = Error::new(Kind::FilterFailed, "a filter failed");
+    error_response(&err, Some(rid), snapshot.stamps.via(Version::HTTP_11))
 }
 
 async fn proxy(
@@ -111,6 +150,29 @@ async fn proxy(
     info: &mut RequestInfo,
 ) -> Result<Response<ResponseBody>, Error> {
     let listener = &cx.listener;
+    let mut req = req;
+    let mut fctx = None;
+    let (mut cluster, mut upstream_path, mut upstream_host) = (None, None, None);
+    let mut matched = None;
+    if !snapshot.filters.is_empty() {
+        // Pre and route filters (after the route is matched, see `route_first`).
+        match route_first(cx, snapshot, &mut req, info).await? {
+            Err(resp) => return Ok(resp),
+            Ok((mut ctx, route)) => {
+                matched = Some(route);
+                *req.headers_mut() = snapshot.filters.request_headers(&mut ctx);
+                if let Some(name) = ctx.cluster.take() {
+                    let c = snapshot.clusters.get(&name).ok_or_else(|| {
+                        Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")
+                    })?;
+                    cluster = Some(c.clone());
+                }
+                upstream_path = ctx.path.take();
+                upstream_host = ctx.host.take();
+                fctx = Some(ctx);
+            }
+        }
+    }
     let (mut parts, body) = req.into_parts();
     let scan = hdr::HeadScan::of(&parts.headers);
     hdr::validate_request_head(
@@ -145,11 +207,15 @@ async fn proxy(
         .and_then(|h| h.to_str().ok())
         .map(host_without_port)
         .unwrap_or("");
-    let route = snapshot
-        .router
-        .find(host, parts.uri.path(), &parts.method, &parts.headers)
-        .ok_or_else(|| Error::new(Kind::NoRoute, "no route matches the request"))?
-        .clone();
+    // With filters the route was matched before them (`route_first`) and stays.
+    let route = match matched {
+        Some(r) => r,
+        None => snapshot
+            .router
+            .find(host, parts.uri.path(), &parts.method, &parts.headers)
+            .ok_or_else(|| Error::new(Kind::NoRoute, "no route matches the request"))?
+            .clone(),
+    };
     info.route = Some(route.clone());
     if let Some(log) = info.log.as_mut() {
         log.route = route.name.to_string();
@@ -205,7 +271,10 @@ async fn proxy(
     }
 
     // Request target: verbatim unless a rewrite is configured; origin-form upstream.
-    let rewritten = route.rewrite(parts.uri.path(), parts.uri.query());
+    let rewritten = match upstream_path {
+        Some(p) => Some(p),
+        None => route.rewrite(parts.uri.path(), parts.uri.query()),
+    };
     if let Some(target) = rewritten {
         parts.uri = Uri::try_from(target)
             .map_err(|_| Error::new(Kind::BadRequest, "rewritten target is invalid"))?;
@@ -221,7 +290,7 @@ async fn proxy(
     let client_version = parts.version;
     parts.version = Version::HTTP_11;
 
-    let cluster = route.cluster.clone();
+    let cluster = cluster.unwrap_or_else(|| route.cluster.clone());
     let server = cluster.pick().clone();
     match &route.host_rewrite {
         HostRewrite::Preserve => {
@@ -239,6 +308,9 @@ async fn proxy(
             parts.headers.insert(header::HOST, v.clone());
         }
     }
+    if let Some(h) = upstream_host {
+        parts.headers.insert(header::HOST, h);
+    }
     if let Some(log) = info.log.as_mut() {
         log.origin = server.label.to_string();
     }
@@ -250,6 +322,7 @@ async fn proxy(
     let (resp, conn, attempts) = send(
         cx,
         &route,
+        &cluster,
         &server,
         Request::from_parts(parts, upstream_body),
         body_empty,
@@ -279,7 +352,18 @@ async fn proxy(
     if !rparts.headers.contains_key(&listener.request_id_header) {
         rparts
             .headers
-            .insert(listener.request_id_header.clone(), rid);
+            .insert(listener.request_id_header.clone(), rid.clone());
+    }
+    if let Some(ctx) = fctx.as_mut() {
+        // Post filters over the origin's response head.
+        let id = (&listener.request_id_header, &rid);
+        let failed = || filter_failed(snapshot, id);
+        let (status, headers) = (&mut rparts.status, &mut rparts.headers);
+        if let Err(resp) = snapshot.filters.outbound(ctx, status, headers, failed).await {
+            // The origin's body is dropped unread, and its connection with it.
+            info.local = Some("local_filter_error");
+            return Ok(resp);
+        }
     }
     rparts.version = client_version;
 
@@ -292,6 +376,7 @@ async fn proxy(
     }
     let mut exchange = Exchange {
         conn: Some(conn),
+        cluster: cluster.clone(),
         cx: cx.clone(),
         route: route.clone(),
         reusable,
@@ -315,6 +400,71 @@ async fn proxy(
     Ok(Response::from_parts(rparts, ResponseBody::Origin(body)))
 }
 
+/// Validate the head, match the route, then run the pre and route filters. `Ok(Err(resp))`:
+/// the chain answered (or a filter failed) and `resp` is the response, post filters done.
+/// `proxy` validates the (possibly edited) head again and keeps the route matched here.
+async fn route_first(
+    cx: &Rc<ConnCtx>,
+    snapshot: &Snapshot,
+    req: &mut Request<Incoming>,
+    info: &mut RequestInfo,
+) -> Result<Result<(Box<FilterCtx>, Arc<Route>), Response<ResponseBody>>, Error> {
+    let listener = &cx.listener;
+    let scan = hdr::HeadScan::of(req.headers());
+    hdr::validate_request_head(
+        req.method(),
+        req.uri(),
+        req.version(),
+        req.headers(),
+        &scan,
+        &listener.limits,
+    )?;
+    let rid = match req.headers().get(&listener.request_id_header) {
+        Some(v) => v.clone(),
+        None => {
+            let v = hdr::new_request_id();
+            req.headers_mut()
+                .insert(listener.request_id_header.clone(), v.clone());
+            v
+        }
+    };
+    info.request_id = Some(rid.clone());
+    let host_value: Option<HeaderValue> = match req.uri().authority() {
+        Some(a) => HeaderValue::from_str(a.as_str()).ok(),
+        None => req.headers().get(header::HOST).cloned(),
+    };
+    let host = host_value
+        .as_ref()
+        .and_then(|h| h.to_str().ok())
+        .map(host_without_port)
+        .unwrap_or("");
+    let route = snapshot
+        .router
+        .find(host, req.uri().path(), req.method(), req.headers())
+        .ok_or_else(|| Error::new(Kind::NoRoute, "no route matches the request"))?
+        .clone();
+    info.route = Some(route.clone());
+    let mut ctx = Box::new(FilterCtx::new(req, cx.peer, route.name.clone()));
+    if snapshot.filters.inbound(&mut ctx).await {
+        return Ok(Ok((ctx, route)));
+    }
+    if let Some(log) = info.log.as_mut() {
+        log.route = route.name.to_string();
+        log.request_id = rid.to_str().unwrap_or("").to_string();
+    }
+    let id = (&listener.request_id_header, &rid);
+    let (resp, failed) = snapshot
+        .filters
+        .local_response(&mut ctx, id, || filter_failed(snapshot, id))
+        .await;
+    info.local = Some(if failed {
+        "local_filter_error"
+    } else {
+        "filter_response"
+    });
+    Ok(Err(resp))
+}
+
 fn connection_has_close(v: &HeaderValue) -> bool {
     v.to_str()
         .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
@@ -324,16 +474,17 @@ fn connection_has_close(v: &HeaderValue) -> bool {
 /// Send the request on a pooled or new connection. A request that fails on a reused
 /// connection before any response (the keep-alive race) is sent once more on a fresh one,
 /// if it was not sent at all or is bodyless and so can be replayed.
+#[allow(clippy::too_many_arguments)]
 async fn send(
     cx: &Rc<ConnCtx>,
     route: &Route,
+    cluster: &Arc<Cluster>,
     server: &Arc<OriginServer>,
     req: Request<RequestBody>,
     body_empty: bool,
     deadline: Option<Instant>,
     body_state: &RequestBodyState,
 ) -> Result<(Response<Incoming>, Conn, u32), Error> {
-    let cluster = &route.cluster;
     let pools = &cx.worker.pools;
     let mut reused = None;
     while let Some(mut c) = pools.checkout(server.state.id, Instant::now()) {
@@ -480,6 +631,8 @@ impl Drop for Outstanding {
 /// returns the upstream connection to the pool only after a clean, complete body.
 pub(crate) struct Exchange {
     conn: Option<Conn>,
+    /// The cluster the request went to (the route's, or one a route filter chose).
+    cluster: Arc<Cluster>,
     cx: Rc<ConnCtx>,
     route: Arc<Route>,
     reusable: bool,
@@ -512,8 +665,8 @@ impl Drop for Exchange {
         let now = Instant::now();
         if let Some(conn) = self.conn.take() {
             if complete && self.reusable && self.body_state.finished.get() {
-                let pool = &self.route.cluster.config.pool;
-                self.route.cluster.metrics.idle_connections.inc();
+                let pool = &self.cluster.config.pool;
+                self.cluster.metrics.idle_connections.inc();
                 self.cx
                     .worker
                     .pools
