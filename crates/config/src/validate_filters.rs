@@ -331,14 +331,20 @@ fn check_filter(
                 if !clusters.contains(&c.as_str()) {
                     p.push(
                         at.key("cluster"),
-                        format!("unknown cluster {c:?}; expected one of: {}", clusters.join(", ")),
+                        format!(
+                            "unknown cluster {c:?}; expected one of: {}",
+                            clusters.join(", ")
+                        ),
                     );
                 }
             }
             check_path(&f.path, at.key("path"), p);
             if let Some(h) = &f.host {
                 if h.is_empty() {
-                    p.push(at.key("host"), "must not be empty; expected e.g. \"api.internal\"");
+                    p.push(
+                        at.key("host"),
+                        "must not be empty; expected e.g. \"api.internal\"",
+                    );
                 } else {
                     check_header_value(h, at.key("host"), p);
                 }

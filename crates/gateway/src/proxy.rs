@@ -359,7 +359,11 @@ async fn proxy(
         let id = (&listener.request_id_header, &rid);
         let failed = || filter_failed(snapshot, id);
         let (status, headers) = (&mut rparts.status, &mut rparts.headers);
-        if let Err(resp) = snapshot.filters.outbound(ctx, status, headers, failed).await {
+        if let Err(resp) = snapshot
+            .filters
+            .outbound(ctx, status, headers, failed)
+            .await
+        {
             // The origin's body is dropped unread, and its connection with it.
             info.local = Some("local_filter_error");
             return Ok(resp);

@@ -70,7 +70,10 @@ pub(super) fn compile(f: &FilterConfig) -> Result<Vec<FilterSpec>, String> {
                     Some(value(&f.allowed_headers.join(", "))?)
                 },
                 credentials: f.allow_credentials,
-                max_age: f.max_age.map(|d| value(&d.get().as_secs().to_string())).transpose()?,
+                max_age: f
+                    .max_age
+                    .map(|d| value(&d.get().as_secs().to_string()))
+                    .transpose()?,
             });
             Ok(vec![
                 spec(FilterStage::Pre, Arc::new(CorsPre(cors.clone()))),
@@ -200,7 +203,7 @@ impl Cors {
                 HeaderValue::from_static("true"),
             );
         }
-        if !(self.any_origin && !self.credentials) {
+        if !self.any_origin || self.credentials {
             h.append(header::VARY, HeaderValue::from_static("Origin"));
         }
     }
@@ -270,7 +273,10 @@ struct IpFilter {
 impl Filter for IpFilter {
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         let ip = match ctx.client_ip() {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+            IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .map(IpAddr::V4)
+                .unwrap_or(IpAddr::V6(v6)),
             v4 => v4,
         };
         let denied = self.deny.iter().any(|n| n.contains(&ip))

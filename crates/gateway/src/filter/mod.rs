@@ -216,7 +216,12 @@ impl FilterCtx {
     /// `pre`/`route`: answer the request here (the proxy stage and later pre/route filters
     /// are skipped; post filters still run). `error`: the error response. Ignored in `post`
     /// (edit the response with [`FilterCtx::set_response_status`] and headers there).
-    pub fn respond(&mut self, status: StatusCode, headers: HeaderMap, body: impl Into<bytes::Bytes>) {
+    pub fn respond(
+        &mut self,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: impl Into<bytes::Bytes>,
+    ) {
         self.local = Some(LocalResponse {
             status,
             headers,
@@ -335,7 +340,8 @@ impl FilterChain {
         }
         let mut stages: [Vec<Entry>; 4] = Default::default();
         for s in specs {
-            let matcher = Matcher::compile(&s.matches).map_err(|e| format!("filter {}: {e}", s.name))?;
+            let matcher =
+                Matcher::compile(&s.matches).map_err(|e| format!("filter {}: {e}", s.name))?;
             stages[idx(s.stage)].push(Entry {
                 metrics: metrics.filter(&s.name),
                 name: s.name.as_str().into(),
@@ -374,10 +380,15 @@ impl FilterChain {
                 break; // answered: the rest of pre/route is skipped
             }
             let should = e.matcher.matches(ctx)
-                && match std::panic::catch_unwind(AssertUnwindSafe(|| e.filter.should_filter(ctx))) {
+                && match std::panic::catch_unwind(AssertUnwindSafe(|| e.filter.should_filter(ctx)))
+                {
                     Ok(b) => b,
                     Err(p) => {
-                        let f = self.failed(e, stage, format!("should_filter panicked: {}", panic_text(&p)));
+                        let f = self.failed(
+                            e,
+                            stage,
+                            format!("should_filter panicked: {}", panic_text(&p)),
+                        );
                         if stage == FilterStage::Error {
                             continue;
                         }
@@ -485,7 +496,9 @@ impl FilterChain {
         let (resp, was_failure) = Self::assemble(ctx, &failed);
         let (mut parts, body) = resp.into_parts();
         if !parts.headers.contains_key(request_id.0) {
-            parts.headers.insert(request_id.0.clone(), request_id.1.clone());
+            parts
+                .headers
+                .insert(request_id.0.clone(), request_id.1.clone());
         }
         let mut status = parts.status;
         match self
