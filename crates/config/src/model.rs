@@ -427,6 +427,8 @@ pub enum FilterType {
     RateLimit,
     /// Route stage: override the cluster, path and Host.
     Reroute,
+    /// Verify a JWT (HS256 or RS256) from a header; 401.
+    Jwt,
 }
 
 impl FilterType {
@@ -440,6 +442,7 @@ impl FilterType {
             FilterType::ApiKey => "api_key",
             FilterType::RateLimit => "rate_limit",
             FilterType::Reroute => "reroute",
+            FilterType::Jwt => "jwt",
         }
     }
 }
@@ -541,4 +544,39 @@ pub struct FilterConfig {
     pub path: Option<String>,
     /// reroute: the Host header sent upstream.
     pub host: Option<String>,
+
+    /// jwt: the verification keys (rotate them by reloading).
+    pub jwt_keys: Vec<JwtKey>,
+    /// jwt: the required `iss` claim.
+    pub issuer: Option<String>,
+    /// jwt: the required `aud` claim (one of, when the token has a list).
+    pub audience: Option<String>,
+    /// jwt: claim name → request header set from it (any incoming value is removed first).
+    pub claims_to_headers: BTreeMap<String, String>,
+}
+
+/// A JWT signature algorithm.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub enum JwtAlg {
+    /// HMAC with SHA-256 and a shared `secret`.
+    #[default]
+    HS256,
+    /// RSA PKCS#1 v1.5 with SHA-256 and a public key given as JWK `n` and `e`.
+    RS256,
+}
+
+/// One JWT verification key.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct JwtKey {
+    /// Key id matched against the token's `kid` (tokens without `kid` try every key of the alg).
+    pub kid: Option<String>,
+    /// `"HS256"` or `"RS256"`.
+    pub alg: JwtAlg,
+    /// HS256: the shared secret (UTF-8 text).
+    pub secret: Option<String>,
+    /// RS256: the modulus, base64url (JWK `n`).
+    pub n: Option<String>,
+    /// RS256: the exponent, base64url (JWK `e`, usually "AQAB").
+    pub e: Option<String>,
 }

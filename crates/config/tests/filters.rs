@@ -34,6 +34,15 @@ fn every_filter_key_is_documented() {
         cluster: Some("c".into()),
         path: Some("/".into()),
         host: Some("h".into()),
+        issuer: Some("i".into()),
+        audience: Some("a".into()),
+        jwt_keys: vec![JwtKey {
+            kid: Some("k".into()),
+            secret: Some("s".into()),
+            n: Some("n".into()),
+            e: Some("e".into()),
+            ..Default::default()
+        }],
         ..Default::default()
     };
     let v = serde_json::to_value(&f).unwrap();
@@ -42,7 +51,12 @@ fn every_filter_key_is_documented() {
         if !DOCS.contains(&format!("`{k}`")) {
             missing.push(k.clone());
         }
-        if let Some(m) = v.as_object() {
+        let nested = match v {
+            serde_json::Value::Object(m) => Some(m),
+            serde_json::Value::Array(a) => a.first().and_then(|v| v.as_object()),
+            _ => None,
+        };
+        if let Some(m) = nested {
             missing.extend(
                 m.keys()
                     .filter(|k| !DOCS.contains(&format!("`{k}`")))
@@ -70,7 +84,8 @@ servers = [{ address = "127.0.0.1:1" }]
 "#;
     let text = format!("{base}\n{}", filters_example());
     let c = load_str(&text, "example.toml").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(c.filters.len(), 6);
+    assert_eq!(c.filters.len(), 7);
     assert_eq!(c.filters[0].kind, FilterType::Cors);
-    assert_eq!(c.filters[5].stage, FilterStage::Post);
+    assert_eq!(c.filters[6].stage, FilterStage::Post);
+    assert_eq!(c.filters[3].jwt_keys[1].alg, JwtAlg::RS256);
 }

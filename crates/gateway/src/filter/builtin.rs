@@ -99,6 +99,7 @@ pub(super) fn compile(f: &FilterConfig) -> Result<Vec<FilterSpec>, String> {
                 header: f.header.as_deref().map(name).transpose()?,
             }))
         }
+        FilterType::Jwt => one(Arc::new(super::jwt::Jwt::compile(f)?)),
         FilterType::Reroute => one(Arc::new(Reroute {
             cluster: f.cluster.clone(),
             path: f.path.clone(),
@@ -128,7 +129,7 @@ fn nets(list: &[String]) -> Result<Vec<IpNet>, String> {
 }
 
 /// A plain-text answer from a filter.
-fn deny(ctx: &mut FilterCtx, status: StatusCode, mut headers: HeaderMap) {
+pub(super) fn deny(ctx: &mut FilterCtx, status: StatusCode, mut headers: HeaderMap) {
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -311,7 +312,7 @@ impl Filter for ApiKey {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

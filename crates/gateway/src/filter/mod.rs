@@ -9,6 +9,7 @@
 //! per worker, in thread-locals: no lock on the request path.
 
 mod builtin;
+mod jwt;
 
 use futures_util::FutureExt;
 use http::header::{HeaderName, HeaderValue};
