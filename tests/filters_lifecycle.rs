@@ -497,3 +497,59 @@ async fn native_name_clash_with_config_is_refused() {
     .expect("refused");
     assert!(err.contains("filter dup"), "{err}");
 }
+
+/// Error stage: names the failure in `x-failed-filter` / `x-failure` and answers 503 only
+/// for origin errors.
+struct OriginDown;
+impl Filter for OriginDown {
+    fn should_filter(&self, ctx: &FilterCtx) -> bool {
+        ctx.failure().is_some_and(|f| &*f.filter == "proxy")
+    }
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let f = ctx.failure().unwrap().message.clone();
+        let mut h = HeaderMap::new();
+        h.insert("x-failure", HeaderValue::from_str(&f).unwrap());
+        ctx.respond(StatusCode::SERVICE_UNAVAILABLE, h, "origin down, sorry\n");
+        done(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn proxy_errors_run_error_and_post_filters() {
+    let o = echo_origin("o").await;
+    let dead = free_addr(); // nothing listens: connect is refused
+    let g = start(
+        &cfg(o.addr, dead, ""),
+        vec![
+            spec("chooser", FilterStage::Route, 0, Chooser),
+            spec("out", FilterStage::Post, 0, TrailOut),
+        ],
+    );
+    let mut c = Client::connect(g.addr).await;
+    let r = send(&mut c, "/alt", &[]).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(
+        r.headers["x-post-saw"], "502",
+        "post filters see proxy errors"
+    );
+    assert!(r.headers.contains_key("x-request-id"));
+    assert_eq!(send(&mut c, "/x", &[]).await.status, 200);
+
+    let g2 = start(
+        &cfg(o.addr, dead, ""),
+        vec![
+            spec("chooser", FilterStage::Route, 0, Chooser),
+            spec("down", FilterStage::Error, 0, OriginDown),
+            spec("out", FilterStage::Post, 0, TrailOut),
+        ],
+    );
+    let mut c = Client::connect(g2.addr).await;
+    let r = send(&mut c, "/alt", &[]).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.headers["x-failure"], "origin_connectivity");
+    assert_eq!(r.headers["x-post-saw"], "503");
+    assert_eq!(body(&r), "origin down, sorry\n");
+    // The error filter's should_filter leaves filter failures alone; other paths proxy.
+    assert_eq!(send(&mut c, "/x", &[]).await.status, 200);
+    drop(g);
+}

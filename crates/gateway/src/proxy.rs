@@ -64,7 +64,15 @@ pub(crate) async fn handle(
                 .request_id
                 .as_ref()
                 .map(|v| (&cx.listener.request_id_header, v));
-            let resp = error_response(&err, rid, via);
+            let mut resp = error_response(&err, rid, via);
+            if let (Some(ctx), Some(rid)) = (info.fctx.as_mut(), rid) {
+                // Past the pre/route filters: error and post filters see proxy errors too.
+                let failed = || error_response(&err, Some(rid), via);
+                resp = snapshot
+                    .filters
+                    .proxy_error(ctx, err.category(), resp, &failed)
+                    .await;
+            }
             let status = resp.status().as_u16();
             let elapsed = start.elapsed();
             cx.worker
@@ -110,6 +118,8 @@ struct RequestInfo {
     log: Option<Box<LogRecord>>,
     /// The filter chain answered: `"filter_response"`, or `"local_filter_error"`.
     local: Option<&'static str>,
+    /// The filter context once pre and route filters have run.
+    fctx: Option<Box<FilterCtx>>,
 }
 
 /// Metrics and the access log line of a response the filter chain made.
@@ -151,7 +161,6 @@ async fn proxy(
 ) -> Result<Response<ResponseBody>, Error> {
     let listener = &cx.listener;
     let mut req = req;
-    let mut fctx = None;
     let (mut cluster, mut upstream_path, mut upstream_host) = (None, None, None);
     let mut matched = None;
     if !snapshot.filters.is_empty() {
@@ -169,7 +178,7 @@ async fn proxy(
                 }
                 upstream_path = ctx.path.take();
                 upstream_host = ctx.host.take();
-                fctx = Some(ctx);
+                info.fctx = Some(ctx);
             }
         }
     }
@@ -354,7 +363,7 @@ async fn proxy(
             .headers
             .insert(listener.request_id_header.clone(), rid.clone());
     }
-    if let Some(ctx) = fctx.as_mut() {
+    if let Some(ctx) = info.fctx.as_mut() {
         // Post filters over the origin's response head.
         let id = (&listener.request_id_header, &rid);
         let failed = || filter_failed(snapshot, id);

@@ -514,6 +514,52 @@ impl FilterChain {
         }
     }
 
+    /// The proxy stage failed after the pre and route filters ran (502, 504, 413, ...): the
+    /// error filters run with `failure()` naming filter `"proxy"` and the error category;
+    /// their response, or `resp`, then goes through the post filters.
+    pub(crate) async fn proxy_error(
+        &self,
+        ctx: &mut FilterCtx,
+        category: &'static str,
+        resp: Response<ResponseBody>,
+        failed: &impl Fn() -> Response<ResponseBody>,
+    ) -> Response<ResponseBody> {
+        let (mut parts, mut body) = resp.into_parts();
+        if !self.stages[3].is_empty() {
+            ctx.local = None;
+            ctx.failure = Some(Failure {
+                filter: "proxy".into(),
+                stage: FilterStage::Route,
+                message: category.to_string(),
+            });
+            let _ = self.run_stage(FilterStage::Error, ctx).await;
+            if let Some(l) = ctx.local.take() {
+                // Keep the gateway's own duties (request id, Connection: close) unless the
+                // error filter set them.
+                let mut headers = l.headers;
+                for (name, value) in parts.headers.iter() {
+                    if *name != http::header::CONTENT_TYPE && !headers.contains_key(name) {
+                        headers.insert(name.clone(), value.clone());
+                    }
+                }
+                parts.status = l.status;
+                parts.headers = headers;
+                body = ResponseBody::full(l.body);
+            }
+        }
+        let mut status = parts.status;
+        match self
+            .outbound(ctx, &mut status, &mut parts.headers, failed)
+            .await
+        {
+            Ok(()) => {
+                parts.status = status;
+                Response::from_parts(parts, body)
+            }
+            Err(r) => r,
+        }
+    }
+
     /// `ctx.local` as a response, else `failed()`; the flag says whether it is a failure.
     fn assemble(
         ctx: &mut FilterCtx,
