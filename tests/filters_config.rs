@@ -180,3 +180,14 @@ fn type_specific_values() {
         ],
     );
 }
+
+#[test]
+fn filter_debug_is_validated() {
+    expect(
+        "[filter_debug]\nheader = \"bad header\"\nsecret = \"short\"\n",
+        &[
+            "gw.toml:14:1: filter_debug.header: \"bad header\" is not a valid HTTP header name",
+            "gw.toml:15:1: filter_debug.secret: too short",
+        ],
+    );
+}

@@ -553,3 +553,63 @@ async fn proxy_errors_run_error_and_post_filters() {
     assert_eq!(send(&mut c, "/x", &[]).await.status, 200);
     drop(g);
 }
+
+#[tokio::test]
+async fn debug_mode_traces_filters_for_requests_with_the_secret() {
+    let o = echo_origin("o").await;
+    let alt = echo_origin("alt").await;
+    let g = start(
+        &cfg(
+            o.addr,
+            alt.addr,
+            "[filter_debug]\nsecret = \"0123456789abcdef\"\n",
+        ),
+        vec![
+            spec("a", FilterStage::Pre, 0, Tag("a")),
+            spec("only-api", FilterStage::Pre, 1, Tag("api")).with_match(only_path("/api")),
+            spec("fail", FilterStage::Pre, 2, Fail).with_match(only_path("/fail")),
+            spec("out", FilterStage::Post, 0, TrailOut),
+        ],
+    );
+    let mut c = Client::connect(g.addr).await;
+    let r = send(&mut c, "/x", &[("x-keymaster-debug", "0123456789abcdef")]).await;
+    let trace = r.headers["x-keymaster-filters"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let names: Vec<&str> = trace
+        .split(", ")
+        .map(|e| e.split('/').next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "pre:a=ran",
+            "pre:only-api=skip",
+            "pre:fail=skip",
+            "post:out=ran"
+        ],
+        "{trace}"
+    );
+    assert!(
+        !body(&r).contains("0123456789abcdef"),
+        "the secret is not forwarded"
+    );
+    let r = send(
+        &mut c,
+        "/fail",
+        &[("x-keymaster-debug", "0123456789abcdef")],
+    )
+    .await;
+    assert_eq!(r.status, 500);
+    let trace = r.headers["x-keymaster-filters"].to_str().unwrap();
+    assert!(trace.contains("pre:fail=failed/"), "{trace}");
+    // Without the secret (or with a wrong one): no trace.
+    let r = send(&mut c, "/x", &[("x-keymaster-debug", "wrong")]).await;
+    assert!(!r.headers.contains_key("x-keymaster-filters"));
+    assert!(body(&r).contains("x-keymaster-debug: wrong"));
+    assert!(!send(&mut c, "/x", &[])
+        .await
+        .headers
+        .contains_key("x-keymaster-filters"));
+}

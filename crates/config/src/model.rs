@@ -27,6 +27,28 @@ pub struct Config {
     pub clusters: Vec<ClusterConfig>,
     /// `[[filters]]`: built-in filters of the filter chain (see `docs/filters.md`).
     pub filters: Vec<FilterConfig>,
+    /// `[filter_debug]`: per-request filter traces for requests carrying a secret.
+    pub filter_debug: FilterDebugConfig,
+}
+
+/// Filter debug mode: a request whose `header` equals `secret` gets a response header
+/// `x-keymaster-filters` listing which filters ran or were skipped, in order, with times.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilterDebugConfig {
+    /// The request header carrying the secret (removed before forwarding).
+    pub header: String,
+    /// The secret; absent means debug mode is off.
+    pub secret: Option<String>,
+}
+
+impl Default for FilterDebugConfig {
+    fn default() -> Self {
+        Self {
+            header: "x-keymaster-debug".into(),
+            secret: None,
+        }
+    }
 }
 
 /// Process-wide settings.

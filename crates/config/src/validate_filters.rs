@@ -92,6 +92,19 @@ pub(crate) fn check_filters(config: &Config, p: &mut Problems) {
     for (i, f) in config.filters.iter().enumerate() {
         check_filter(f, &base.index(i), &routes, &clusters, p);
     }
+    let d = &config.filter_debug;
+    let at = KeyPath::root().key("filter_debug");
+    check_header_name(&d.header, at.key("header"), p);
+    if let Some(s) = &d.secret {
+        if s.len() < 16 {
+            p.push(
+                at.key("secret"),
+                "too short; expected at least 16 characters (it guards internal details)",
+            );
+        } else {
+            check_header_value(s, at.key("secret"), p);
+        }
+    }
 }
 
 fn check_methods(methods: &[String], at: &KeyPath, p: &mut Problems) {

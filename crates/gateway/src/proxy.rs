@@ -458,6 +458,7 @@ async fn route_first(
         .clone();
     info.route = Some(route.clone());
     let mut ctx = Box::new(FilterCtx::new(req, cx.peer, route.name.clone()));
+    snapshot.filters.start_debug(&mut ctx);
     if snapshot.filters.inbound(&mut ctx).await {
         return Ok(Ok((ctx, route)));
     }

@@ -412,3 +412,62 @@ impl Filter for Reroute {
         done(Ok(()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(name: &str, rate: f64, burst: f64) -> RateLimit {
+        RateLimit {
+            name: name.into(),
+            rate,
+            burst,
+            key: RateLimitKey::ClientIp,
+            header: None,
+        }
+    }
+
+    #[test]
+    fn token_bucket_refills_at_the_rate() {
+        let rl = limiter("unit-a", 2.0, 3.0); // 2 tokens/s, bucket 3
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(rl.take("k".into(), t0), Ok(()));
+        }
+        assert_eq!(
+            rl.take("k".into(), t0),
+            Err(1),
+            "empty: next token in 0.5 s → 1 s"
+        );
+        assert_eq!(
+            rl.take("other".into(), t0),
+            Ok(()),
+            "keys have their own buckets"
+        );
+        let t1 = t0 + Duration::from_millis(500);
+        assert_eq!(rl.take("k".into(), t1), Ok(()));
+        assert!(rl.take("k".into(), t1).is_err());
+        // Refill is capped at the burst.
+        let t2 = t1 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(rl.take("k".into(), t2), Ok(()));
+        }
+        assert!(rl.take("k".into(), t2).is_err());
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        let rl = limiter("unit-b", 1.0 / 90.0, 1.0); // one per 90 s
+        let t0 = Instant::now();
+        assert_eq!(rl.take("k".into(), t0), Ok(()));
+        assert_eq!(rl.take("k".into(), t0), Err(90));
+        assert_eq!(rl.take("k".into(), t0 + Duration::from_secs(30)), Err(60));
+    }
+
+    #[test]
+    fn constant_time_compare() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

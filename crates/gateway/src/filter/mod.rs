@@ -124,6 +124,8 @@ pub struct FilterCtx {
     local: Option<LocalResponse>,
     response: Option<(StatusCode, HeaderMap)>,
     failure: Option<Failure>,
+    /// Debug mode: one entry per filter considered.
+    debug: Option<Vec<String>>,
 }
 
 impl FilterCtx {
@@ -143,6 +145,7 @@ impl FilterCtx {
             local: None,
             response: None,
             failure: None,
+            debug: None,
         }
     }
 
@@ -305,6 +308,8 @@ struct Entry {
 /// One config version's filters, sorted per stage by (order, name).
 pub(crate) struct FilterChain {
     stages: [Vec<Entry>; 4],
+    /// Debug mode: the header and the secret it must carry.
+    debug: Option<(HeaderName, Vec<u8>)>,
     empty: bool,
     /// Post or error filters exist: they get a copy of the request headers.
     outbound: bool,
@@ -354,7 +359,16 @@ impl FilterChain {
         for st in stages.iter_mut() {
             st.sort_by(|a, b| a.order.cmp(&b.order).then_with(|| a.name.cmp(&b.name)));
         }
+        let d = &config.filter_debug;
+        let debug = match &d.secret {
+            Some(secret) => Some((
+                HeaderName::from_bytes(d.header.as_bytes()).map_err(|e| e.to_string())?,
+                secret.as_bytes().to_vec(),
+            )),
+            None => None,
+        };
         Ok(FilterChain {
+            debug,
             empty: stages.iter().all(|s| s.is_empty()),
             outbound: !stages[2].is_empty() || !stages[3].is_empty(),
             stages,
@@ -398,12 +412,28 @@ impl FilterChain {
                 };
             if !should {
                 e.metrics.skips.inc();
+                if let Some(d) = ctx.debug.as_mut() {
+                    d.push(format!("{}:{}=skip", stage.as_str(), e.name));
+                }
                 continue;
             }
             e.metrics.invocations.inc();
             let t = Instant::now();
             let r = AssertUnwindSafe(e.filter.run(ctx)).catch_unwind().await;
-            e.metrics.duration.observe(t.elapsed().as_secs_f64());
+            let took = t.elapsed();
+            e.metrics.duration.observe(took.as_secs_f64());
+            if let Some(d) = ctx.debug.as_mut() {
+                let what = match &r {
+                    Ok(Ok(())) => "ran",
+                    _ => "failed",
+                };
+                d.push(format!(
+                    "{}:{}={what}/{}us",
+                    stage.as_str(),
+                    e.name,
+                    took.as_micros()
+                ));
+            }
             let message = match r {
                 Ok(Ok(())) => continue,
                 Ok(Err(err)) => err.0,
@@ -432,6 +462,30 @@ impl FilterChain {
         ctx.local = None;
         ctx.failure = Some(f);
         let _ = self.run_stage(FilterStage::Error, ctx).await;
+    }
+
+    /// Debug mode: when the request carries the secret, trace this request's filters (and
+    /// remove the header so it never reaches the origin).
+    pub(crate) fn start_debug(&self, ctx: &mut FilterCtx) {
+        if let Some((name, secret)) = &self.debug {
+            let hit = ctx
+                .headers
+                .get(name)
+                .is_some_and(|v| builtin::constant_time_eq(v.as_bytes(), secret));
+            if hit {
+                ctx.headers.remove(name);
+                ctx.debug = Some(Vec::new());
+            }
+        }
+    }
+
+    /// Debug mode: the trace as the `x-keymaster-filters` response header.
+    fn stamp_debug(ctx: &mut FilterCtx, headers: &mut HeaderMap) {
+        if let Some(d) = ctx.debug.take() {
+            if let Ok(v) = HeaderValue::from_str(&d.join(", ")) {
+                headers.insert(HeaderName::from_static("x-keymaster-filters"), v);
+            }
+        }
     }
 
     /// Run `pre` then `route`. `true`: proxy the request. `false`: answer it with
@@ -468,6 +522,7 @@ impl FilterChain {
         failed: impl Fn() -> Response<ResponseBody>,
     ) -> Result<(), Response<ResponseBody>> {
         if self.stages[2].is_empty() {
+            Self::stamp_debug(ctx, headers);
             return Ok(());
         }
         ctx.response = Some((*status, std::mem::take(headers)));
@@ -476,11 +531,14 @@ impl FilterChain {
                 let (s, h) = ctx.response.take().unwrap_or_default();
                 *status = s;
                 *headers = h;
+                Self::stamp_debug(ctx, headers);
                 Ok(())
             }
             Err(f) => {
                 self.fail(ctx, f).await;
-                Err(Self::assemble(ctx, &failed).0)
+                let mut r = Self::assemble(ctx, &failed).0;
+                Self::stamp_debug(ctx, r.headers_mut());
+                Err(r)
             }
         }
     }
