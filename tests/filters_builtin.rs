@@ -503,3 +503,35 @@ match = { path_prefix = "/items" }
     assert_eq!(head_header(&b, "host"), Some("alt.internal"));
     assert_eq!(req(&mut c, "GET", "/x", &[]).await.headers["x-origin"], "o");
 }
+
+#[tokio::test]
+async fn cors_headers_also_on_answers_of_later_filters() {
+    let f = fixture(
+        r#"
+[[filters]]
+name = "cors"
+type = "cors"
+order = -10
+allowed_origins = ["https://app.example.com"]
+
+[[filters]]
+name = "keys"
+type = "api_key"
+keys = ["k1"]
+"#,
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    let r = req(
+        &mut c,
+        "GET",
+        "/x",
+        &[("origin", "https://app.example.com")],
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.headers["access-control-allow-origin"],
+        "https://app.example.com"
+    );
+}

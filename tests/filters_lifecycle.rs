@@ -613,3 +613,35 @@ async fn debug_mode_traces_filters_for_requests_with_the_secret() {
         .headers
         .contains_key("x-keymaster-filters"));
 }
+
+/// Post: echoes the request's `x-in` header as `x-in-seen` (or "none").
+struct SeesRequest(bool);
+impl Filter for SeesRequest {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let v = ctx
+            .request_headers()
+            .get("x-in")
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("none"));
+        ctx.response_headers_mut().unwrap().insert("x-in-seen", v);
+        done(Ok(()))
+    }
+    fn needs_request_headers(&self) -> bool {
+        self.0
+    }
+}
+
+#[tokio::test]
+async fn post_filters_see_request_headers_only_when_they_ask() {
+    let o = echo_origin("o").await;
+    let alt = echo_origin("alt").await;
+    for (asks, want) in [(true, "1"), (false, "none")] {
+        let g = start(
+            &cfg(o.addr, alt.addr, ""),
+            vec![spec("sees", FilterStage::Post, 0, SeesRequest(asks))],
+        );
+        let mut c = Client::connect(g.addr).await;
+        let r = send(&mut c, "/x", &[("x-in", "1")]).await;
+        assert_eq!(r.headers["x-in-seen"], want);
+    }
+}

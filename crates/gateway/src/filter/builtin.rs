@@ -210,20 +210,31 @@ impl Cors {
     }
 }
 
-/// Answers preflights.
+/// Where the pre half leaves an allowed Origin for the post half.
+const CORS_ORIGIN: &str = "keymaster.cors.origin";
+
+/// Answers preflights; notes an allowed Origin of other requests for the post half.
 struct CorsPre(Arc<Cors>);
 
 impl Filter for CorsPre {
     fn should_filter(&self, ctx: &FilterCtx) -> bool {
-        ctx.method() == Method::OPTIONS
-            && ctx.request_headers().contains_key(header::ORIGIN)
-            && ctx
-                .request_headers()
-                .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+        ctx.request_headers().contains_key(header::ORIGIN)
     }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         let c = &self.0;
-        let Some(origin) = c.allowed_origin(ctx.request_headers()).cloned() else {
+        let allowed = c.allowed_origin(ctx.request_headers()).cloned();
+        let preflight = ctx.method() == Method::OPTIONS
+            && ctx
+                .request_headers()
+                .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+        if !preflight {
+            if let Some(o) = allowed.as_ref().and_then(|o| o.to_str().ok()) {
+                let o = o.to_string();
+                ctx.meta_mut().insert(CORS_ORIGIN.into(), o);
+            }
+            return done(Ok(()));
+        }
+        let Some(origin) = allowed else {
             deny(ctx, StatusCode::FORBIDDEN, HeaderMap::new());
             return done(Ok(()));
         };
@@ -251,10 +262,14 @@ struct CorsPost(Arc<Cors>);
 
 impl Filter for CorsPost {
     fn should_filter(&self, ctx: &FilterCtx) -> bool {
-        ctx.request_headers().contains_key(header::ORIGIN)
+        ctx.meta().contains_key(CORS_ORIGIN)
     }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
-        let Some(origin) = self.0.allowed_origin(ctx.request_headers()).cloned() else {
+        let Some(origin) = ctx
+            .meta()
+            .get(CORS_ORIGIN)
+            .and_then(|o| HeaderValue::from_str(o).ok())
+        else {
             return done(Ok(()));
         };
         if let Some(h) = ctx.response_headers_mut() {
