@@ -149,7 +149,7 @@ impl Filter for Fail {
 struct Panic;
 impl Filter for Panic {
     fn run<'a>(&'a self, _ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
-        Box::pin(async {
+        FilterFuture::new(async {
             tokio::task::yield_now().await;
             panic!("deliberate panic in a native filter");
         })

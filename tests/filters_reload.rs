@@ -66,7 +66,7 @@ set = {{ x-v = "{v}" }}
 struct Yielder;
 impl Filter for Yielder {
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
-        Box::pin(async move {
+        FilterFuture::new(async move {
             for _ in 0..3 {
                 tokio::task::yield_now().await;
             }

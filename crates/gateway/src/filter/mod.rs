@@ -27,7 +27,37 @@ use crate::metrics::{FilterMetrics, Metrics};
 pub use keymaster_config::{FilterMatch, FilterStage};
 
 /// What a filter's `run` returns: a future polled on the worker thread (not `Send`).
-pub type FilterFuture<'a> = Pin<Box<dyn Future<Output = Result<(), FilterError>> + 'a>>;
+/// [`done`] makes a finished one without allocating (synchronous filters, the common case);
+/// [`FilterFuture::new`] boxes an `async` block.
+pub struct FilterFuture<'a>(Run<'a>);
+
+enum Run<'a> {
+    Ready(Option<Result<(), FilterError>>),
+    Boxed(Pin<Box<dyn Future<Output = Result<(), FilterError>> + 'a>>),
+}
+
+impl<'a> FilterFuture<'a> {
+    /// An asynchronous filter run (boxed).
+    pub fn new(f: impl Future<Output = Result<(), FilterError>> + 'a) -> Self {
+        FilterFuture(Run::Boxed(Box::pin(f)))
+    }
+}
+
+impl Future for FilterFuture<'_> {
+    type Output = Result<(), FilterError>;
+    fn poll(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match &mut self.get_mut().0 {
+            Run::Ready(r) => std::task::Poll::Ready(
+                r.take()
+                    .unwrap_or_else(|| Err("filter future polled after completion".into())),
+            ),
+            Run::Boxed(f) => f.as_mut().poll(cx),
+        }
+    }
+}
 
 /// A filter failed: the chain runs the `error` stage, then answers 500 unless an error
 /// filter set a response. The message goes to the log, never to the client.
@@ -59,9 +89,9 @@ pub trait Filter: Send + Sync + 'static {
     }
 }
 
-/// A finished [`FilterFuture`] for filters that do not await anything.
+/// A finished [`FilterFuture`] for filters that do not await anything (no allocation).
 pub fn done<'a>(result: Result<(), FilterError>) -> FilterFuture<'a> {
-    Box::pin(std::future::ready(result))
+    FilterFuture(Run::Ready(Some(result)))
 }
 
 /// A filter registered in code, added to every config version's chain (see
