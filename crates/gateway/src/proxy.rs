@@ -1,10 +1,10 @@
 //! The proxy stage: one downstream request in, one response out.
 //!
 //! ```text
-//! handle ─► validate head ─► route ─► body cap ─► request headers ─► pick server
+//! handle ─► validate head ─► route ─► [pre, route filters] ─► body cap ─► request headers ─► pick server
 //!        ─► pool checkout | connect ─► send (response-header timeout)
 //!             └─ stale pooled connection failed before a response? retry once, fresh
-//!        ─► validate response ─► response headers ─► stream body (Exchange)
+//!        ─► validate response ─► response headers ─► [post filters] ─► stream body (Exchange)
 //!  any Err ─► respond::error_response (the one place errors become responses)
 //! ```
 //!
@@ -160,30 +160,9 @@ async fn proxy(
     info: &mut RequestInfo,
 ) -> Result<Response<ResponseBody>, Error> {
     let listener = &cx.listener;
-    let mut req = req;
     let (mut cluster, mut upstream_path, mut upstream_host) = (None, None, None);
-    let mut matched = None;
-    if !snapshot.filters.is_empty() {
-        // Pre and route filters (after the route is matched, see `route_first`).
-        match route_first(cx, snapshot, &mut req, info).await? {
-            Err(resp) => return Ok(resp),
-            Ok((mut ctx, route)) => {
-                matched = Some(route);
-                *req.headers_mut() = snapshot.filters.request_headers(&mut ctx);
-                if let Some(name) = ctx.cluster.take() {
-                    let c = snapshot.clusters.get(&name).ok_or_else(|| {
-                        Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")
-                    })?;
-                    cluster = Some(c.clone());
-                }
-                upstream_path = ctx.path.take();
-                upstream_host = ctx.host.take();
-                info.fctx = Some(ctx);
-            }
-        }
-    }
     let (mut parts, body) = req.into_parts();
-    let scan = hdr::HeadScan::of(&parts.headers);
+    let mut scan = hdr::HeadScan::of(&parts.headers);
     hdr::validate_request_head(
         &parts.method,
         &parts.uri,
@@ -207,7 +186,7 @@ async fn proxy(
     info.request_id = Some(rid.clone());
 
     // Host as the client addressed it: absolute-form / :authority wins over Host (RFC 9112 §3.2.2).
-    let host_value: Option<HeaderValue> = match parts.uri.authority() {
+    let mut host_value: Option<HeaderValue> = match parts.uri.authority() {
         Some(a) => HeaderValue::from_str(a.as_str()).ok(),
         None => parts.headers.get(header::HOST).cloned(),
     };
@@ -216,19 +195,50 @@ async fn proxy(
         .and_then(|h| h.to_str().ok())
         .map(host_without_port)
         .unwrap_or("");
-    // With filters the route was matched before them (`route_first`) and stays.
-    let route = match matched {
-        Some(r) => r,
-        None => snapshot
-            .router
-            .find(host, parts.uri.path(), &parts.method, &parts.headers)
-            .ok_or_else(|| Error::new(Kind::NoRoute, "no route matches the request"))?
-            .clone(),
-    };
+    let route = snapshot
+        .router
+        .find(host, parts.uri.path(), &parts.method, &parts.headers)
+        .ok_or_else(|| Error::new(Kind::NoRoute, "no route matches the request"))?
+        .clone();
     info.route = Some(route.clone());
     if let Some(log) = info.log.as_mut() {
         log.route = route.name.to_string();
         log.request_id = rid.to_str().unwrap_or("").to_string();
+    }
+
+    // The filter chain's pre and route stages (docs/filters.md).
+    if !snapshot.filters.is_empty() {
+        let headers = std::mem::take(&mut parts.headers);
+        let mut ctx = Box::new(FilterCtx::new(&parts, headers, cx.peer, route.name.clone()));
+        snapshot.filters.start_debug(&mut ctx);
+        if !snapshot.filters.inbound(&mut ctx).await {
+            let id = (&listener.request_id_header, &rid);
+            let (resp, failed) = snapshot
+                .filters
+                .local_response(&mut ctx, id, || filter_failed(snapshot, id))
+                .await;
+            info.local = Some(if failed {
+                "local_filter_error"
+            } else {
+                "filter_response"
+            });
+            return Ok(resp);
+        }
+        parts.headers = snapshot.filters.request_headers(&mut ctx);
+        // Filters may have edited the head: scan it again for the header duties below.
+        scan = hdr::HeadScan::of(&parts.headers);
+        if parts.uri.authority().is_none() {
+            host_value = parts.headers.get(header::HOST).cloned();
+        }
+        if let Some(name) = ctx.cluster.take() {
+            let c = snapshot.clusters.get(&name).ok_or_else(|| {
+                Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")
+            })?;
+            cluster = Some(c.clone());
+        }
+        upstream_path = ctx.path.take();
+        upstream_host = ctx.host.take();
+        info.fctx = Some(ctx);
     }
 
     // Body cap: refuse a declared oversize body before touching the origin.
@@ -411,72 +421,6 @@ async fn proxy(
         deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
     };
     Ok(Response::from_parts(rparts, ResponseBody::Origin(body)))
-}
-
-/// Validate the head, match the route, then run the pre and route filters. `Ok(Err(resp))`:
-/// the chain answered (or a filter failed) and `resp` is the response, post filters done.
-/// `proxy` validates the (possibly edited) head again and keeps the route matched here.
-async fn route_first(
-    cx: &Rc<ConnCtx>,
-    snapshot: &Snapshot,
-    req: &mut Request<Incoming>,
-    info: &mut RequestInfo,
-) -> Result<Result<(Box<FilterCtx>, Arc<Route>), Response<ResponseBody>>, Error> {
-    let listener = &cx.listener;
-    let scan = hdr::HeadScan::of(req.headers());
-    hdr::validate_request_head(
-        req.method(),
-        req.uri(),
-        req.version(),
-        req.headers(),
-        &scan,
-        &listener.limits,
-    )?;
-    let rid = match req.headers().get(&listener.request_id_header) {
-        Some(v) => v.clone(),
-        None => {
-            let v = hdr::new_request_id();
-            req.headers_mut()
-                .insert(listener.request_id_header.clone(), v.clone());
-            v
-        }
-    };
-    info.request_id = Some(rid.clone());
-    let host_value: Option<HeaderValue> = match req.uri().authority() {
-        Some(a) => HeaderValue::from_str(a.as_str()).ok(),
-        None => req.headers().get(header::HOST).cloned(),
-    };
-    let host = host_value
-        .as_ref()
-        .and_then(|h| h.to_str().ok())
-        .map(host_without_port)
-        .unwrap_or("");
-    let route = snapshot
-        .router
-        .find(host, req.uri().path(), req.method(), req.headers())
-        .ok_or_else(|| Error::new(Kind::NoRoute, "no route matches the request"))?
-        .clone();
-    info.route = Some(route.clone());
-    let mut ctx = Box::new(FilterCtx::new(req, cx.peer, route.name.clone()));
-    snapshot.filters.start_debug(&mut ctx);
-    if snapshot.filters.inbound(&mut ctx).await {
-        return Ok(Ok((ctx, route)));
-    }
-    if let Some(log) = info.log.as_mut() {
-        log.route = route.name.to_string();
-        log.request_id = rid.to_str().unwrap_or("").to_string();
-    }
-    let id = (&listener.request_id_header, &rid);
-    let (resp, failed) = snapshot
-        .filters
-        .local_response(&mut ctx, id, || filter_failed(snapshot, id))
-        .await;
-    info.local = Some(if failed {
-        "local_filter_error"
-    } else {
-        "filter_response"
-    });
-    Ok(Err(resp))
 }
 
 fn connection_has_close(v: &HeaderValue) -> bool {

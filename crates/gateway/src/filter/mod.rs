@@ -165,13 +165,19 @@ pub struct FilterCtx {
 }
 
 impl FilterCtx {
-    /// A context for `req` (headers are moved in; see [`FilterChain::request_headers`]).
-    pub(crate) fn new<B>(req: &mut Request<B>, client: SocketAddr, route: Arc<str>) -> FilterCtx {
+    /// A context for the request head `parts` with its headers moved in (they go back with
+    /// [`FilterChain::request_headers`]).
+    pub(crate) fn new(
+        parts: &http::request::Parts,
+        headers: HeaderMap,
+        client: SocketAddr,
+        route: Arc<str>,
+    ) -> FilterCtx {
         FilterCtx {
             stage: FilterStage::Pre,
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            headers: std::mem::take(req.headers_mut()),
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            headers,
             client,
             route,
             meta: HashMap::new(),
@@ -190,8 +196,8 @@ impl FilterCtx {
         let mut req = Request::new(());
         *req.method_mut() = method;
         *req.uri_mut() = uri.parse().expect("valid uri");
-        *req.headers_mut() = headers;
-        FilterCtx::new(&mut req, client, "test".into())
+        let (parts, ()) = req.into_parts();
+        FilterCtx::new(&parts, headers, client, "test".into())
     }
 
     /// The stage now running.
