@@ -10,6 +10,7 @@ mod locate;
 pub mod model;
 pub mod units;
 mod validate;
+mod validate_filters;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use model::*;

@@ -21,10 +21,10 @@ pub(crate) struct Problem {
 }
 
 #[derive(Default)]
-struct Problems(Vec<Problem>);
+pub(crate) struct Problems(pub(crate) Vec<Problem>);
 
 impl Problems {
-    fn push(&mut self, path: KeyPath, message: impl Into<String>) {
+    pub(crate) fn push(&mut self, path: KeyPath, message: impl Into<String>) {
         self.0.push(Problem {
             path,
             message: message.into(),
@@ -81,11 +81,12 @@ pub(crate) fn check(config: &Config) -> Vec<Problem> {
         "route",
         &mut p,
     );
+    crate::validate_filters::check_filters(config, &mut p);
     p.0
 }
 
 /// Names must be non-empty and unique; the later duplicate is reported.
-fn check_unique<'a>(
+pub(crate) fn check_unique<'a>(
     names: impl Iterator<Item = &'a str>,
     base: &KeyPath,
     what: &str,
@@ -237,7 +238,7 @@ fn check_tls(l: &ListenerConfig, tls: &TlsConfig, at: &KeyPath, p: &mut Problems
     }
 }
 
-fn check_header_name(name: &str, path: KeyPath, p: &mut Problems) {
+pub(crate) fn check_header_name(name: &str, path: KeyPath, p: &mut Problems) {
     if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
         p.push(
             path,
@@ -248,7 +249,7 @@ fn check_header_name(name: &str, path: KeyPath, p: &mut Problems) {
     }
 }
 
-fn check_header_value(value: &str, path: KeyPath, p: &mut Problems) {
+pub(crate) fn check_header_value(value: &str, path: KeyPath, p: &mut Problems) {
     if http::HeaderValue::from_str(value).is_err() {
         p.push(
             path,
@@ -258,7 +259,7 @@ fn check_header_value(value: &str, path: KeyPath, p: &mut Problems) {
 }
 
 /// Header maps report the name problem and the value problem on the map key.
-fn check_header_map(map: &BTreeMap<String, String>, base: &KeyPath, p: &mut Problems) {
+pub(crate) fn check_header_map(map: &BTreeMap<String, String>, base: &KeyPath, p: &mut Problems) {
     for (name, value) in map {
         check_header_name(name, base.key(name), p);
         check_header_value(value, base.key(name), p);
@@ -409,7 +410,7 @@ fn check_host_pattern(pattern: &str) -> Result<(), String> {
     }
 }
 
-fn check_path(path: &Option<String>, at: KeyPath, p: &mut Problems) {
+pub(crate) fn check_path(path: &Option<String>, at: KeyPath, p: &mut Problems) {
     if let Some(path) = path {
         if !path.starts_with('/') {
             p.push(
@@ -557,7 +558,7 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
     }
 }
 
-fn is_standard_method(m: &str) -> bool {
+pub(crate) fn is_standard_method(m: &str) -> bool {
     matches!(
         m,
         "GET" | "HEAD" | "POST" | "PUT" | "DELETE" | "CONNECT" | "OPTIONS" | "TRACE" | "PATCH"

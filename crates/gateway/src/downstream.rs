@@ -105,6 +105,10 @@ pub(crate) struct ConnState {
     deadline: Cell<Instant>,
     /// True between requests: the next byte read starts a request head.
     idle: Cell<bool>,
+    /// HTTP/1: bytes after an idle period start a request head (the slowloris clock). Not
+    /// for HTTP/2, whose control frames (PING, WINDOW_UPDATE, SETTINGS) arrive between
+    /// streams and must not turn an idle connection's timeout into the header timeout.
+    head_clock: bool,
     header_timeout: Duration,
     idle_timeout: Duration,
     /// When the connection's timer is armed to fire. The timer is lazy: it is moved only when
@@ -162,7 +166,8 @@ impl<S: Read + Unpin> Read for TimedIo<S> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
-                if this.state.idle.get() && this.state.inflight.get() == 0 {
+                if this.state.head_clock && this.state.idle.get() && this.state.inflight.get() == 0
+                {
                     // First bytes of a new request head: the slowloris clock starts.
                     this.state.idle.set(false);
                     this.state
@@ -464,6 +469,7 @@ async fn serve_io<S>(
         inflight: Cell::new(0),
         deadline: Cell::new(now + listener.header_read_timeout),
         idle: Cell::new(false),
+        head_clock: !h2,
         header_timeout: listener.header_read_timeout,
         idle_timeout: listener.idle_timeout,
         armed: Cell::new(now + listener.header_read_timeout),

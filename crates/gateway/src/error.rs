@@ -62,6 +62,8 @@ pub(crate) enum Kind {
     OriginReset,
     /// The origin's response was malformed (502).
     OriginProtocol,
+    /// A filter of the filter chain failed (500) and no error filter answered.
+    FilterFailed,
 }
 
 /// Whether the request may be sent again.
@@ -96,7 +98,7 @@ impl Error {
             | Kind::HeadersTooLarge
             | Kind::BodyTooLarge
             | Kind::ClientGone => (Side::Client, Retry::Unsafe),
-            Kind::NoRoute => (Side::Internal, Retry::Unsafe),
+            Kind::NoRoute | Kind::FilterFailed => (Side::Internal, Retry::Unsafe),
             Kind::PoolFull => (Side::Internal, Retry::Safe),
             Kind::Connect | Kind::ConnectTimeout => (Side::Origin, Retry::Safe),
             Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
@@ -173,6 +175,7 @@ impl Error {
             }
             Kind::PoolFull => StatusCode::SERVICE_UNAVAILABLE,
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Kind::FilterFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -190,6 +193,7 @@ impl Error {
             Kind::RequestTimeout => "origin_request_timeout",
             Kind::OriginReset => "origin_reset",
             Kind::OriginProtocol => "origin_bad_response",
+            Kind::FilterFailed => "local_filter_error",
         }
     }
 

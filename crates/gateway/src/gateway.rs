@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
 use crate::downstream::{bind_reuseport, ListenerCtx};
+use crate::filter::FilterSpec;
 use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use crate::tls::ListenerTls;
@@ -54,6 +55,8 @@ pub(crate) struct Shared {
     reload_lock: Mutex<()>,
     /// TLS listeners by name: their certificates are re-read on every reload.
     listener_tls: Vec<(String, Arc<ListenerTls>)>,
+    /// Filters registered in code, part of every config version's chain.
+    natives: Vec<FilterSpec>,
 }
 
 impl Shared {
@@ -88,7 +91,7 @@ impl Shared {
         }
         // Serialised by `reload_lock`: a rejected config does not use up a version number.
         let version = self.next_version.load(Ordering::Acquire);
-        match Snapshot::build(config, version, &self.metrics) {
+        match Snapshot::build(config, version, &self.metrics, &self.natives) {
             Ok(snap) => {
                 self.next_version.store(version + 1, Ordering::Release);
                 self.snapshot.store(Arc::new(snap));
@@ -142,6 +145,16 @@ impl Gateway {
     /// Compile `config`, bind everything and start serving. Errors (bad config, address in
     /// use) are returned before any thread starts serving.
     pub fn start(config: Config, source: ConfigSource) -> Result<Gateway, String> {
+        Self::start_with_filters(config, source, Vec::new())
+    }
+
+    /// [`Gateway::start`] with native filters registered in code: they join the
+    /// `[[filters]]` of every config version (reloads included).
+    pub fn start_with_filters(
+        config: Config,
+        source: ConfigSource,
+        natives: Vec<FilterSpec>,
+    ) -> Result<Gateway, String> {
         let metrics = Metrics::new();
         let workers = match config.server.workers {
             0 => std::thread::available_parallelism()
@@ -201,7 +214,7 @@ impl Gateway {
         let (admin_shutdown, admin_rx) = watch::channel(false);
         let mut admin_thread = None;
 
-        let snapshot = Snapshot::build(config, 1, &metrics)?;
+        let snapshot = Snapshot::build(config, 1, &metrics, &natives)?;
         metrics.config_version.set(1);
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -212,6 +225,7 @@ impl Gateway {
             next_version: AtomicU64::new(2),
             reload_lock: Mutex::new(()),
             listener_tls,
+            natives,
         });
         let (shutdown, rx) = watch::channel(false);
         let mut threads = Vec::new();

@@ -7,6 +7,7 @@
 //! | [`gateway`] | start, reload (atomic config swap), graceful shutdown, signals |
 //! | `worker` | worker threads: one current-thread runtime + `LocalSet` each |
 //! | `downstream` | listeners, accept loop, client connections, slowloris/idle timeouts |
+//! | [`filter`] | the Zuul filter chain: stages, native filter trait, built-in filters |
 //! | `proxy` | the proxy stage: route → upstream → response, the `Exchange` |
 //! | `headers` | head validation, hop-by-hop, `Via`, `X-Forwarded-*`, request ids |
 //! | `route` | compiled routes, matching and path rewrites |
@@ -22,6 +23,7 @@ mod admin;
 mod body;
 mod downstream;
 pub mod error;
+pub mod filter;
 pub mod gateway;
 mod headers;
 pub mod metrics;

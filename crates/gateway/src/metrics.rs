@@ -25,6 +25,19 @@ pub struct Metrics {
     tls_handshake_failures: IntCounterVec,
     pub(crate) config_version: IntGauge,
     pub(crate) reloads: IntCounterVec,
+    filter_invocations: IntCounterVec,
+    filter_skips: IntCounterVec,
+    filter_errors: IntCounterVec,
+    filter_duration: HistogramVec,
+}
+
+/// Handles for one filter of the filter chain.
+#[derive(Clone)]
+pub(crate) struct FilterMetrics {
+    pub(crate) invocations: IntCounter,
+    pub(crate) skips: IntCounter,
+    pub(crate) errors: IntCounter,
+    pub(crate) duration: Histogram,
 }
 
 /// Handles for one route.
@@ -99,6 +112,19 @@ impl Metrics {
         )
         .expect("valid histogram");
         r.register(Box::new(latency.clone()))
+            .expect("registered once");
+        let filter_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "filter_duration_seconds",
+                "Time spent in each filter's run (awaits included), by filter",
+            )
+            .buckets(vec![
+                0.000_001, 0.000_005, 0.000_025, 0.0001, 0.0005, 0.001, 0.005, 0.025, 0.1, 0.5, 2.5,
+            ]),
+            &["filter"],
+        )
+        .expect("valid histogram");
+        r.register(Box::new(filter_duration.clone()))
             .expect("registered once");
         let config_version = IntGauge::new("config_version", "Active config version").expect("ok");
         r.register(Box::new(config_version.clone()))
@@ -188,6 +214,25 @@ impl Metrics {
                 "Config reloads by result",
                 &["result"],
             ),
+            filter_invocations: counter_vec(
+                &r,
+                "filter_invocations_total",
+                "Filter runs (should_filter/match said yes)",
+                &["filter"],
+            ),
+            filter_skips: counter_vec(
+                &r,
+                "filter_skips_total",
+                "Filter skips (match or should_filter said no)",
+                &["filter"],
+            ),
+            filter_errors: counter_vec(
+                &r,
+                "filter_errors_total",
+                "Filter failures (error or panic)",
+                &["filter"],
+            ),
+            filter_duration,
             config_version,
             latency,
             registry: r,
@@ -220,6 +265,15 @@ impl Metrics {
             accepted: self.downstream_accepted.with_label_values(&[name]),
             rejected: self.downstream_rejected.with_label_values(&[name]),
             tls_handshake_failures: self.tls_handshake_failures.with_label_values(&[name]),
+        }
+    }
+
+    pub(crate) fn filter(&self, name: &str) -> FilterMetrics {
+        FilterMetrics {
+            invocations: self.filter_invocations.with_label_values(&[name]),
+            skips: self.filter_skips.with_label_values(&[name]),
+            errors: self.filter_errors.with_label_values(&[name]),
+            duration: self.filter_duration.with_label_values(&[name]),
         }
     }
 

@@ -1,10 +1,10 @@
 //! The proxy stage: one downstream request in, one response out.
 //!
 //! ```text
-//! handle ─► validate head ─► route ─► body cap ─► request headers ─► pick server
+//! handle ─► validate head ─► route ─► [pre, route filters] ─► body cap ─► request headers ─► pick server
 //!        ─► pool checkout | connect ─► send (response-header timeout)
 //!             └─ stale pooled connection failed before a response? retry once, fresh
-//!        ─► validate response ─► response headers ─► stream body (Exchange)
+//!        ─► validate response ─► response headers ─► [post filters] ─► stream body (Exchange)
 //!  any Err ─► respond::error_response (the one place errors become responses)
 //! ```
 //!
@@ -26,11 +26,12 @@ use crate::access_log::LogRecord;
 use crate::body::{OriginBody, RequestBody, RequestBodyState, ResponseBody};
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind};
+use crate::filter::FilterCtx;
 use crate::headers::{self as hdr, parse_content_length};
 use crate::respond::error_response;
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
-use crate::upstream::{connect::connect, pool::Conn, OriginServer};
+use crate::upstream::{connect::connect, pool::Conn, Cluster, OriginServer};
 
 /// Serve one request. Never fails: errors become responses here.
 pub(crate) async fn handle(
@@ -46,6 +47,12 @@ pub(crate) async fn handle(
         info.log = Some(Box::new(LogRecord::from_request(&req, &cx)));
     }
     match proxy(&cx, &snapshot, req, start, &mut info).await {
+        Ok(resp) if info.local.is_some() => {
+            // Answered by the filter chain: no `Exchange`, finish here.
+            finish_local(&cx, &mut info, resp.status().as_u16(), start);
+            drop(inflight);
+            Ok(resp)
+        }
         Ok(resp) => {
             // The response body's `Exchange` now finishes the request.
             inflight.0 = None;
@@ -57,7 +64,15 @@ pub(crate) async fn handle(
                 .request_id
                 .as_ref()
                 .map(|v| (&cx.listener.request_id_header, v));
-            let resp = error_response(&err, rid, via);
+            let mut resp = error_response(&err, rid, via);
+            if let (Some(ctx), Some(rid)) = (info.fctx.as_mut(), rid) {
+                // Past the pre/route filters: error and post filters see proxy errors too.
+                let failed = || error_response(&err, Some(rid), via);
+                resp = snapshot
+                    .filters
+                    .proxy_error(ctx, err.category(), resp, &failed)
+                    .await;
+            }
             let status = resp.status().as_u16();
             let elapsed = start.elapsed();
             cx.worker
@@ -101,6 +116,40 @@ struct RequestInfo {
     request_id: Option<HeaderValue>,
     route: Option<Arc<Route>>,
     log: Option<Box<LogRecord>>,
+    /// The filter chain answered: `"filter_response"`, or `"local_filter_error"`.
+    local: Option<&'static str>,
+    /// The filter context once pre and route filters have run.
+    fctx: Option<Box<FilterCtx>>,
+}
+
+/// Metrics and the access log line of a response the filter chain made.
+fn finish_local(cx: &ConnCtx, info: &mut RequestInfo, status: u16, start: Instant) {
+    let elapsed = start.elapsed();
+    let category = info.local.unwrap_or("filter_response");
+    if category != "filter_response" {
+        cx.worker.shared.metrics.error(category, "internal");
+    }
+    if let Some(route) = &info.route {
+        route.metrics.count(status);
+        route.metrics.latency.observe(elapsed.as_secs_f64());
+    }
+    if let Some(mut log) = info.log.take() {
+        log.status = status;
+        log.category = category;
+        log.duration_us = elapsed.as_micros() as u64;
+        if let Some(l) = &cx.worker.shared.access_log {
+            l.write(&log);
+        }
+    }
+}
+
+/// The 500 for a failed filter (through `respond`, like every error).
+fn filter_failed(
+    snapshot: &Snapshot,
+    rid: (&http::HeaderName, &HeaderValue),
+) -> Response<ResponseBody> {
+    let err = Error::new(Kind::FilterFailed, "a filter failed");
+    error_response(&err, Some(rid), snapshot.stamps.via(Version::HTTP_11))
 }
 
 async fn proxy(
@@ -111,8 +160,9 @@ async fn proxy(
     info: &mut RequestInfo,
 ) -> Result<Response<ResponseBody>, Error> {
     let listener = &cx.listener;
+    let (mut cluster, mut upstream_path, mut upstream_host) = (None, None, None);
     let (mut parts, body) = req.into_parts();
-    let scan = hdr::HeadScan::of(&parts.headers);
+    let mut scan = hdr::HeadScan::of(&parts.headers);
     hdr::validate_request_head(
         &parts.method,
         &parts.uri,
@@ -136,7 +186,7 @@ async fn proxy(
     info.request_id = Some(rid.clone());
 
     // Host as the client addressed it: absolute-form / :authority wins over Host (RFC 9112 §3.2.2).
-    let host_value: Option<HeaderValue> = match parts.uri.authority() {
+    let mut host_value: Option<HeaderValue> = match parts.uri.authority() {
         Some(a) => HeaderValue::from_str(a.as_str()).ok(),
         None => parts.headers.get(header::HOST).cloned(),
     };
@@ -154,6 +204,41 @@ async fn proxy(
     if let Some(log) = info.log.as_mut() {
         log.route = route.name.to_string();
         log.request_id = rid.to_str().unwrap_or("").to_string();
+    }
+
+    // The filter chain's pre and route stages (docs/filters.md).
+    if !snapshot.filters.is_empty() {
+        let headers = std::mem::take(&mut parts.headers);
+        let mut ctx = Box::new(FilterCtx::new(&parts, headers, cx.peer, route.name.clone()));
+        snapshot.filters.start_debug(&mut ctx);
+        if !snapshot.filters.inbound(&mut ctx).await {
+            let id = (&listener.request_id_header, &rid);
+            let (resp, failed) = snapshot
+                .filters
+                .local_response(&mut ctx, id, || filter_failed(snapshot, id))
+                .await;
+            info.local = Some(if failed {
+                "local_filter_error"
+            } else {
+                "filter_response"
+            });
+            return Ok(resp);
+        }
+        parts.headers = snapshot.filters.request_headers(&mut ctx);
+        // Filters may have edited the head: scan it again for the header duties below.
+        scan = hdr::HeadScan::of(&parts.headers);
+        if parts.uri.authority().is_none() {
+            host_value = parts.headers.get(header::HOST).cloned();
+        }
+        if let Some(name) = ctx.cluster.take() {
+            let c = snapshot.clusters.get(&name).ok_or_else(|| {
+                Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")
+            })?;
+            cluster = Some(c.clone());
+        }
+        upstream_path = ctx.path.take();
+        upstream_host = ctx.host.take();
+        info.fctx = Some(ctx);
     }
 
     // Body cap: refuse a declared oversize body before touching the origin.
@@ -206,7 +291,10 @@ async fn proxy(
 
     // Request target: verbatim unless a rewrite is configured; origin-form upstream.
     let authority_form = parts.uri.authority().is_some();
-    let rewritten = route.rewrite(parts.uri.path(), parts.uri.query());
+    let rewritten = match upstream_path {
+        Some(p) => Some(p),
+        None => route.rewrite(parts.uri.path(), parts.uri.query()),
+    };
     if let Some(target) = rewritten {
         parts.uri = Uri::try_from(target)
             .map_err(|_| Error::new(Kind::BadRequest, "rewritten target is invalid"))?;
@@ -222,7 +310,7 @@ async fn proxy(
     let client_version = parts.version;
     parts.version = Version::HTTP_11;
 
-    let cluster = route.cluster.clone();
+    let cluster = cluster.unwrap_or_else(|| route.cluster.clone());
     let server = cluster.pick().clone();
     match &route.host_rewrite {
         HostRewrite::Preserve => {
@@ -243,6 +331,9 @@ async fn proxy(
             parts.headers.insert(header::HOST, v.clone());
         }
     }
+    if let Some(h) = upstream_host {
+        parts.headers.insert(header::HOST, h);
+    }
     if let Some(log) = info.log.as_mut() {
         log.origin = server.label.to_string();
     }
@@ -254,6 +345,7 @@ async fn proxy(
     let (resp, conn, attempts) = send(
         cx,
         &route,
+        &cluster,
         &server,
         Request::from_parts(parts, upstream_body),
         body_empty,
@@ -283,7 +375,22 @@ async fn proxy(
     if !rparts.headers.contains_key(&listener.request_id_header) {
         rparts
             .headers
-            .insert(listener.request_id_header.clone(), rid);
+            .insert(listener.request_id_header.clone(), rid.clone());
+    }
+    if let Some(ctx) = info.fctx.as_mut() {
+        // Post filters over the origin's response head.
+        let id = (&listener.request_id_header, &rid);
+        let failed = || filter_failed(snapshot, id);
+        let (status, headers) = (&mut rparts.status, &mut rparts.headers);
+        if let Err(resp) = snapshot
+            .filters
+            .outbound(ctx, status, headers, failed)
+            .await
+        {
+            // The origin's body is dropped unread, and its connection with it.
+            info.local = Some("local_filter_error");
+            return Ok(resp);
+        }
     }
     rparts.version = client_version;
 
@@ -296,6 +403,7 @@ async fn proxy(
     }
     let mut exchange = Exchange {
         conn: Some(conn),
+        cluster: cluster.clone(),
         cx: cx.clone(),
         route: route.clone(),
         reusable,
@@ -328,16 +436,17 @@ fn connection_has_close(v: &HeaderValue) -> bool {
 /// Send the request on a pooled or new connection. A request that fails on a reused
 /// connection before any response (the keep-alive race) is sent once more on a fresh one,
 /// if it was not sent at all or is bodyless and so can be replayed.
+#[allow(clippy::too_many_arguments)]
 async fn send(
     cx: &Rc<ConnCtx>,
     route: &Route,
+    cluster: &Arc<Cluster>,
     server: &Arc<OriginServer>,
     req: Request<RequestBody>,
     body_empty: bool,
     deadline: Option<Instant>,
     body_state: &RequestBodyState,
 ) -> Result<(Response<Incoming>, Conn, u32), Error> {
-    let cluster = &route.cluster;
     let pools = &cx.worker.pools;
     let reused = pools.checkout(server.state.id, Instant::now());
     if reused.is_some() {
@@ -475,6 +584,8 @@ impl Drop for Outstanding {
 /// returns the upstream connection to the pool only after a clean, complete body.
 pub(crate) struct Exchange {
     conn: Option<Conn>,
+    /// The cluster the request went to (the route's, or one a route filter chose).
+    cluster: Arc<Cluster>,
     cx: Rc<ConnCtx>,
     route: Arc<Route>,
     reusable: bool,
@@ -507,8 +618,8 @@ impl Drop for Exchange {
         let now = Instant::now();
         if let Some(conn) = self.conn.take() {
             if complete && self.reusable && self.body_state.finished.get() {
-                let pool = &self.route.cluster.config.pool;
-                self.route.cluster.metrics.idle_connections.inc();
+                let pool = &self.cluster.config.pool;
+                self.cluster.metrics.idle_connections.inc();
                 self.cx
                     .worker
                     .pools

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::filter::{FilterChain, FilterSpec};
 use crate::headers::Stamps;
 use crate::metrics::Metrics;
 use crate::route::{Route, Router};
@@ -18,10 +19,20 @@ pub struct Snapshot {
     pub config: Config,
     pub router: Router,
     pub(crate) stamps: Stamps,
+    /// The filter chain of this version (`filters.is_empty()` skips it).
+    pub(crate) filters: FilterChain,
+    /// Clusters by name, for route filters that choose one.
+    pub(crate) clusters: HashMap<String, Arc<Cluster>>,
 }
 
 impl Snapshot {
-    pub fn build(config: Config, version: u64, metrics: &Metrics) -> Result<Snapshot, String> {
+    /// Compile `config`; `natives` are the filters registered in code.
+    pub(crate) fn build(
+        config: Config,
+        version: u64,
+        metrics: &Metrics,
+        natives: &[FilterSpec],
+    ) -> Result<Snapshot, String> {
         let mut clusters = HashMap::new();
         for c in &config.clusters {
             let cluster = Cluster::build(c, metrics.cluster(&c.name))?;
@@ -37,8 +48,11 @@ impl Snapshot {
                 .map_err(|e| format!("route {}: {e}", r.name))?;
             routes.push((r.priority, Arc::new(route)));
         }
+        let filters = FilterChain::build(&config, natives, metrics)?;
         Ok(Snapshot {
             version,
+            filters,
+            clusters,
             stamps: Stamps::new(&config.server.via),
             router: Router::new(routes),
             config,

@@ -1,0 +1,443 @@
+//! Validation of `[[filters]]`: names, stages and keys per type, matches and type-specific
+//! values, each problem located by its key path.
+
+use crate::locate::KeyPath;
+use crate::model::{Config, FilterConfig, FilterStage, FilterType, RateLimitKey};
+use crate::validate::{
+    check_header_map, check_header_name, check_header_value, check_path, check_unique,
+    is_standard_method, Problems,
+};
+use std::net::IpAddr;
+
+/// The stages a built-in type may run in.
+fn stages_of(kind: FilterType) -> &'static [FilterStage] {
+    use FilterStage::*;
+    match kind {
+        FilterType::Headers => &[Pre, Route, Post],
+        FilterType::Redirect => &[Pre, Route],
+        FilterType::Static => &[Pre, Route, Error],
+        FilterType::Cors => &[Pre],
+        FilterType::IpFilter | FilterType::ApiKey | FilterType::RateLimit => &[Pre, Route],
+        FilterType::Reroute => &[Route],
+        FilterType::Jwt => &[Pre, Route],
+    }
+}
+
+/// The type-specific keys a built-in type uses.
+fn keys_of(kind: FilterType) -> &'static [&'static str] {
+    match kind {
+        FilterType::Headers => &["add", "set", "remove"],
+        FilterType::Redirect => &["status", "location"],
+        FilterType::Static => &["status", "headers", "body"],
+        FilterType::Cors => &[
+            "allowed_origins",
+            "allowed_methods",
+            "allowed_headers",
+            "allow_credentials",
+            "max_age",
+        ],
+        FilterType::IpFilter => &["allow", "deny"],
+        FilterType::ApiKey => &["header", "keys"],
+        FilterType::RateLimit => &["requests", "period", "burst", "key", "header"],
+        FilterType::Reroute => &["cluster", "path", "host"],
+        FilterType::Jwt => &[
+            "header",
+            "jwt_keys",
+            "issuer",
+            "audience",
+            "claims_to_headers",
+        ],
+    }
+}
+
+/// Every type-specific key and whether this filter sets it.
+fn keys_set(f: &FilterConfig) -> [(&'static str, bool); 22] {
+    [
+        ("add", !f.add.is_empty()),
+        ("set", !f.set.is_empty()),
+        ("remove", !f.remove.is_empty()),
+        ("status", f.status.is_some()),
+        ("location", f.location.is_some()),
+        ("headers", !f.headers.is_empty()),
+        ("body", f.body.is_some()),
+        ("allowed_origins", !f.allowed_origins.is_empty()),
+        ("allowed_methods", !f.allowed_methods.is_empty()),
+        ("allowed_headers", !f.allowed_headers.is_empty()),
+        ("allow_credentials", f.allow_credentials),
+        ("max_age", f.max_age.is_some()),
+        ("allow", !f.allow.is_empty()),
+        ("deny", !f.deny.is_empty()),
+        ("header", f.header.is_some()),
+        ("keys", !f.keys.is_empty()),
+        ("requests", f.requests.is_some()),
+        ("period", f.period.is_some()),
+        ("burst", f.burst.is_some()),
+        ("key", f.key.is_some()),
+        ("cluster", f.cluster.is_some()),
+        ("path", f.path.is_some()),
+    ]
+    // `host` is checked separately (the array above is fixed-size for clarity).
+}
+
+pub(crate) fn check_filters(config: &Config, p: &mut Problems) {
+    let base = KeyPath::root().key("filters");
+    check_unique(
+        config.filters.iter().map(|f| f.name.as_str()),
+        &base,
+        "filter",
+        p,
+    );
+    let routes: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
+    let clusters: Vec<&str> = config.clusters.iter().map(|c| c.name.as_str()).collect();
+    for (i, f) in config.filters.iter().enumerate() {
+        check_filter(f, &base.index(i), &routes, &clusters, p);
+    }
+    let d = &config.filter_debug;
+    let at = KeyPath::root().key("filter_debug");
+    check_header_name(&d.header, at.key("header"), p);
+    if let Some(s) = &d.secret {
+        if s.len() < 16 {
+            p.push(
+                at.key("secret"),
+                "too short; expected at least 16 characters (it guards internal details)",
+            );
+        } else {
+            check_header_value(s, at.key("secret"), p);
+        }
+    }
+}
+
+fn check_methods(methods: &[String], at: &KeyPath, p: &mut Problems) {
+    for (j, method) in methods.iter().enumerate() {
+        let path = at.index(j);
+        if http::Method::from_bytes(method.as_bytes()).is_err() {
+            p.push(
+                path,
+                format!("{method:?} is not an HTTP method token; expected e.g. \"GET\""),
+            );
+        } else if method.bytes().any(|b| b.is_ascii_lowercase())
+            && is_standard_method(&method.to_ascii_uppercase())
+        {
+            p.push(
+                path,
+                format!(
+                    "methods are case-sensitive; expected {:?}",
+                    method.to_ascii_uppercase()
+                ),
+            );
+        }
+    }
+}
+
+fn check_ip_list(list: &[String], at: &KeyPath, p: &mut Problems) {
+    for (j, entry) in list.iter().enumerate() {
+        let t = entry.trim();
+        if t.parse::<ipnet::IpNet>().is_err() && t.parse::<IpAddr>().is_err() {
+            p.push(
+                at.index(j),
+                format!("{entry:?} is not an IP address or CIDR block; expected e.g. \"10.0.0.0/8\" or \"192.0.2.7\""),
+            );
+        }
+    }
+}
+
+fn check_filter(
+    f: &FilterConfig,
+    at: &KeyPath,
+    routes: &[&str],
+    clusters: &[&str],
+    p: &mut Problems,
+) {
+    let kind = f.kind;
+    let stages = stages_of(kind);
+    if !stages.contains(&f.stage) {
+        let names: Vec<&str> = stages.iter().map(|s| s.as_str()).collect();
+        p.push(
+            at.key("stage"),
+            format!(
+                "a {} filter cannot run in stage {:?}; expected one of: {}",
+                kind.as_str(),
+                f.stage.as_str(),
+                names.join(", ")
+            ),
+        );
+    }
+    let allowed = keys_of(kind);
+    let mut set = keys_set(f).to_vec();
+    set.push(("host", f.host.is_some()));
+    set.push(("jwt_keys", !f.jwt_keys.is_empty()));
+    set.push(("issuer", f.issuer.is_some()));
+    set.push(("audience", f.audience.is_some()));
+    set.push(("claims_to_headers", !f.claims_to_headers.is_empty()));
+    for (key, is_set) in set {
+        if is_set && !allowed.contains(&key) {
+            p.push(
+                at.key(key),
+                format!(
+                    "{key} is not used by a {} filter; expected only: name, type, stage, order, match, {}",
+                    kind.as_str(),
+                    allowed.join(", ")
+                ),
+            );
+        }
+    }
+
+    // match
+    let m = &f.matches;
+    let mat = at.key("match");
+    for (j, r) in m.routes.iter().enumerate() {
+        if !routes.contains(&r.as_str()) {
+            p.push(
+                mat.key("routes").index(j),
+                format!(
+                    "unknown route {r:?}; expected one of: {}",
+                    if routes.is_empty() {
+                        "(no routes defined)".to_string()
+                    } else {
+                        routes.join(", ")
+                    }
+                ),
+            );
+        }
+    }
+    check_path(&m.path_prefix, mat.key("path_prefix"), p);
+    check_methods(&m.methods, &mat.key("methods"), p);
+    for (j, h) in m.headers.iter().enumerate() {
+        check_header_name(h, mat.key("headers").index(j), p);
+    }
+
+    match kind {
+        FilterType::Headers => {
+            if f.add.is_empty() && f.set.is_empty() && f.remove.is_empty() {
+                p.push(
+                    at.key("type"),
+                    "a headers filter edits nothing; expected at least one of add, set, remove",
+                );
+            }
+            check_header_map(&f.add, &at.key("add"), p);
+            check_header_map(&f.set, &at.key("set"), p);
+            for (j, n) in f.remove.iter().enumerate() {
+                check_header_name(n, at.key("remove").index(j), p);
+            }
+        }
+        FilterType::Redirect => {
+            if let Some(s) = f.status {
+                if ![301, 302, 303, 307, 308].contains(&s) {
+                    p.push(
+                        at.key("status"),
+                        format!("{s} is not a redirect status; expected 301, 302, 303, 307 or 308"),
+                    );
+                }
+            }
+            match &f.location {
+                None => p.push(
+                    at.key("type"),
+                    "a redirect filter needs location; expected location = \"https://example.com/\"",
+                ),
+                Some(l) if l.is_empty() => p.push(
+                    at.key("location"),
+                    "must not be empty; expected a URL or path",
+                ),
+                Some(l) => check_header_value(l, at.key("location"), p),
+            }
+        }
+        FilterType::Static => {
+            if let Some(s) = f.status {
+                if !(200..=599).contains(&s) {
+                    p.push(
+                        at.key("status"),
+                        format!("{s} is not a final status; expected 200 to 599"),
+                    );
+                }
+            }
+            check_header_map(&f.headers, &at.key("headers"), p);
+        }
+        FilterType::Cors => {
+            if f.allowed_origins.is_empty() {
+                p.push(
+                    at.key("type"),
+                    "a cors filter needs allowed_origins; expected e.g. allowed_origins = [\"https://app.example.com\"] or [\"*\"]",
+                );
+            }
+            for (j, o) in f.allowed_origins.iter().enumerate() {
+                let ok = o == "*"
+                    || ((o.starts_with("http://") || o.starts_with("https://"))
+                        && !o.ends_with('/')
+                        && http::HeaderValue::from_str(o).is_ok());
+                if !ok {
+                    p.push(
+                        at.key("allowed_origins").index(j),
+                        format!("{o:?} is not an origin; expected \"*\" or scheme://host[:port] without a path, e.g. \"https://app.example.com\""),
+                    );
+                }
+            }
+            check_methods(&f.allowed_methods, &at.key("allowed_methods"), p);
+            for (j, h) in f.allowed_headers.iter().enumerate() {
+                check_header_name(h, at.key("allowed_headers").index(j), p);
+            }
+            if let Some(d) = f.max_age {
+                if d.get().as_secs() == 0 {
+                    p.push(
+                        at.key("max_age"),
+                        "must be at least one second; expected e.g. \"10m\"",
+                    );
+                }
+            }
+        }
+        FilterType::IpFilter => {
+            if f.allow.is_empty() && f.deny.is_empty() {
+                p.push(
+                    at.key("type"),
+                    "an ip_filter needs allow or deny; expected e.g. deny = [\"10.0.0.0/8\"]",
+                );
+            }
+            check_ip_list(&f.allow, &at.key("allow"), p);
+            check_ip_list(&f.deny, &at.key("deny"), p);
+        }
+        FilterType::ApiKey => {
+            if let Some(h) = &f.header {
+                check_header_name(h, at.key("header"), p);
+            }
+            if f.keys.is_empty() {
+                p.push(
+                    at.key("type"),
+                    "an api_key filter needs keys; expected keys = [\"...\"]",
+                );
+            }
+            for (j, k) in f.keys.iter().enumerate() {
+                if k.is_empty() {
+                    p.push(at.key("keys").index(j), "must not be empty");
+                } else {
+                    check_header_value(k, at.key("keys").index(j), p);
+                }
+            }
+        }
+        FilterType::RateLimit => {
+            match f.requests {
+                None => p.push(
+                    at.key("type"),
+                    "a rate_limit filter needs requests; expected e.g. requests = 100 (per period, default 1s)",
+                ),
+                Some(0) => p.push(at.key("requests"), "must be greater than zero"),
+                Some(_) => {}
+            }
+            if let Some(d) = f.period {
+                if d.get().is_zero() {
+                    p.push(
+                        at.key("period"),
+                        "must be greater than zero; expected a duration like \"1s\"",
+                    );
+                }
+            }
+            if f.burst == Some(0) {
+                p.push(at.key("burst"), "must be greater than zero");
+            }
+            match (f.key.unwrap_or_default(), &f.header) {
+                (RateLimitKey::Header, None) => p.push(
+                    at.key("key"),
+                    "key = \"header\" needs header; expected header = \"x-api-key\" or similar",
+                ),
+                (RateLimitKey::Header, Some(h)) => check_header_name(h, at.key("header"), p),
+                (_, Some(_)) => p.push(
+                    at.key("header"),
+                    "header is only used with key = \"header\"; expected key = \"header\" or no header",
+                ),
+                (_, None) => {}
+            }
+        }
+        FilterType::Jwt => {
+            if let Some(h) = &f.header {
+                check_header_name(h, at.key("header"), p);
+            }
+            if f.jwt_keys.is_empty() {
+                p.push(
+                    at.key("type"),
+                    "a jwt filter needs jwt_keys; expected e.g. jwt_keys = [{ alg = \"HS256\", secret = \"...\" }]",
+                );
+            }
+            for (j, k) in f.jwt_keys.iter().enumerate() {
+                check_jwt_key(k, &at.key("jwt_keys").index(j), p);
+            }
+            for (claim, h) in &f.claims_to_headers {
+                check_header_name(h, at.key("claims_to_headers").key(claim), p);
+            }
+        }
+        FilterType::Reroute => {
+            if f.cluster.is_none() && f.path.is_none() && f.host.is_none() {
+                p.push(
+                    at.key("type"),
+                    "a reroute filter changes nothing; expected at least one of cluster, path, host",
+                );
+            }
+            if let Some(c) = &f.cluster {
+                if !clusters.contains(&c.as_str()) {
+                    p.push(
+                        at.key("cluster"),
+                        format!(
+                            "unknown cluster {c:?}; expected one of: {}",
+                            clusters.join(", ")
+                        ),
+                    );
+                }
+            }
+            check_path(&f.path, at.key("path"), p);
+            if let Some(h) = &f.host {
+                if h.is_empty() {
+                    p.push(
+                        at.key("host"),
+                        "must not be empty; expected e.g. \"api.internal\"",
+                    );
+                } else {
+                    check_header_value(h, at.key("host"), p);
+                }
+            }
+        }
+    }
+}
+
+fn check_jwt_key(k: &crate::model::JwtKey, at: &KeyPath, p: &mut Problems) {
+    use crate::model::JwtAlg;
+    use base64::Engine;
+    let b64 = |v: &Option<String>, key: &str, p: &mut Problems| match v {
+        None => p.push(
+            at.clone(),
+            format!("an RS256 key needs {key}; expected the JWK's base64url {key}"),
+        ),
+        Some(s) => {
+            if base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(s.trim_end_matches('='))
+                .map(|b| b.is_empty())
+                .unwrap_or(true)
+            {
+                p.push(
+                    at.key(key),
+                    format!("{key} is not base64url; expected the JWK's {key}"),
+                );
+            }
+        }
+    };
+    match k.alg {
+        JwtAlg::HS256 => {
+            match &k.secret {
+                None => p.push(at.clone(), "an HS256 key needs secret"),
+                Some(s) if s.len() < 16 => p.push(
+                    at.key("secret"),
+                    "too short for HS256; expected at least 16 bytes (32 recommended)",
+                ),
+                Some(_) => {}
+            }
+            for (key, set) in [("n", k.n.is_some()), ("e", k.e.is_some())] {
+                if set {
+                    p.push(at.key(key), format!("{key} is only used by RS256 keys"));
+                }
+            }
+        }
+        JwtAlg::RS256 => {
+            b64(&k.n, "n", p);
+            b64(&k.e, "e", p);
+            if k.secret.is_some() {
+                p.push(at.key("secret"), "secret is only used by HS256 keys");
+            }
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! The built-in filters configured by `[[filters]]` tables (validated in keymaster-config).
+
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, StatusCode};
+use ipnet::IpNet;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{done, Filter, FilterCtx, FilterFuture, FilterSpec};
+use crate::headers::HeaderEdits;
+use keymaster_config::{FilterConfig, FilterStage, FilterType, RateLimitKey};
+
+/// One `[[filters]]` table → chain entries (cors yields a pre and a post entry).
+pub(super) fn compile(f: &FilterConfig) -> Result<Vec<FilterSpec>, String> {
+    let spec = |stage: FilterStage, filter: Arc<dyn Filter>| FilterSpec {
+        name: f.name.clone(),
+        stage,
+        order: f.order,
+        matches: f.matches.clone(),
+        filter,
+    };
+    let one = |filter: Arc<dyn Filter>| Ok(vec![spec(f.stage, filter)]);
+    match f.kind {
+        FilterType::Headers => {
+            let edits = HeaderEdits::compile(&keymaster_config::HeaderEdits {
+                add: f.add.clone(),
+                set: f.set.clone(),
+                remove: f.remove.clone(),
+            })?;
+            one(Arc::new(Headers {
+                edits,
+                response_side: matches!(f.stage, FilterStage::Post),
+            }))
+        }
+        FilterType::Redirect => {
+            let status = status(f.status.unwrap_or(302))?;
+            let location = value(f.location.as_deref().unwrap_or("/"))?;
+            one(Arc::new(Fixed {
+                status,
+                headers: HeaderMap::from_iter([(header::LOCATION, location)]),
+                body: bytes::Bytes::new(),
+            }))
+        }
+        FilterType::Static => {
+            let mut headers = HeaderMap::new();
+            for (k, v) in &f.headers {
+                headers.append(name(k)?, value(v)?);
+            }
+            one(Arc::new(Fixed {
+                status: status(f.status.unwrap_or(200))?,
+                headers,
+                body: f.body.clone().unwrap_or_default().into(),
+            }))
+        }
+        FilterType::Cors => {
+            let cors = Arc::new(Cors {
+                any_origin: f.allowed_origins.iter().any(|o| o == "*"),
+                origins: f.allowed_origins.clone(),
+                methods: value(&if f.allowed_methods.is_empty() {
+                    "GET, HEAD, POST".to_string()
+                } else {
+                    f.allowed_methods.join(", ")
+                })?,
+                headers: if f.allowed_headers.is_empty() {
+                    None
+                } else {
+                    Some(value(&f.allowed_headers.join(", "))?)
+                },
+                credentials: f.allow_credentials,
+                max_age: f
+                    .max_age
+                    .map(|d| value(&d.get().as_secs().to_string()))
+                    .transpose()?,
+            });
+            Ok(vec![
+                spec(FilterStage::Pre, Arc::new(CorsPre(cors.clone()))),
+                spec(FilterStage::Post, Arc::new(CorsPost(cors))),
+            ])
+        }
+        FilterType::IpFilter => one(Arc::new(IpFilter {
+            allow: nets(&f.allow)?,
+            deny: nets(&f.deny)?,
+        })),
+        FilterType::ApiKey => one(Arc::new(ApiKey {
+            header: name(f.header.as_deref().unwrap_or("x-api-key"))?,
+            keys: f.keys.clone(),
+        })),
+        FilterType::RateLimit => {
+            let requests = f.requests.unwrap_or(1).max(1) as f64;
+            let period = f.period.map(|d| d.get()).unwrap_or(Duration::from_secs(1));
+            one(Arc::new(RateLimit {
+                name: f.name.as_str().into(),
+                rate: requests / period.as_secs_f64().max(1e-9),
+                burst: f.burst.map(f64::from).unwrap_or(requests),
+                key: f.key.unwrap_or_default(),
+                header: f.header.as_deref().map(name).transpose()?,
+            }))
+        }
+        FilterType::Jwt => one(Arc::new(super::jwt::Jwt::compile(f)?)),
+        FilterType::Reroute => one(Arc::new(Reroute {
+            cluster: f.cluster.clone(),
+            path: f.path.clone(),
+            host: f.host.as_deref().map(value).transpose()?,
+        })),
+    }
+}
+
+fn status(s: u16) -> Result<StatusCode, String> {
+    StatusCode::from_u16(s).map_err(|e| format!("status {s}: {e}"))
+}
+fn value(v: &str) -> Result<HeaderValue, String> {
+    HeaderValue::from_str(v).map_err(|e| format!("{v:?}: {e}"))
+}
+fn name(n: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(n.as_bytes()).map_err(|e| format!("{n:?}: {e}"))
+}
+fn nets(list: &[String]) -> Result<Vec<IpNet>, String> {
+    list.iter()
+        .map(|s| {
+            let t = s.trim();
+            t.parse::<IpNet>()
+                .or_else(|_| t.parse::<IpAddr>().map(IpNet::from))
+                .map_err(|_| format!("{s:?} is not an IP address or CIDR block"))
+        })
+        .collect()
+}
+
+/// A plain-text answer from a filter.
+pub(super) fn deny(ctx: &mut FilterCtx, status: StatusCode, mut headers: HeaderMap) {
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    let text = format!(
+        "{} {}\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    );
+    ctx.respond(status, headers, text);
+}
+
+struct Headers {
+    edits: HeaderEdits,
+    response_side: bool,
+}
+
+impl Filter for Headers {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        if self.response_side {
+            if let Some(h) = ctx.response_headers_mut() {
+                self.edits.apply(h);
+            }
+        } else {
+            self.edits.apply(ctx.request_headers_mut());
+        }
+        done(Ok(()))
+    }
+}
+
+/// redirect and static: answer with a fixed response.
+struct Fixed {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+}
+
+impl Filter for Fixed {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        ctx.respond(self.status, self.headers.clone(), self.body.clone());
+        done(Ok(()))
+    }
+}
+
+struct Cors {
+    any_origin: bool,
+    origins: Vec<String>,
+    methods: HeaderValue,
+    headers: Option<HeaderValue>,
+    credentials: bool,
+    max_age: Option<HeaderValue>,
+}
+
+impl Cors {
+    /// The request's Origin if it is allowed.
+    fn allowed_origin<'a>(&self, req: &'a HeaderMap) -> Option<&'a HeaderValue> {
+        let o = req.get(header::ORIGIN)?;
+        let s = o.to_str().ok()?;
+        (self.any_origin || self.origins.iter().any(|a| a.eq_ignore_ascii_case(s))).then_some(o)
+    }
+
+    fn stamp(&self, origin: &HeaderValue, h: &mut HeaderMap) {
+        let allow = if self.any_origin && !self.credentials {
+            HeaderValue::from_static("*")
+        } else {
+            origin.clone()
+        };
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        if self.credentials {
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                HeaderValue::from_static("true"),
+            );
+        }
+        if !self.any_origin || self.credentials {
+            h.append(header::VARY, HeaderValue::from_static("Origin"));
+        }
+    }
+}
+
+/// Where the pre half leaves an allowed Origin for the post half.
+const CORS_ORIGIN: &str = "keymaster.cors.origin";
+
+/// Answers preflights; notes an allowed Origin of other requests for the post half.
+struct CorsPre(Arc<Cors>);
+
+impl Filter for CorsPre {
+    fn should_filter(&self, ctx: &FilterCtx) -> bool {
+        ctx.request_headers().contains_key(header::ORIGIN)
+    }
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let c = &self.0;
+        let allowed = c.allowed_origin(ctx.request_headers()).cloned();
+        let preflight = ctx.method() == Method::OPTIONS
+            && ctx
+                .request_headers()
+                .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+        if !preflight {
+            if let Some(o) = allowed.as_ref().and_then(|o| o.to_str().ok()) {
+                let o = o.to_string();
+                ctx.meta_mut().insert(CORS_ORIGIN.into(), o);
+            }
+            return done(Ok(()));
+        }
+        let Some(origin) = allowed else {
+            deny(ctx, StatusCode::FORBIDDEN, HeaderMap::new());
+            return done(Ok(()));
+        };
+        let mut h = HeaderMap::new();
+        c.stamp(&origin, &mut h);
+        h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, c.methods.clone());
+        let allow_headers = c.headers.clone().or_else(|| {
+            ctx.request_headers()
+                .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+                .cloned()
+        });
+        if let Some(v) = allow_headers {
+            h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, v);
+        }
+        if let Some(v) = &c.max_age {
+            h.insert(header::ACCESS_CONTROL_MAX_AGE, v.clone());
+        }
+        ctx.respond(StatusCode::NO_CONTENT, h, bytes::Bytes::new());
+        done(Ok(()))
+    }
+}
+
+/// Adds Access-Control-Allow-Origin (and friends) to responses of allowed origins.
+struct CorsPost(Arc<Cors>);
+
+impl Filter for CorsPost {
+    fn should_filter(&self, ctx: &FilterCtx) -> bool {
+        ctx.meta().contains_key(CORS_ORIGIN)
+    }
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let Some(origin) = ctx
+            .meta()
+            .get(CORS_ORIGIN)
+            .and_then(|o| HeaderValue::from_str(o).ok())
+        else {
+            return done(Ok(()));
+        };
+        if let Some(h) = ctx.response_headers_mut() {
+            if !h.contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN) {
+                self.0.stamp(&origin, h);
+            }
+        }
+        done(Ok(()))
+    }
+}
+
+struct IpFilter {
+    allow: Vec<IpNet>,
+    deny: Vec<IpNet>,
+}
+
+impl Filter for IpFilter {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let ip = match ctx.client_ip() {
+            IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .map(IpAddr::V4)
+                .unwrap_or(IpAddr::V6(v6)),
+            v4 => v4,
+        };
+        let denied = self.deny.iter().any(|n| n.contains(&ip))
+            || (!self.allow.is_empty() && !self.allow.iter().any(|n| n.contains(&ip)));
+        if denied {
+            deny(ctx, StatusCode::FORBIDDEN, HeaderMap::new());
+        }
+        done(Ok(()))
+    }
+}
+
+struct ApiKey {
+    header: HeaderName,
+    keys: Vec<String>,
+}
+
+impl Filter for ApiKey {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let ok = ctx
+            .request_headers()
+            .get(&self.header)
+            .map(|v| {
+                self.keys
+                    .iter()
+                    .any(|k| constant_time_eq(k.as_bytes(), v.as_bytes()))
+            })
+            .unwrap_or(false);
+        if !ok {
+            deny(ctx, StatusCode::UNAUTHORIZED, HeaderMap::new());
+        }
+        done(Ok(()))
+    }
+}
+
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+struct RateLimit {
+    name: Arc<str>,
+    /// Tokens per second.
+    rate: f64,
+    burst: f64,
+    key: RateLimitKey,
+    header: Option<HeaderName>,
+}
+
+struct Bucket {
+    tokens: f64,
+    last: Instant,
+}
+
+/// Most buckets one worker keeps before sweeping the full (idle) ones.
+const MAX_BUCKETS: usize = 100_000;
+
+thread_local! {
+    /// Per-worker buckets keyed by (filter name, key): no locks; a reload keeps them for
+    /// filters that keep their name.
+    static BUCKETS: RefCell<HashMap<(Arc<str>, String), Bucket>> = RefCell::new(HashMap::new());
+}
+
+impl RateLimit {
+    /// Take one token; `Err(seconds)` until the next one when the bucket is empty.
+    fn take(&self, key: String, now: Instant) -> Result<(), u64> {
+        BUCKETS.with(|b| {
+            let mut map = b.borrow_mut();
+            if map.len() >= MAX_BUCKETS {
+                let (rate, burst) = (self.rate, self.burst);
+                map.retain(|_, v| {
+                    v.tokens + now.saturating_duration_since(v.last).as_secs_f64() * rate < burst
+                });
+            }
+            let bucket = map.entry((self.name.clone(), key)).or_insert(Bucket {
+                tokens: self.burst,
+                last: now,
+            });
+            let elapsed = now.saturating_duration_since(bucket.last).as_secs_f64();
+            bucket.tokens = (bucket.tokens + elapsed * self.rate).min(self.burst);
+            bucket.last = now;
+            if bucket.tokens >= 1.0 {
+                bucket.tokens -= 1.0;
+                Ok(())
+            } else {
+                Err(((1.0 - bucket.tokens) / self.rate).ceil().max(1.0) as u64)
+            }
+        })
+    }
+}
+
+impl Filter for RateLimit {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let key = match self.key {
+            RateLimitKey::ClientIp => ctx.client_ip().to_string(),
+            RateLimitKey::Route => ctx.route().to_string(),
+            RateLimitKey::Header => self
+                .header
+                .as_ref()
+                .and_then(|h| ctx.request_headers().get(h))
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default(),
+        };
+        if let Err(wait) = self.take(key, Instant::now()) {
+            let mut h = HeaderMap::new();
+            h.insert(header::RETRY_AFTER, HeaderValue::from(wait));
+            deny(ctx, StatusCode::TOO_MANY_REQUESTS, h);
+        }
+        done(Ok(()))
+    }
+}
+
+struct Reroute {
+    cluster: Option<String>,
+    path: Option<String>,
+    host: Option<HeaderValue>,
+}
+
+impl Filter for Reroute {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        if let Some(c) = &self.cluster {
+            ctx.set_cluster(c.clone());
+        }
+        if let Some(p) = &self.path {
+            let target = match ctx.query() {
+                Some(q) => format!("{p}?{q}"),
+                None => p.clone(),
+            };
+            ctx.set_upstream_path(target);
+        }
+        if let Some(h) = &self.host {
+            ctx.set_upstream_host(h.clone());
+        }
+        done(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(name: &str, rate: f64, burst: f64) -> RateLimit {
+        RateLimit {
+            name: name.into(),
+            rate,
+            burst,
+            key: RateLimitKey::ClientIp,
+            header: None,
+        }
+    }
+
+    #[test]
+    fn token_bucket_refills_at_the_rate() {
+        let rl = limiter("unit-a", 2.0, 3.0); // 2 tokens/s, bucket 3
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(rl.take("k".into(), t0), Ok(()));
+        }
+        assert_eq!(
+            rl.take("k".into(), t0),
+            Err(1),
+            "empty: next token in 0.5 s → 1 s"
+        );
+        assert_eq!(
+            rl.take("other".into(), t0),
+            Ok(()),
+            "keys have their own buckets"
+        );
+        let t1 = t0 + Duration::from_millis(500);
+        assert_eq!(rl.take("k".into(), t1), Ok(()));
+        assert!(rl.take("k".into(), t1).is_err());
+        // Refill is capped at the burst.
+        let t2 = t1 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(rl.take("k".into(), t2), Ok(()));
+        }
+        assert!(rl.take("k".into(), t2).is_err());
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        let rl = limiter("unit-b", 1.0 / 90.0, 1.0); // one per 90 s
+        let t0 = Instant::now();
+        assert_eq!(rl.take("k".into(), t0), Ok(()));
+        assert_eq!(rl.take("k".into(), t0), Err(90));
+        assert_eq!(rl.take("k".into(), t0 + Duration::from_secs(30)), Err(60));
+    }
+
+    #[test]
+    fn constant_time_compare() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

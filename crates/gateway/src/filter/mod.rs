@@ -1,0 +1,700 @@
+//! The Zuul filter chain: `pre` → (proxy stage) → `post`, with `route` before the proxy
+//! stage and `error` when a filter fails. The semantics are defined in `docs/filters.md`.
+//!
+//! A compiled [`FilterChain`] lives in the [`crate::snapshot::Snapshot`], so a request runs
+//! exactly one chain version from its first filter to its last. Filters are `Send + Sync`
+//! trait objects shared by every worker; [`Filter::run`] returns a non-`Send` future because
+//! it runs on the worker's `LocalSet` (a Lua host can keep one VM per worker behind a
+//! thread-local and await coroutines there). Mutable per-filter state (rate-limit buckets) is
+//! per worker, in thread-locals: no lock on the request path.
+
+mod builtin;
+mod jwt;
+
+use futures_util::FutureExt;
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::body::ResponseBody;
+use crate::metrics::{FilterMetrics, Metrics};
+pub use keymaster_config::{FilterMatch, FilterStage};
+
+/// What a filter's `run` returns: a future polled on the worker thread (not `Send`).
+/// [`done`] makes a finished one without allocating (synchronous filters, the common case);
+/// [`FilterFuture::new`] boxes an `async` block.
+pub struct FilterFuture<'a>(Run<'a>);
+
+enum Run<'a> {
+    Ready(Option<Result<(), FilterError>>),
+    Boxed(Pin<Box<dyn Future<Output = Result<(), FilterError>> + 'a>>),
+}
+
+impl<'a> FilterFuture<'a> {
+    /// An asynchronous filter run (boxed).
+    pub fn new(f: impl Future<Output = Result<(), FilterError>> + 'a) -> Self {
+        FilterFuture(Run::Boxed(Box::pin(f)))
+    }
+}
+
+impl Future for FilterFuture<'_> {
+    type Output = Result<(), FilterError>;
+    fn poll(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match &mut self.get_mut().0 {
+            Run::Ready(r) => std::task::Poll::Ready(
+                r.take()
+                    .unwrap_or_else(|| Err("filter future polled after completion".into())),
+            ),
+            Run::Boxed(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+/// A filter failed: the chain runs the `error` stage, then answers 500 unless an error
+/// filter set a response. The message goes to the log, never to the client.
+#[derive(Debug, Clone)]
+pub struct FilterError(pub String);
+
+impl<T: Into<String>> From<T> for FilterError {
+    fn from(s: T) -> Self {
+        FilterError(s.into())
+    }
+}
+
+/// A filter: native (Rust) or, later, a host for scripted filters.
+///
+/// `should_filter` is checked after the declarative match of its [`FilterSpec`]; `run`
+/// does the work. Both may panic: the chain catches it and treats it as a failure.
+pub trait Filter: Send + Sync + 'static {
+    /// Whether to run for this request (default: always).
+    fn should_filter(&self, _ctx: &FilterCtx) -> bool {
+        true
+    }
+    /// Do the filter's work. Synchronous filters return [`done`].
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a>;
+    /// A `post` or `error` filter that reads the request headers says so: the chain then
+    /// keeps a copy of them past the proxy stage (otherwise they are gone: the copy costs
+    /// about as much as a small filter). Pass facts from `pre` to `post` in `meta` instead.
+    fn needs_request_headers(&self) -> bool {
+        false
+    }
+}
+
+/// A finished [`FilterFuture`] for filters that do not await anything (no allocation).
+pub fn done<'a>(result: Result<(), FilterError>) -> FilterFuture<'a> {
+    FilterFuture(Run::Ready(Some(result)))
+}
+
+/// A filter registered in code, added to every config version's chain (see
+/// [`crate::Gateway::start_with_filters`]).
+#[derive(Clone)]
+pub struct FilterSpec {
+    /// Unique among all filters (config ones included); the metrics label.
+    pub name: String,
+    pub stage: FilterStage,
+    /// Lower first; ties broken by name.
+    pub order: i32,
+    /// Declarative match, checked before `should_filter`.
+    pub matches: FilterMatch,
+    pub filter: Arc<dyn Filter>,
+}
+
+impl FilterSpec {
+    pub fn new(
+        name: impl Into<String>,
+        stage: FilterStage,
+        order: i32,
+        filter: impl Filter,
+    ) -> FilterSpec {
+        FilterSpec {
+            name: name.into(),
+            stage,
+            order,
+            matches: FilterMatch::default(),
+            filter: Arc::new(filter),
+        }
+    }
+    /// With a declarative match.
+    pub fn with_match(mut self, m: FilterMatch) -> FilterSpec {
+        self.matches = m;
+        self
+    }
+}
+
+/// Which filter failed, in which stage, and why (seen by `error` filters).
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub filter: Arc<str>,
+    pub stage: FilterStage,
+    pub message: String,
+}
+
+/// A response set by a filter (`pre`/`route` short-circuit, or an `error` filter).
+pub(crate) struct LocalResponse {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+}
+
+/// The narrow per-request API filters see. Bodies are not part of it (they stream past).
+pub struct FilterCtx {
+    stage: FilterStage,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    client: SocketAddr,
+    route: Arc<str>,
+    meta: HashMap<String, String>,
+    pub(crate) cluster: Option<String>,
+    pub(crate) path: Option<String>,
+    pub(crate) host: Option<HeaderValue>,
+    local: Option<LocalResponse>,
+    response: Option<(StatusCode, HeaderMap)>,
+    failure: Option<Failure>,
+    /// Debug mode: one entry per filter considered.
+    debug: Option<Vec<String>>,
+}
+
+impl FilterCtx {
+    /// A context for the request head `parts` with its headers moved in (they go back with
+    /// [`FilterChain::request_headers`]).
+    pub(crate) fn new(
+        parts: &http::request::Parts,
+        headers: HeaderMap,
+        client: SocketAddr,
+        route: Arc<str>,
+    ) -> FilterCtx {
+        FilterCtx {
+            stage: FilterStage::Pre,
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            headers,
+            client,
+            route,
+            meta: HashMap::new(),
+            cluster: None,
+            path: None,
+            host: None,
+            local: None,
+            response: None,
+            failure: None,
+            debug: None,
+        }
+    }
+
+    /// A context for unit tests of filters (no request behind it).
+    pub fn for_test(method: Method, uri: &str, headers: HeaderMap, client: SocketAddr) -> Self {
+        let mut req = Request::new(());
+        *req.method_mut() = method;
+        *req.uri_mut() = uri.parse().expect("valid uri");
+        let (parts, ()) = req.into_parts();
+        FilterCtx::new(&parts, headers, client, "test".into())
+    }
+
+    /// The stage now running.
+    pub fn stage(&self) -> FilterStage {
+        self.stage
+    }
+    pub fn method(&self) -> &Method {
+        &self.method
+    }
+    /// The request path as the client sent it.
+    pub fn path(&self) -> &str {
+        self.uri.path()
+    }
+    pub fn query(&self) -> Option<&str> {
+        self.uri.query()
+    }
+    /// Request headers. Changes take effect in `pre` and `route`. In `post` and `error` this
+    /// is a copy as it was after the `route` stage when a filter of those stages declares
+    /// [`Filter::needs_request_headers`] (or matches on headers), and empty otherwise.
+    pub fn request_headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+    pub fn request_headers_mut(&mut self) -> &mut HeaderMap {
+        &mut self.headers
+    }
+    /// The TCP peer (not X-Forwarded-For).
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client
+    }
+    pub fn client_ip(&self) -> IpAddr {
+        self.client.ip()
+    }
+    /// The matched route's name.
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+    /// Per-request values shared by the filters of one request.
+    pub fn meta(&self) -> &HashMap<String, String> {
+        &self.meta
+    }
+    pub fn meta_mut(&mut self) -> &mut HashMap<String, String> {
+        &mut self.meta
+    }
+
+    /// Route stage (or pre): send to this cluster instead of the route's. An unknown name
+    /// fails the request with 500.
+    pub fn set_cluster(&mut self, name: impl Into<String>) {
+        self.cluster = Some(name.into());
+    }
+    /// Route stage (or pre): the path and query sent upstream; replaces the route's rewrite.
+    pub fn set_upstream_path(&mut self, path_and_query: impl Into<String>) {
+        self.path = Some(path_and_query.into());
+    }
+    /// Route stage (or pre): the Host sent upstream; replaces the route's host policy.
+    pub fn set_upstream_host(&mut self, host: HeaderValue) {
+        self.host = Some(host);
+    }
+    /// The cluster chosen by a filter so far, if any.
+    pub fn upstream_cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+
+    /// `pre`/`route`: answer the request here (the proxy stage and later pre/route filters
+    /// are skipped; post filters still run). `error`: the error response. Ignored in `post`
+    /// (edit the response with [`FilterCtx::set_response_status`] and headers there).
+    pub fn respond(
+        &mut self,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: impl Into<bytes::Bytes>,
+    ) {
+        self.local = Some(LocalResponse {
+            status,
+            headers,
+            body: body.into(),
+        });
+    }
+    /// Whether a filter has answered the request.
+    pub fn responded(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// `post`: the response status.
+    pub fn response_status(&self) -> Option<StatusCode> {
+        self.response.as_ref().map(|r| r.0)
+    }
+    pub fn set_response_status(&mut self, status: StatusCode) {
+        if let Some(r) = self.response.as_mut() {
+            r.0 = status;
+        }
+    }
+    /// `post`: the response headers.
+    pub fn response_headers(&self) -> Option<&HeaderMap> {
+        self.response.as_ref().map(|r| &r.1)
+    }
+    pub fn response_headers_mut(&mut self) -> Option<&mut HeaderMap> {
+        self.response.as_mut().map(|r| &mut r.1)
+    }
+
+    /// `error` (and the `post` filters after it): what failed.
+    pub fn failure(&self) -> Option<&Failure> {
+        self.failure.as_ref()
+    }
+}
+
+/// A declarative match compiled.
+struct Matcher {
+    routes: Vec<String>,
+    path_prefix: Option<String>,
+    methods: Vec<Method>,
+    headers: Vec<HeaderName>,
+}
+
+impl Matcher {
+    fn compile(m: &FilterMatch) -> Result<Matcher, String> {
+        Ok(Matcher {
+            routes: m.routes.clone(),
+            path_prefix: m.path_prefix.clone(),
+            methods: m
+                .methods
+                .iter()
+                .map(|s| Method::from_bytes(s.as_bytes()).map_err(|e| format!("{s}: {e}")))
+                .collect::<Result<_, _>>()?,
+            headers: m
+                .headers
+                .iter()
+                .map(|s| HeaderName::from_bytes(s.as_bytes()).map_err(|e| format!("{s}: {e}")))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    fn matches(&self, ctx: &FilterCtx) -> bool {
+        (self.routes.is_empty() || self.routes.iter().any(|r| **r == *ctx.route))
+            && self
+                .path_prefix
+                .as_deref()
+                .is_none_or(|p| ctx.path().starts_with(p))
+            && (self.methods.is_empty() || self.methods.contains(&ctx.method))
+            && self.headers.iter().all(|h| ctx.headers.contains_key(h))
+    }
+}
+
+struct Entry {
+    name: Arc<str>,
+    order: i32,
+    matcher: Matcher,
+    filter: Arc<dyn Filter>,
+    metrics: FilterMetrics,
+}
+
+/// One config version's filters, sorted per stage by (order, name).
+pub(crate) struct FilterChain {
+    stages: [Vec<Entry>; 4],
+    /// Debug mode: the header and the secret it must carry.
+    debug: Option<(HeaderName, Vec<u8>)>,
+    empty: bool,
+    /// Post or error filters read request headers: they get a copy.
+    outbound: bool,
+}
+
+fn idx(stage: FilterStage) -> usize {
+    match stage {
+        FilterStage::Pre => 0,
+        FilterStage::Route => 1,
+        FilterStage::Post => 2,
+        FilterStage::Error => 3,
+    }
+}
+
+impl FilterChain {
+    /// Compile the config's `[[filters]]` plus the filters registered in code.
+    pub(crate) fn build(
+        config: &keymaster_config::Config,
+        natives: &[FilterSpec],
+        metrics: &Metrics,
+    ) -> Result<FilterChain, String> {
+        let mut specs: Vec<FilterSpec> = Vec::new();
+        for f in &config.filters {
+            specs.extend(builtin::compile(f).map_err(|e| format!("filter {}: {e}", f.name))?);
+        }
+        for n in natives {
+            if config.filters.iter().any(|f| f.name == n.name) {
+                return Err(format!(
+                    "filter {}: the name is used by a native filter and a [[filters]] table",
+                    n.name
+                ));
+            }
+            specs.push(n.clone());
+        }
+        let mut stages: [Vec<Entry>; 4] = Default::default();
+        for s in specs {
+            let matcher =
+                Matcher::compile(&s.matches).map_err(|e| format!("filter {}: {e}", s.name))?;
+            stages[idx(s.stage)].push(Entry {
+                metrics: metrics.filter(&s.name),
+                name: s.name.as_str().into(),
+                order: s.order,
+                matcher,
+                filter: s.filter,
+            });
+        }
+        for st in stages.iter_mut() {
+            st.sort_by(|a, b| a.order.cmp(&b.order).then_with(|| a.name.cmp(&b.name)));
+        }
+        let d = &config.filter_debug;
+        let debug = match &d.secret {
+            Some(secret) => Some((
+                HeaderName::from_bytes(d.header.as_bytes()).map_err(|e| e.to_string())?,
+                secret.as_bytes().to_vec(),
+            )),
+            None => None,
+        };
+        let outbound = stages[2..]
+            .iter()
+            .flatten()
+            .any(|e| e.filter.needs_request_headers() || !e.matcher.headers.is_empty());
+        Ok(FilterChain {
+            debug,
+            empty: stages.iter().all(|s| s.is_empty()),
+            outbound,
+            stages,
+        })
+    }
+
+    /// No filters at all: the request path skips the chain entirely.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.empty
+    }
+
+    /// The filter names of a stage in run order (for tests and docs).
+    #[allow(dead_code)]
+    pub(crate) fn names(&self, stage: FilterStage) -> Vec<&str> {
+        self.stages[idx(stage)].iter().map(|e| &*e.name).collect()
+    }
+
+    /// Run one stage. `Err` is the first failure (pre/route/post); the error stage runs every
+    /// filter whatever happens and never fails.
+    async fn run_stage(&self, stage: FilterStage, ctx: &mut FilterCtx) -> Result<(), Failure> {
+        ctx.stage = stage;
+        let entries = &self.stages[idx(stage)];
+        if entries.is_empty() {
+            return Ok(());
+        }
+        // One clock read per filter: each run is timed from the end of the previous one.
+        let mut t = Instant::now();
+        for e in entries {
+            if matches!(stage, FilterStage::Pre | FilterStage::Route) && ctx.local.is_some() {
+                break; // answered: the rest of pre/route is skipped
+            }
+            let should = e.matcher.matches(ctx)
+                && match std::panic::catch_unwind(AssertUnwindSafe(|| e.filter.should_filter(ctx)))
+                {
+                    Ok(b) => b,
+                    Err(p) => {
+                        let f = self.failed(
+                            e,
+                            stage,
+                            format!("should_filter panicked: {}", panic_text(&p)),
+                        );
+                        if stage == FilterStage::Error {
+                            continue;
+                        }
+                        return Err(f);
+                    }
+                };
+            if !should {
+                e.metrics.skips.inc();
+                if let Some(d) = ctx.debug.as_mut() {
+                    d.push(format!("{}:{}=skip", stage.as_str(), e.name));
+                }
+                continue;
+            }
+            e.metrics.invocations.inc();
+            let r = AssertUnwindSafe(e.filter.run(ctx)).catch_unwind().await;
+            let end = Instant::now();
+            let took = end.saturating_duration_since(t);
+            t = end;
+            e.metrics.duration.observe(took.as_secs_f64());
+            if let Some(d) = ctx.debug.as_mut() {
+                let what = match &r {
+                    Ok(Ok(())) => "ran",
+                    _ => "failed",
+                };
+                d.push(format!(
+                    "{}:{}={what}/{}us",
+                    stage.as_str(),
+                    e.name,
+                    took.as_micros()
+                ));
+            }
+            let message = match r {
+                Ok(Ok(())) => continue,
+                Ok(Err(err)) => err.0,
+                Err(p) => format!("panicked: {}", panic_text(&p)),
+            };
+            let f = self.failed(e, stage, message);
+            if stage != FilterStage::Error {
+                return Err(f);
+            }
+        }
+        Ok(())
+    }
+
+    fn failed(&self, e: &Entry, stage: FilterStage, message: String) -> Failure {
+        e.metrics.errors.inc();
+        tracing::warn!(filter = %e.name, stage = stage.as_str(), error = %message, "filter failed");
+        Failure {
+            filter: e.name.clone(),
+            stage,
+            message,
+        }
+    }
+
+    /// A filter failed: drop any response it set and run the error stage.
+    async fn fail(&self, ctx: &mut FilterCtx, f: Failure) {
+        ctx.local = None;
+        ctx.failure = Some(f);
+        let _ = self.run_stage(FilterStage::Error, ctx).await;
+    }
+
+    /// Debug mode: when the request carries the secret, trace this request's filters (and
+    /// remove the header so it never reaches the origin).
+    pub(crate) fn start_debug(&self, ctx: &mut FilterCtx) {
+        if let Some((name, secret)) = &self.debug {
+            let hit = ctx
+                .headers
+                .get(name)
+                .is_some_and(|v| builtin::constant_time_eq(v.as_bytes(), secret));
+            if hit {
+                ctx.headers.remove(name);
+                ctx.debug = Some(Vec::new());
+            }
+        }
+    }
+
+    /// Debug mode: the trace as the `x-keymaster-filters` response header.
+    fn stamp_debug(ctx: &mut FilterCtx, headers: &mut HeaderMap) {
+        if let Some(d) = ctx.debug.take() {
+            if let Ok(v) = HeaderValue::from_str(&d.join(", ")) {
+                headers.insert(HeaderName::from_static("x-keymaster-filters"), v);
+            }
+        }
+    }
+
+    /// Run `pre` then `route`. `true`: proxy the request. `false`: answer it with
+    /// [`FilterChain::local_response`] (a filter responded, or one failed).
+    pub(crate) async fn inbound(&self, ctx: &mut FilterCtx) -> bool {
+        for stage in [FilterStage::Pre, FilterStage::Route] {
+            if let Err(f) = self.run_stage(stage, ctx).await {
+                self.fail(ctx, f).await;
+                return false;
+            }
+            if ctx.local.is_some() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The request headers to forward after `inbound` (a copy stays for post/error filters).
+    pub(crate) fn request_headers(&self, ctx: &mut FilterCtx) -> HeaderMap {
+        if self.outbound {
+            ctx.headers.clone()
+        } else {
+            std::mem::take(&mut ctx.headers)
+        }
+    }
+
+    /// Run `post` over a proxied response head. `Err(response)`: a post filter failed and
+    /// this (error-stage or 500) response replaces the origin's.
+    pub(crate) async fn outbound(
+        &self,
+        ctx: &mut FilterCtx,
+        status: &mut StatusCode,
+        headers: &mut HeaderMap,
+        failed: impl Fn() -> Response<ResponseBody>,
+    ) -> Result<(), Response<ResponseBody>> {
+        if self.stages[2].is_empty() {
+            Self::stamp_debug(ctx, headers);
+            return Ok(());
+        }
+        ctx.response = Some((*status, std::mem::take(headers)));
+        match self.run_stage(FilterStage::Post, ctx).await {
+            Ok(()) => {
+                let (s, h) = ctx.response.take().unwrap_or_default();
+                *status = s;
+                *headers = h;
+                Self::stamp_debug(ctx, headers);
+                Ok(())
+            }
+            Err(f) => {
+                self.fail(ctx, f).await;
+                let mut r = Self::assemble(ctx, &failed).0;
+                Self::stamp_debug(ctx, r.headers_mut());
+                Err(r)
+            }
+        }
+    }
+
+    /// The response for a request answered by the chain: the filter's response, the error
+    /// stage's, or `failed()` (500); then the post filters over it (once: a failing post
+    /// filter runs the error stage and its response goes out without another post pass).
+    pub(crate) async fn local_response(
+        &self,
+        ctx: &mut FilterCtx,
+        request_id: (&HeaderName, &HeaderValue),
+        failed: impl Fn() -> Response<ResponseBody>,
+    ) -> (Response<ResponseBody>, bool) {
+        let (resp, was_failure) = Self::assemble(ctx, &failed);
+        let (mut parts, body) = resp.into_parts();
+        if !parts.headers.contains_key(request_id.0) {
+            parts
+                .headers
+                .insert(request_id.0.clone(), request_id.1.clone());
+        }
+        let mut status = parts.status;
+        match self
+            .outbound(ctx, &mut status, &mut parts.headers, &failed)
+            .await
+        {
+            Ok(()) => {
+                parts.status = status;
+                (Response::from_parts(parts, body), was_failure)
+            }
+            Err(resp) => (resp, true),
+        }
+    }
+
+    /// The proxy stage failed after the pre and route filters ran (502, 504, 413, ...): the
+    /// error filters run with `failure()` naming filter `"proxy"` and the error category;
+    /// their response, or `resp`, then goes through the post filters.
+    pub(crate) async fn proxy_error(
+        &self,
+        ctx: &mut FilterCtx,
+        category: &'static str,
+        resp: Response<ResponseBody>,
+        failed: &impl Fn() -> Response<ResponseBody>,
+    ) -> Response<ResponseBody> {
+        let (mut parts, mut body) = resp.into_parts();
+        if !self.stages[3].is_empty() {
+            ctx.local = None;
+            ctx.failure = Some(Failure {
+                filter: "proxy".into(),
+                stage: FilterStage::Route,
+                message: category.to_string(),
+            });
+            let _ = self.run_stage(FilterStage::Error, ctx).await;
+            if let Some(l) = ctx.local.take() {
+                // Keep the gateway's own duties (request id, Connection: close) unless the
+                // error filter set them.
+                let mut headers = l.headers;
+                for (name, value) in parts.headers.iter() {
+                    if *name != http::header::CONTENT_TYPE && !headers.contains_key(name) {
+                        headers.insert(name.clone(), value.clone());
+                    }
+                }
+                parts.status = l.status;
+                parts.headers = headers;
+                body = ResponseBody::full(l.body);
+            }
+        }
+        let mut status = parts.status;
+        match self
+            .outbound(ctx, &mut status, &mut parts.headers, failed)
+            .await
+        {
+            Ok(()) => {
+                parts.status = status;
+                Response::from_parts(parts, body)
+            }
+            Err(r) => r,
+        }
+    }
+
+    /// `ctx.local` as a response, else `failed()`; the flag says whether it is a failure.
+    fn assemble(
+        ctx: &mut FilterCtx,
+        failed: &impl Fn() -> Response<ResponseBody>,
+    ) -> (Response<ResponseBody>, bool) {
+        match ctx.local.take() {
+            Some(l) => {
+                let mut r = Response::new(ResponseBody::full(l.body));
+                *r.status_mut() = l.status;
+                *r.headers_mut() = l.headers;
+                (r, ctx.failure.is_some())
+            }
+            None => (failed(), true),
+        }
+    }
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}

@@ -1,0 +1,537 @@
+//! The built-in filters configured by `[[filters]]`: headers, redirect, static, cors,
+//! ip_filter, api_key, rate_limit and reroute, against the real gateway and an echo origin.
+mod support;
+use bytes::Bytes;
+use http_body_util::Full;
+use keymaster_config::FilterStage;
+use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec};
+use std::net::SocketAddr;
+use support::*;
+use tokio::io::AsyncWriteExt;
+
+async fn echo_origin(tag: &'static str) -> RawOrigin {
+    raw_origin(move |mut s, _| async move {
+        let mut carry = Vec::new();
+        while let Some(head) = read_head(&mut s, &mut carry).await {
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nx-origin: {tag}\r\nx-internal: secret\r\n\r\n{head}",
+                head.len()
+            );
+            if s.write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+}
+
+fn cfg(origin: SocketAddr, alt: SocketAddr, filters: &str) -> String {
+    format!(
+        r#"
+[server]
+workers = 1
+drain_timeout = "5s"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[[listeners]]
+name = "main"
+address = "127.0.0.1:0"
+
+{filters}
+
+[[routes]]
+name = "api"
+cluster = "o"
+match = {{ path_prefix = "/api" }}
+
+[[routes]]
+name = "default"
+cluster = "o"
+priority = -1
+
+[[clusters]]
+name = "o"
+servers = [{{ address = "{origin}" }}]
+connect_timeout = "1s"
+
+[[clusters]]
+name = "alt"
+servers = [{{ address = "{alt}" }}]
+connect_timeout = "1s"
+"#
+    )
+}
+
+struct Fixture {
+    g: TestGateway,
+    o: RawOrigin,
+    _alt: RawOrigin,
+}
+
+async fn fixture(filters: &str) -> Fixture {
+    fixture_with(filters, vec![]).await
+}
+
+async fn fixture_with(filters: &str, natives: Vec<FilterSpec>) -> Fixture {
+    let o = echo_origin("o").await;
+    let alt = echo_origin("alt").await;
+    let toml = cfg(o.addr, alt.addr, filters);
+    let config = keymaster_config::load_str(&toml, "<test>")
+        .unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
+    let gw = Gateway::start_with_filters(config, ConfigSource::Memory, natives).expect("starts");
+    let addr = gw.listener_addr("main").unwrap();
+    let admin = gw.admin_addr().unwrap();
+    Fixture {
+        g: TestGateway {
+            gw: Some(gw),
+            addr,
+            admin,
+        },
+        o,
+        _alt: alt,
+    }
+}
+
+async fn req(c: &mut Client, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut b = http::Request::builder().method(method).uri(path);
+    for (n, v) in headers {
+        b = b.header(*n, *v);
+    }
+    c.send(b.body(Full::new(Bytes::new())).unwrap()).await
+}
+
+fn body(r: &Reply) -> String {
+    String::from_utf8_lossy(&r.body).into_owned()
+}
+
+#[tokio::test]
+async fn headers_filter_edits_request_and_response() {
+    let f = fixture(
+        r#"
+[[filters]]
+name = "req"
+type = "headers"
+stage = "pre"
+set = { x-set = "s" }
+add = { x-add = "a" }
+remove = ["x-drop"]
+
+[[filters]]
+name = "resp"
+type = "headers"
+stage = "post"
+set = { x-resp = "r" }
+remove = ["x-internal"]
+match = { routes = ["api"] }
+"#,
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    let r = req(
+        &mut c,
+        "GET",
+        "/api/x",
+        &[("x-drop", "1"), ("x-add", "0"), ("x-set", "old")],
+    )
+    .await;
+    let b = body(&r);
+    assert!(
+        b.contains("x-set: s\r\n") && !b.contains("x-set: old"),
+        "{b}"
+    );
+    assert!(
+        b.contains("x-add: 0\r\n") && b.contains("x-add: a\r\n"),
+        "{b}"
+    );
+    assert!(!b.contains("x-drop"), "{b}");
+    assert_eq!(r.headers["x-resp"], "r");
+    assert!(!r.headers.contains_key("x-internal"));
+    // Route match: the response filter only applies to route "api".
+    let r = req(&mut c, "GET", "/other", &[]).await;
+    assert!(r.headers.contains_key("x-internal"));
+    assert!(!r.headers.contains_key("x-resp"));
+}
+
+#[tokio::test]
+async fn redirect_and_static_answer_without_the_origin() {
+    let f = fixture(
+        r#"
+[[filters]]
+name = "moved"
+type = "redirect"
+status = 301
+location = "https://example.com/new"
+match = { path_prefix = "/old" }
+
+[[filters]]
+name = "tmp"
+type = "redirect"
+location = "/elsewhere"
+match = { path_prefix = "/tmp" }
+
+[[filters]]
+name = "health"
+type = "static"
+status = 200
+headers = { content-type = "application/json" }
+body = '{"ok":true}'
+match = { path_prefix = "/health", methods = ["GET"] }
+
+[[filters]]
+name = "post-tag"
+type = "headers"
+stage = "post"
+set = { x-post = "1" }
+"#,
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    let r = req(&mut c, "GET", "/old/page", &[]).await;
+    assert_eq!(r.status, 301);
+    assert_eq!(r.headers["location"], "https://example.com/new");
+    assert_eq!(
+        r.headers["x-post"], "1",
+        "post filters run on filter responses"
+    );
+    let r = req(&mut c, "GET", "/tmp", &[]).await;
+    assert_eq!(r.status, 302);
+    assert_eq!(r.headers["location"], "/elsewhere");
+    let r = req(&mut c, "GET", "/health", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-type"], "application/json");
+    assert_eq!(body(&r), r#"{"ok":true}"#);
+    assert_eq!(f.o.connections(), 0);
+    let r = req(&mut c, "POST", "/health", &[]).await;
+    assert_eq!(r.headers["x-origin"], "o");
+}
+
+struct Fail;
+impl Filter for Fail {
+    fn run<'a>(&'a self, _ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        done(Err("nope".into()))
+    }
+}
+
+#[tokio::test]
+async fn static_in_the_error_stage_is_the_error_response() {
+    let f = fixture_with(
+        r#"
+[[filters]]
+name = "maintenance"
+type = "static"
+stage = "error"
+status = 503
+headers = { retry-after = "30" }
+body = "try later\n"
+"#,
+        vec![FilterSpec::new("broken", FilterStage::Pre, 0, Fail)],
+    )
+    .await;
+    let r = get(f.g.addr, "/x").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.headers["retry-after"], "30");
+    assert_eq!(body(&r), "try later\n");
+}
+
+#[tokio::test]
+async fn cors_preflight_and_actual_requests() {
+    let f = fixture(
+        r#"
+[[filters]]
+name = "cors"
+type = "cors"
+allowed_origins = ["https://app.example.com"]
+allowed_methods = ["GET", "PUT"]
+allowed_headers = ["x-token"]
+allow_credentials = true
+max_age = "10m"
+"#,
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    let pre = [
+        ("origin", "https://app.example.com"),
+        ("access-control-request-method", "PUT"),
+    ];
+    let r = req(&mut c, "OPTIONS", "/api/x", &pre).await;
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        r.headers["access-control-allow-origin"],
+        "https://app.example.com"
+    );
+    assert_eq!(r.headers["access-control-allow-methods"], "GET, PUT");
+    assert_eq!(r.headers["access-control-allow-headers"], "x-token");
+    assert_eq!(r.headers["access-control-allow-credentials"], "true");
+    assert_eq!(r.headers["access-control-max-age"], "600");
+    assert_eq!(r.headers["vary"], "Origin");
+    assert_eq!(f.o.connections(), 0, "preflight answered in pre");
+    let r = req(
+        &mut c,
+        "OPTIONS",
+        "/api/x",
+        &[
+            ("origin", "https://evil.example"),
+            ("access-control-request-method", "PUT"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert!(!r.headers.contains_key("access-control-allow-origin"));
+    // Actual requests are proxied; allowed origins get the headers on the way out.
+    let r = req(
+        &mut c,
+        "GET",
+        "/api/x",
+        &[("origin", "https://app.example.com")],
+    )
+    .await;
+    assert_eq!(r.headers["x-origin"], "o");
+    assert_eq!(
+        r.headers["access-control-allow-origin"],
+        "https://app.example.com"
+    );
+    let r = req(
+        &mut c,
+        "GET",
+        "/api/x",
+        &[("origin", "https://evil.example")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(!r.headers.contains_key("access-control-allow-origin"));
+    // A plain OPTIONS (no preflight headers) goes to the origin.
+    let r = req(&mut c, "OPTIONS", "/api/x", &[]).await;
+    assert_eq!(r.headers["x-origin"], "o");
+}
+
+#[tokio::test]
+async fn cors_any_origin() {
+    let f =
+        fixture("[[filters]]\nname = \"cors\"\ntype = \"cors\"\nallowed_origins = [\"*\"]\n").await;
+    let r = Client::connect(f.g.addr)
+        .await
+        .send(
+            http::Request::get("/x")
+                .header("origin", "https://any.example")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(r.headers["access-control-allow-origin"], "*");
+}
+
+#[tokio::test]
+async fn ip_filter_allow_and_deny() {
+    let f = fixture(
+        r#"
+[[filters]]
+name = "deny-local"
+type = "ip_filter"
+deny = ["10.0.0.0/8", "127.0.0.0/8"]
+match = { path_prefix = "/api" }
+
+[[filters]]
+name = "allow-only"
+type = "ip_filter"
+allow = ["192.0.2.0/24"]
+match = { path_prefix = "/internal" }
+
+[[filters]]
+name = "allow-me"
+type = "ip_filter"
+allow = ["10.1.0.0/16", "127.0.0.1"]
+match = { path_prefix = "/mine" }
+"#,
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    assert_eq!(req(&mut c, "GET", "/api/x", &[]).await.status, 403);
+    assert_eq!(req(&mut c, "GET", "/internal", &[]).await.status, 403);
+    assert_eq!(req(&mut c, "GET", "/mine", &[]).await.status, 200);
+    assert_eq!(req(&mut c, "GET", "/other", &[]).await.status, 200);
+    assert_eq!(f.o.connections(), 1);
+}
+
+#[tokio::test]
+async fn api_key_checks_the_header() {
+    let f = fixture(
+        r#"
+[[filters]]
+name = "keys"
+type = "api_key"
+keys = ["k1", "k2"]
+match = { routes = ["api"] }
+
+[[filters]]
+name = "custom"
+type = "api_key"
+header = "authorization"
+keys = ["Bearer t0ken"]
+match = { path_prefix = "/secure" }
+"#,
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    let r = req(&mut c, "GET", "/api/x", &[]).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(body(&r), "401 Unauthorized\n");
+    assert_eq!(
+        req(&mut c, "GET", "/api/x", &[("x-api-key", "nope")])
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        req(&mut c, "GET", "/api/x", &[("x-api-key", "k2")])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(req(&mut c, "GET", "/secure", &[]).await.status, 401);
+    assert_eq!(
+        req(
+            &mut c,
+            "GET",
+            "/secure",
+            &[("authorization", "Bearer t0ken")]
+        )
+        .await
+        .status,
+        200
+    );
+    assert_eq!(req(&mut c, "GET", "/open", &[]).await.status, 200);
+}
+
+#[tokio::test]
+async fn rate_limit_by_ip_header_and_route() {
+    let f = fixture(
+        r#"
+[[filters]]
+name = "per-ip"
+type = "rate_limit"
+requests = 2
+period = "1h"
+match = { path_prefix = "/ip" }
+
+[[filters]]
+name = "per-tenant"
+type = "rate_limit"
+requests = 1
+period = "1h"
+key = "header"
+header = "x-tenant"
+match = { path_prefix = "/tenant" }
+
+[[filters]]
+name = "per-route"
+type = "rate_limit"
+requests = 100
+burst = 1
+key = "route"
+match = { routes = ["api"] }
+"#,
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    assert_eq!(req(&mut c, "GET", "/ip", &[]).await.status, 200);
+    assert_eq!(req(&mut c, "GET", "/ip", &[]).await.status, 200);
+    let r = req(&mut c, "GET", "/ip", &[]).await;
+    assert_eq!(r.status, 429);
+    let wait: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(wait > 60 && wait <= 1800, "{wait}");
+    // A new connection from the same IP shares the bucket.
+    assert_eq!(get(f.g.addr, "/ip").await.status, 429);
+
+    assert_eq!(
+        req(&mut c, "GET", "/tenant", &[("x-tenant", "a")])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        req(&mut c, "GET", "/tenant", &[("x-tenant", "a")])
+            .await
+            .status,
+        429
+    );
+    assert_eq!(
+        req(&mut c, "GET", "/tenant", &[("x-tenant", "b")])
+            .await
+            .status,
+        200
+    );
+
+    // burst 1 at 100/s: the second at once is refused, Retry-After at least 1 s.
+    assert_eq!(req(&mut c, "GET", "/api/1", &[]).await.status, 200);
+    let r = req(&mut c, "GET", "/api/2", &[]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.headers["retry-after"], "1");
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    assert_eq!(req(&mut c, "GET", "/api/3", &[]).await.status, 200);
+    let text = f.g.gateway().metrics_text();
+    assert_eq!(
+        metric(
+            &text,
+            "keymaster_filter_invocations_total{filter=\"per-ip\"}"
+        ),
+        4.0
+    );
+}
+
+#[tokio::test]
+async fn reroute_chooses_cluster_path_and_host() {
+    let f = fixture(
+        r#"
+[[filters]]
+name = "to-alt"
+type = "reroute"
+stage = "route"
+cluster = "alt"
+path = "/v2/items"
+host = "alt.internal"
+match = { path_prefix = "/items" }
+"#,
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    let r = req(&mut c, "GET", "/items?page=2", &[]).await;
+    assert_eq!(r.headers["x-origin"], "alt");
+    let b = body(&r);
+    assert!(b.starts_with("GET /v2/items?page=2 HTTP/1.1\r\n"), "{b}");
+    assert_eq!(head_header(&b, "host"), Some("alt.internal"));
+    assert_eq!(req(&mut c, "GET", "/x", &[]).await.headers["x-origin"], "o");
+}
+
+#[tokio::test]
+async fn cors_headers_also_on_answers_of_later_filters() {
+    let f = fixture(
+        r#"
+[[filters]]
+name = "cors"
+type = "cors"
+order = -10
+allowed_origins = ["https://app.example.com"]
+
+[[filters]]
+name = "keys"
+type = "api_key"
+keys = ["k1"]
+"#,
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    let r = req(
+        &mut c,
+        "GET",
+        "/x",
+        &[("origin", "https://app.example.com")],
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.headers["access-control-allow-origin"],
+        "https://app.example.com"
+    );
+}
