@@ -437,26 +437,15 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
     }
     let m = &r.matches;
     let mat = at.key("match");
-    let paths = [
-        ("path_prefix", &m.path_prefix),
-        ("path_exact", &m.path_exact),
-        ("path_regex", &m.path_regex),
-    ];
-    let given: Vec<&str> = paths
-        .iter()
-        .filter(|(_, v)| v.is_some())
-        .map(|(k, _)| *k)
-        .collect();
-    if given.len() > 1 {
-        p.push(
-            mat.key(given[1]),
-            format!(
-                "{} are {} set; expected at most one of path_prefix, path_exact, path_regex",
-                given.join(" and "),
-                if given.len() == 2 { "both" } else { "all" }
-            ),
-        );
-    }
+    at_most_one(
+        &[
+            ("path_prefix", m.path_prefix.is_some()),
+            ("path_exact", m.path_exact.is_some()),
+            ("path_regex", m.path_regex.is_some()),
+        ],
+        &mat,
+        p,
+    );
     check_path(&m.path_prefix, mat.key("path_prefix"), p);
     check_path(&m.path_exact, mat.key("path_exact"), p);
     if let Some(re) = &m.path_regex {
@@ -468,25 +457,7 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
             );
         }
     }
-    for (j, method) in m.methods.iter().enumerate() {
-        let path = mat.key("methods").index(j);
-        if http::Method::from_bytes(method.as_bytes()).is_err() {
-            p.push(
-                path,
-                format!("{method:?} is not an HTTP method token; expected e.g. \"GET\""),
-            );
-        } else if method.bytes().any(|b| b.is_ascii_lowercase())
-            && is_standard_method(&method.to_ascii_uppercase())
-        {
-            p.push(
-                path,
-                format!(
-                    "methods are case-sensitive; expected {:?}",
-                    method.to_ascii_uppercase()
-                ),
-            );
-        }
-    }
+    crate::validate_filters::check_methods(&m.methods, &mat.key("methods"), p);
     if let Some(host) = &m.host {
         if let Err(why) = check_host_pattern(host) {
             p.push(
@@ -504,21 +475,8 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
         ("replace_prefix", &rw.replace_prefix),
         ("replace_path", &rw.replace_path),
     ];
-    let given: Vec<&str> = rewrites
-        .iter()
-        .filter(|(_, v)| v.is_some())
-        .map(|(k, _)| *k)
-        .collect();
-    if given.len() > 1 {
-        p.push(
-            rwp.key(given[1]),
-            format!(
-                "{} are {} set; expected at most one of strip_prefix, replace_prefix, replace_path",
-                given.join(" and "),
-                if given.len() == 2 { "both" } else { "all" }
-            ),
-        );
-    }
+    let set: Vec<(&str, bool)> = rewrites.iter().map(|(k, v)| (*k, v.is_some())).collect();
+    at_most_one(&set, &rwp, p);
     for (key, value) in rewrites {
         check_path(value, rwp.key(key), p);
     }
@@ -554,6 +512,28 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
         p.push(
             at.key("max_body_size"),
             "must be greater than zero; expected a size like \"10MiB\"",
+        );
+    }
+}
+
+/// Report when more than one of mutually exclusive keys is set (at the second one); returns
+/// how many are set.
+fn at_most_one(options: &[(&str, bool)], at: &KeyPath, p: &mut Problems) {
+    let given: Vec<&str> = options
+        .iter()
+        .filter(|(_, set)| *set)
+        .map(|(k, _)| *k)
+        .collect();
+    if given.len() > 1 {
+        let all: Vec<&str> = options.iter().map(|(k, _)| *k).collect();
+        p.push(
+            at.key(given[1]),
+            format!(
+                "{} are {} set; expected at most one of {}",
+                given.join(" and "),
+                if given.len() == 2 { "both" } else { "all" },
+                all.join(", ")
+            ),
         );
     }
 }

@@ -107,7 +107,7 @@ pub(crate) fn check_filters(config: &Config, p: &mut Problems) {
     }
 }
 
-fn check_methods(methods: &[String], at: &KeyPath, p: &mut Problems) {
+pub(crate) fn check_methods(methods: &[String], at: &KeyPath, p: &mut Problems) {
     for (j, method) in methods.iter().enumerate() {
         let path = at.index(j);
         if http::Method::from_bytes(method.as_bytes()).is_err() {

@@ -343,8 +343,11 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("bench-results").join(timestamp(started, true)));
+    std::fs::create_dir_all(out.join("logs")).map_err(|e| format!("{}: {e}", out.display()))?;
+    // Absolute from here on: peers run with their work directory as cwd and get these paths
+    // in their generated configs.
+    let out = std::fs::canonicalize(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let logs = out.join("logs");
-    std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (sut_cpus, load_cpus) = if args.pin {
         if args.workers >= cpus {
