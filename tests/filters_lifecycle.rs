@@ -36,18 +36,7 @@ async fn echo_origin(tag: &'static str) -> RawOrigin {
 
 fn cfg(origin: SocketAddr, alt: SocketAddr, extra: &str) -> String {
     format!(
-        r#"
-[server]
-workers = 1
-drain_timeout = "5s"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[[listeners]]
-name = "main"
-address = "127.0.0.1:0"
-
+        r#"{PREAMBLE}
 {extra}
 
 [[routes]]
