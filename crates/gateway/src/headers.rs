@@ -38,6 +38,8 @@ pub(crate) struct HeadScan {
     pub content_length: bool,
     pub transfer_encoding: bool,
     pub connection: bool,
+    /// `Expect` is present (requests: answered by the listener, not forwarded).
+    pub expect: bool,
     /// Any hop-by-hop field (Connection, Keep-Alive, TE, Transfer-Encoding, Upgrade,
     /// Proxy-Connection) is present.
     pub hop_by_hop: bool,
@@ -61,6 +63,7 @@ impl HeadScan {
                     s.hop_by_hop = true;
                 }
                 "te" | "upgrade" | "keep-alive" | "proxy-connection" => s.hop_by_hop = true,
+                "expect" => s.expect = true,
                 _ => {}
             }
         }

@@ -15,7 +15,6 @@
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
-use std::cell::Cell;
 use std::convert::Infallible;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -254,18 +253,18 @@ async fn proxy(
             ));
         }
     }
-    let body_state = Rc::new(RequestBodyState::default());
-    let body_empty = http_body::Body::is_end_stream(&body);
-    let upstream_body = if body_empty {
-        body_state.finished.set(true);
-        RequestBody::Empty
+    // No body: no shared state to allocate (`None` reads as "finished, not too large").
+    let (upstream_body, body_state) = if http_body::Body::is_end_stream(&body) {
+        (RequestBody::Empty, None)
     } else {
-        RequestBody::Stream {
+        let state = Rc::new(RequestBodyState::default());
+        let stream = RequestBody::Stream {
             inner: body,
             limit: route.max_body_size,
             seen: 0,
-            state: body_state.clone(),
-        }
+            state: state.clone(),
+        };
+        (stream, Some(state))
     };
 
     // Request header duties.
@@ -275,7 +274,9 @@ async fn proxy(
             .headers
             .insert(header::TE, HeaderValue::from_static("trailers"));
     }
-    parts.headers.remove(header::EXPECT); // answered by our own listener
+    if scan.expect {
+        parts.headers.remove(header::EXPECT); // answered by our own listener
+    }
     hdr::add_forwarding(
         &mut parts.headers,
         &cx.client,
@@ -348,9 +349,8 @@ async fn proxy(
         &cluster,
         &server,
         Request::from_parts(parts, upstream_body),
-        body_empty,
         deadline,
-        &body_state,
+        body_state.as_deref(),
     )
     .await?;
     let upstream_head = start.elapsed();
@@ -408,7 +408,7 @@ async fn proxy(
         route: route.clone(),
         reusable,
         body_state,
-        complete: Cell::new(false),
+        complete: false,
         failure: None,
         bytes: 0,
         status,
@@ -435,17 +435,15 @@ fn connection_has_close(v: &HeaderValue) -> bool {
 
 /// Send the request on a pooled or new connection. A request that fails on a reused
 /// connection before any response (the keep-alive race) is sent once more on a fresh one,
-/// if it was not sent at all or is bodyless and so can be replayed.
-#[allow(clippy::too_many_arguments)]
+/// if it was not sent at all or is bodyless (`body_state` is `None`) and so can be replayed.
 async fn send(
     cx: &Rc<ConnCtx>,
     route: &Route,
     cluster: &Arc<Cluster>,
     server: &Arc<OriginServer>,
     req: Request<RequestBody>,
-    body_empty: bool,
     deadline: Option<Instant>,
-    body_state: &RequestBodyState,
+    body_state: Option<&RequestBodyState>,
 ) -> Result<(Response<Incoming>, Conn, u32), Error> {
     let pools = &cx.worker.pools;
     let reused = pools.checkout(server.state.id, Instant::now());
@@ -461,7 +459,7 @@ async fn send(
     if is_reused {
         cluster.metrics.reused.inc();
     }
-    let replay = if is_reused && body_empty {
+    let replay = if is_reused && body_state.is_none() {
         Some((
             req.method().clone(),
             req.uri().clone(),
@@ -479,13 +477,13 @@ async fn send(
         Ok(Err(mut e)) => {
             let unsent = e.take_message();
             let err = e.into_error();
-            if body_state.too_large.get() {
+            if body_state.is_some_and(|s| s.too_large.get()) {
                 return Err(Error::new(
                     Kind::BodyTooLarge,
                     "request body exceeds the route's limit",
                 ));
             }
-            if body_state.malformed.get() {
+            if body_state.is_some_and(|s| s.malformed.get()) {
                 return Err(Error::new(Kind::BadRequest, "invalid request body framing"));
             }
             let retry_req = match (unsent, replay) {
@@ -589,8 +587,9 @@ pub(crate) struct Exchange {
     cx: Rc<ConnCtx>,
     route: Arc<Route>,
     reusable: bool,
-    body_state: Rc<RequestBodyState>,
-    complete: Cell<bool>,
+    /// `None`: the request had no body.
+    body_state: Option<Rc<RequestBodyState>>,
+    complete: bool,
     failure: Option<&'static str>,
     bytes: u64,
     status: u16,
@@ -601,7 +600,7 @@ pub(crate) struct Exchange {
 
 impl Exchange {
     pub(crate) fn body_complete(&mut self) {
-        self.complete.set(true);
+        self.complete = true;
     }
     pub(crate) fn fail_body(&mut self, category: &'static str) {
         self.failure = Some(category);
@@ -614,10 +613,11 @@ impl Exchange {
 
 impl Drop for Exchange {
     fn drop(&mut self) {
-        let complete = self.complete.get() && self.failure.is_none();
+        let complete = self.complete && self.failure.is_none();
         let now = Instant::now();
         if let Some(conn) = self.conn.take() {
-            if complete && self.reusable && self.body_state.finished.get() {
+            let body_sent = self.body_state.as_ref().is_none_or(|s| s.finished.get());
+            if complete && self.reusable && body_sent {
                 let pool = &self.cluster.config.pool;
                 self.cluster.metrics.idle_connections.inc();
                 self.cx
