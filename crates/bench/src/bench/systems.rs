@@ -7,7 +7,6 @@
 
 use std::fs::File;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -305,22 +304,7 @@ impl Proc {
             .try_clone()
             .map_err(|e| format!("{}: {e}", log.display()))?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-        let set = cpus.map(CpuSet::to_libc);
-        // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-        // functions may be called. It calls two raw syscalls (prctl and sched_setaffinity),
-        // which are async-signal-safe, touches no locks and allocates nothing: `set` was built
-        // before the fork and is moved (copied) into the closure.
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                if let Some(set) = &set {
-                    if libc::sched_setaffinity(0, std::mem::size_of_val(set), set) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
+        pin_child(&mut cmd, cpus);
         let child = cmd.spawn().map_err(|e| format!("starting {name}: {e}"))?;
         Ok(Proc {
             child,
@@ -378,6 +362,28 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Make a child started from `cmd` die with the bench (SIGTERM on parent death) and, when
+/// `cpus` is given, run only on those CPUs.
+pub(crate) fn pin_child(cmd: &mut Command, cpus: Option<&CpuSet>) {
+    use std::os::unix::process::CommandExt as _;
+    let set = cpus.map(CpuSet::to_libc);
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
+    // functions may be called. It calls two raw syscalls (prctl and sched_setaffinity),
+    // which are async-signal-safe, touches no locks and allocates nothing: `set` was built
+    // before the fork and is moved (copied) into the closure.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            if let Some(set) = &set {
+                if libc::sched_setaffinity(0, std::mem::size_of_val(set), set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
     }
 }
 

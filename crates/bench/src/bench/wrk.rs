@@ -135,22 +135,7 @@ fn exec(args: &[String], cpus: Option<&CpuSet>) -> Result<String, String> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let set = cpus.map(CpuSet::to_libc);
-    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-    // functions may be called: two raw syscalls (prctl, sched_setaffinity), no locks, no
-    // allocation; `set` was built before the fork and is copied into the closure.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            if let Some(set) = &set {
-                if libc::sched_setaffinity(0, std::mem::size_of_val(set), set) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
+    super::systems::pin_child(&mut cmd, cpus);
     let out = cmd
         .output()
         .map_err(|e| format!("starting {}: {e}", wrk.display()))?;
