@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use crate::access_log::LogRecord;
 use crate::body::{OriginBody, RequestBody, RequestBodyState, ResponseBody};
 use crate::downstream::ConnCtx;
-use crate::error::{Error, Kind};
+use crate::error::{Error, Kind, Side};
 use crate::filter::FilterCtx;
 use crate::headers::{self as hdr, parse_content_length};
 use crate::respond::error_response;
@@ -48,7 +48,14 @@ pub(crate) async fn handle(
     match proxy(&cx, &snapshot, req, start, &mut info).await {
         Ok(resp) if info.local.is_some() => {
             // Answered by the filter chain: no `Exchange`, finish here.
-            finish_local(&cx, &mut info, resp.status().as_u16(), start);
+            let finished = Finished {
+                status: resp.status().as_u16(),
+                category: info.local.unwrap_or("filter_response"),
+                side: Side::Internal,
+                elapsed: start.elapsed(),
+                bytes_out: 0,
+            };
+            record(&cx, info.route.as_deref(), info.log.take(), finished);
             drop(inflight);
             Ok(resp)
         }
@@ -72,24 +79,14 @@ pub(crate) async fn handle(
                     .proxy_error(ctx, err.category(), resp, &failed)
                     .await;
             }
-            let status = resp.status().as_u16();
-            let elapsed = start.elapsed();
-            cx.worker
-                .shared
-                .metrics
-                .error(err.category(), err.side().as_str());
-            if let Some(route) = &info.route {
-                route.metrics.count(status);
-                route.metrics.latency.observe(elapsed.as_secs_f64());
-            }
-            if let Some(mut log) = info.log.take() {
-                log.status = status;
-                log.category = err.category();
-                log.duration_us = elapsed.as_micros() as u64;
-                if let Some(l) = &cx.worker.shared.access_log {
-                    l.write(&log);
-                }
-            }
+            let finished = Finished {
+                status: resp.status().as_u16(),
+                category: err.category(),
+                side: err.side(),
+                elapsed: start.elapsed(),
+                bytes_out: 0,
+            };
+            record(&cx, info.route.as_deref(), info.log.take(), finished);
             drop(inflight);
             Ok(resp)
         }
@@ -121,24 +118,32 @@ struct RequestInfo {
     fctx: Option<Box<FilterCtx>>,
 }
 
-/// Metrics and the access log line of a response the filter chain made.
-fn finish_local(cx: &ConnCtx, info: &mut RequestInfo, status: u16, start: Instant) {
-    let elapsed = start.elapsed();
-    let category = info.local.unwrap_or("filter_response");
-    if category != "filter_response" {
-        cx.worker.shared.metrics.error(category, "internal");
+/// How a request ended, for metrics and the access log.
+struct Finished {
+    status: u16,
+    /// Zuul-style status category: "success", "filter_response", or an error category.
+    category: &'static str,
+    side: Side,
+    elapsed: std::time::Duration,
+    bytes_out: u64,
+}
+
+/// The one place a finished request is counted and logged, whoever answered it: the origin
+/// (`Exchange`), the filter chain, or an error response.
+fn record(cx: &ConnCtx, route: Option<&Route>, log: Option<Box<LogRecord>>, f: Finished) {
+    if !matches!(f.category, "success" | "filter_response") {
+        cx.worker.shared.metrics.error(f.category, f.side.as_str());
     }
-    if let Some(route) = &info.route {
-        route.metrics.count(status);
-        route.metrics.latency.observe(elapsed.as_secs_f64());
+    if let Some(route) = route {
+        route.metrics.count(f.status);
+        route.metrics.latency.observe(f.elapsed.as_secs_f64());
     }
-    if let Some(mut log) = info.log.take() {
-        log.status = status;
-        log.category = category;
-        log.duration_us = elapsed.as_micros() as u64;
-        if let Some(l) = &cx.worker.shared.access_log {
-            l.write(&log);
-        }
+    if let (Some(mut log), Some(l)) = (log, &cx.worker.shared.access_log) {
+        log.status = f.status;
+        log.category = f.category;
+        log.duration_us = f.elapsed.as_micros() as u64;
+        log.bytes_out = f.bytes_out;
+        l.write(&log);
     }
 }
 
@@ -627,26 +632,19 @@ impl Drop for Exchange {
             }
             // Otherwise the connection drops here and closes: never reuse a half-read one.
         }
-        let elapsed = now.saturating_duration_since(self.start);
-        self.route.metrics.count(self.status);
-        self.route.metrics.latency.observe(elapsed.as_secs_f64());
         let category = match (complete, self.failure) {
             (_, Some(c)) => c,
             (true, None) => "success",
             (false, None) => "client_cancelled",
         };
-        if category != "success" {
-            self.cx.worker.shared.metrics.error(category, "origin");
-        }
-        if let Some(mut log) = self.log.take() {
-            log.status = self.status;
-            log.category = category;
-            log.duration_us = elapsed.as_micros() as u64;
-            log.bytes_out = self.bytes;
-            if let Some(l) = &self.cx.worker.shared.access_log {
-                l.write(&log);
-            }
-        }
+        let finished = Finished {
+            status: self.status,
+            category,
+            side: Side::Origin,
+            elapsed: now.saturating_duration_since(self.start),
+            bytes_out: self.bytes,
+        };
+        record(&self.cx, Some(&self.route), self.log.take(), finished);
         self.cx.state.request_finished(now);
     }
 }
