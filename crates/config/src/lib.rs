@@ -81,6 +81,11 @@ pub fn load_file(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
                     tls.resolve_paths(dir);
                 }
             }
+            for c in &mut config.clusters {
+                if let Some(tls) = &mut c.tls {
+                    tls.resolve_paths(dir);
+                }
+            }
             config
         }),
         Err(e) => Err(ConfigError {

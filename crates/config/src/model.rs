@@ -452,6 +452,9 @@ pub struct PoolConfig {
     pub idle_timeout: Duration,
     /// A connection is retired after this many requests (0 = unlimited).
     pub max_requests_per_connection: u64,
+    /// HTTP/2: concurrent requests (streams) per connection before another connection is
+    /// opened; the origin's SETTINGS_MAX_CONCURRENT_STREAMS lowers it.
+    pub max_streams: usize,
 }
 
 impl Default for PoolConfig {
@@ -461,6 +464,7 @@ impl Default for PoolConfig {
             max_idle: 1024,
             idle_timeout: Duration::from_secs(4),
             max_requests_per_connection: 10_000,
+            max_streams: 100,
         }
     }
 }
@@ -483,6 +487,82 @@ pub struct ClusterConfig {
     pub response_header_timeout: Duration,
     /// Total deadline for the whole exchange including the body (absent = none).
     pub request_timeout: Option<Duration>,
+    /// `"http1"`, `"h2"` (ALPN h2 over TLS, prior knowledge in cleartext) or `"auto"`
+    /// (TLS only: ALPN offers h2 and http/1.1, the origin picks).
+    pub protocol: UpstreamProtocol,
+    /// `tls`: speak TLS to the servers (absent = cleartext).
+    pub tls: Option<UpstreamTlsConfig>,
+}
+
+/// The HTTP version spoken to a cluster's servers.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 (ALPN offers only http/1.1 over TLS).
+    #[default]
+    Http1,
+    /// HTTP/2: ALPN h2 over TLS, prior knowledge (h2c) in cleartext.
+    H2,
+    /// TLS only: ALPN offers h2 and http/1.1 and the origin picks.
+    Auto,
+}
+
+impl UpstreamProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamProtocol::Http1 => "http1",
+            UpstreamProtocol::H2 => "h2",
+            UpstreamProtocol::Auto => "auto",
+        }
+    }
+}
+
+/// TLS to a cluster's origin servers.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamTlsConfig {
+    /// Server name sent in SNI and verified against the certificate. Absent: the host of
+    /// each server's `address` (an IP address is verified against IP SANs and no SNI is sent).
+    pub sni: Option<String>,
+    /// PEM file of the CA certificates origin certificates must chain to. Absent: the
+    /// Mozilla root set compiled into the gateway (webpki-roots).
+    pub ca: Option<String>,
+    /// Client certificate presented to origins that ask for one (mTLS).
+    pub client_cert: Option<TlsCertificate>,
+    /// Lowest TLS version offered.
+    pub min_version: TlsVersion,
+    /// Highest TLS version offered.
+    pub max_version: TlsVersion,
+}
+
+impl Default for UpstreamTlsConfig {
+    fn default() -> Self {
+        Self {
+            sni: None,
+            ca: None,
+            client_cert: None,
+            min_version: TlsVersion::Tls12,
+            max_version: TlsVersion::Tls13,
+        }
+    }
+}
+
+impl UpstreamTlsConfig {
+    /// Make relative file paths relative to `dir` (the config file's directory).
+    pub fn resolve_paths(&mut self, dir: &std::path::Path) {
+        let fix = |p: &mut String| {
+            if !p.is_empty() && std::path::Path::new(p.as_str()).is_relative() {
+                *p = dir.join(p.as_str()).display().to_string();
+            }
+        };
+        if let Some(ca) = &mut self.ca {
+            fix(ca);
+        }
+        if let Some(c) = &mut self.client_cert {
+            fix(&mut c.cert);
+            fix(&mut c.key);
+        }
+    }
 }
 
 impl Default for ClusterConfig {
@@ -495,6 +575,8 @@ impl Default for ClusterConfig {
             connect_timeout: Duration::from_secs(2),
             response_header_timeout: Duration::from_secs(30),
             request_timeout: None,
+            protocol: UpstreamProtocol::Http1,
+            tls: None,
         }
     }
 }

@@ -6,7 +6,7 @@ use crate::model::{
     Config, HeaderEdits, HostPolicy, ListenerConfig, ListenerProtocol, RouteConfig, TlsConfig,
 };
 use crate::units::Duration;
-use crate::{ClusterConfig, OriginServerConfig};
+use crate::{ClusterConfig, OriginServerConfig, TlsVersion, UpstreamProtocol};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -303,6 +303,16 @@ fn check_cluster(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
     p.positive(at.key("response_header_timeout"), c.response_header_timeout);
     p.positive_opt(at.key("request_timeout"), c.request_timeout);
     p.positive(at.key("pool").key("idle_timeout"), c.pool.idle_timeout);
+    if c.pool.max_streams == 0 || c.pool.max_streams > 10_000 {
+        p.push(
+            at.key("pool").key("max_streams"),
+            format!(
+                "{} is out of range; expected 1 to 10000 concurrent streams per connection",
+                c.pool.max_streams
+            ),
+        );
+    }
+    check_upstream_tls(c, at, p);
     if c.pool.max_connections != 0 && c.pool.max_idle > c.pool.max_connections {
         p.push(
             at.key("pool").key("max_idle"),
@@ -312,6 +322,63 @@ fn check_cluster(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
             ),
         );
     }
+}
+
+fn check_upstream_tls(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
+    let Some(tls) = &c.tls else {
+        if c.protocol == UpstreamProtocol::Auto {
+            p.push(
+                at.key("protocol"),
+                "\"auto\" picks the protocol by ALPN, which needs TLS; expected a tls table, or protocol = \"h2\" (prior knowledge) or \"http1\"",
+            );
+        }
+        return;
+    };
+    let tat = at.key("tls");
+    if let Some(sni) = &tls.sni {
+        if !server_name_ok(sni) {
+            p.push(
+                tat.key("sni"),
+                format!("{sni:?} is not a DNS name or IP address; expected e.g. \"api.internal\""),
+            );
+        }
+    }
+    if tls.ca.as_ref().is_some_and(|ca| ca.trim().is_empty()) {
+        p.push(tat.key("ca"), "must not be empty; expected a PEM file path");
+    }
+    if let Some(cc) = &tls.client_cert {
+        for (key, value) in [("cert", &cc.cert), ("key", &cc.key)] {
+            if value.trim().is_empty() {
+                p.push(
+                    tat.key("client_cert").key(key),
+                    "must not be empty; expected a PEM file path",
+                );
+            }
+        }
+    }
+    if tls.min_version == TlsVersion::Tls13 && tls.max_version == TlsVersion::Tls12 {
+        p.push(
+            tat.key("max_version"),
+            "\"1.2\" is below min_version \"1.3\"; expected max_version at least min_version",
+        );
+    }
+}
+
+/// A server name is a DNS name (letters, digits, hyphens, dots) or an IP address.
+fn server_name_ok(name: &str) -> bool {
+    if name.parse::<IpAddr>().is_ok() {
+        return true;
+    }
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
 }
 
 fn check_server(s: &OriginServerConfig, at: &KeyPath, p: &mut Problems) {

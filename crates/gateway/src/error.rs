@@ -52,6 +52,9 @@ pub(crate) enum Kind {
     Connect,
     /// Connecting to the origin took longer than the connect timeout (502).
     ConnectTimeout,
+    /// The TLS handshake with the origin failed: certificate not trusted, wrong name,
+    /// no common version or cipher (502).
+    OriginTls,
     /// The origin's pool is at its connection cap (503).
     PoolFull,
     /// The origin sent no response head in time (504).
@@ -100,7 +103,7 @@ impl Error {
             | Kind::ClientGone => (Side::Client, Retry::Unsafe),
             Kind::NoRoute | Kind::FilterFailed => (Side::Internal, Retry::Unsafe),
             Kind::PoolFull => (Side::Internal, Retry::Safe),
-            Kind::Connect | Kind::ConnectTimeout => (Side::Origin, Retry::Safe),
+            Kind::Connect | Kind::ConnectTimeout | Kind::OriginTls => (Side::Origin, Retry::Safe),
             Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout | Kind::OriginProtocol => {
                 (Side::Origin, Retry::Unsafe)
@@ -145,7 +148,14 @@ impl Error {
     }
     /// Connecting to the origin failed (nothing was sent).
     pub fn is_connect(&self) -> bool {
-        matches!(self.inner.kind, Kind::Connect | Kind::ConnectTimeout)
+        matches!(
+            self.inner.kind,
+            Kind::Connect | Kind::ConnectTimeout | Kind::OriginTls
+        )
+    }
+    /// The TLS handshake with the origin failed.
+    pub fn is_tls(&self) -> bool {
+        self.inner.kind == Kind::OriginTls
     }
     /// The client went away.
     pub fn is_client_gone(&self) -> bool {
@@ -170,9 +180,11 @@ impl Error {
             Kind::NoRoute => StatusCode::NOT_FOUND,
             // Nobody reads it, but the access log records 499 as nginx does.
             Kind::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            Kind::Connect | Kind::ConnectTimeout | Kind::OriginReset | Kind::OriginProtocol => {
-                StatusCode::BAD_GATEWAY
-            }
+            Kind::Connect
+            | Kind::ConnectTimeout
+            | Kind::OriginTls
+            | Kind::OriginReset
+            | Kind::OriginProtocol => StatusCode::BAD_GATEWAY,
             Kind::PoolFull => StatusCode::SERVICE_UNAVAILABLE,
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
             Kind::FilterFailed => StatusCode::INTERNAL_SERVER_ERROR,
@@ -188,12 +200,34 @@ impl Error {
             Kind::ClientGone => "client_cancelled",
             Kind::Connect => "origin_connectivity",
             Kind::ConnectTimeout => "origin_connect_timeout",
+            Kind::OriginTls => "origin_tls",
             Kind::PoolFull => "origin_throttled",
             Kind::ResponseHeaderTimeout => "origin_read_timeout",
             Kind::RequestTimeout => "origin_request_timeout",
             Kind::OriginReset => "origin_reset",
             Kind::OriginProtocol => "origin_bad_response",
             Kind::FilterFailed => "local_filter_error",
+        }
+    }
+
+    /// The gRPC status code for a call the gateway itself failed (the grpc-status of a
+    /// gRPC-shaped error response): 14 UNAVAILABLE when the origin could not be reached or
+    /// reset, 4 DEADLINE_EXCEEDED for timeouts, 12 UNIMPLEMENTED for no route, 1 CANCELLED
+    /// when the client went away, 8 RESOURCE_EXHAUSTED for limits, 3 INVALID_ARGUMENT for a
+    /// bad request, 13 INTERNAL otherwise.
+    pub fn grpc_status(&self) -> u8 {
+        match self.inner.kind {
+            Kind::Connect
+            | Kind::ConnectTimeout
+            | Kind::OriginTls
+            | Kind::OriginReset
+            | Kind::PoolFull => 14,
+            Kind::ResponseHeaderTimeout | Kind::RequestTimeout => 4,
+            Kind::NoRoute => 12,
+            Kind::ClientGone => 1,
+            Kind::BodyTooLarge | Kind::HeadersTooLarge | Kind::UriTooLong => 8,
+            Kind::BadRequest => 3,
+            Kind::OriginProtocol | Kind::FilterFailed => 13,
         }
     }
 
@@ -252,6 +286,12 @@ mod tests {
         let e = Error::new(Kind::BodyTooLarge, "too big");
         assert!(e.is_client());
         assert_eq!(e.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let e = Error::new(Kind::OriginTls, "tls");
+        assert!(e.is_origin() && e.is_connect() && e.is_tls() && e.is_retry_safe());
+        assert_eq!(e.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!((e.category(), e.grpc_status()), ("origin_tls", 14));
+        let e = Error::new(Kind::RequestTimeout, "deadline");
+        assert_eq!(e.grpc_status(), 4);
         let e = Error::new(Kind::NoRoute, "no route");
         assert!(e.is_internal());
         assert_eq!(e.status(), StatusCode::NOT_FOUND);

@@ -11,11 +11,12 @@
 //! | `proxy` | the proxy stage: route → upstream → response, the `Exchange` |
 //! | `headers` | head validation, hop-by-hop, `Via`, `X-Forwarded-*`, request ids |
 //! | `route` | compiled routes, matching and path rewrites |
-//! | `upstream` | clusters, balancing, per-worker connection pools, connect |
+//! | `upstream` | clusters, balancing, per-worker connection pools (HTTP/1.1 and multiplexed HTTP/2), connect, outbound TLS |
 //! | `body` | streaming request/response bodies with caps |
 //! | [`error`] | the one error type; `respond` turns it into the client's response |
 //! | `snapshot` | a compiled config version |
 //! | `tls` | inbound TLS: certificates by SNI, ALPN, mTLS, swapped on reload |
+//! | `grpc` | recognising gRPC calls, `grpc-timeout` as the request deadline |
 //! | [`metrics`], `admin`, [`access_log`] | observability |
 
 pub mod access_log;
@@ -25,6 +26,7 @@ mod downstream;
 pub mod error;
 pub mod filter;
 pub mod gateway;
+mod grpc;
 mod headers;
 pub mod metrics;
 mod proxy;

@@ -19,6 +19,8 @@ pub struct Metrics {
     upstream_retries: IntCounterVec,
     upstream_open: IntGaugeVec,
     upstream_idle: IntGaugeVec,
+    upstream_streams: IntGaugeVec,
+    upstream_tls_failures: IntCounterVec,
     downstream_open: IntGaugeVec,
     downstream_accepted: IntCounterVec,
     downstream_rejected: IntCounterVec,
@@ -65,6 +67,10 @@ pub(crate) struct ClusterMetrics {
     pub(crate) retries: IntCounter,
     pub(crate) open_connections: IntGauge,
     pub(crate) idle_connections: IntGauge,
+    /// HTTP/2 streams in flight to the cluster's servers.
+    pub(crate) h2_streams: IntGauge,
+    /// Failed TLS handshakes with the cluster's servers.
+    pub(crate) tls_failures: IntCounter,
 }
 
 /// Handles for one listener.
@@ -184,6 +190,18 @@ impl Metrics {
                 "Idle pooled connections to origins",
                 &["cluster"],
             ),
+            upstream_streams: gauge_vec(
+                &r,
+                "upstream_h2_streams",
+                "HTTP/2 streams in flight to origins",
+                &["cluster"],
+            ),
+            upstream_tls_failures: counter_vec(
+                &r,
+                "upstream_tls_failures_total",
+                "Failed TLS handshakes with origins (verification, protocol)",
+                &["cluster"],
+            ),
             downstream_open: gauge_vec(
                 &r,
                 "downstream_connections",
@@ -256,6 +274,8 @@ impl Metrics {
             retries: self.upstream_retries.with_label_values(&[name]),
             open_connections: self.upstream_open.with_label_values(&[name]),
             idle_connections: self.upstream_idle.with_label_values(&[name]),
+            h2_streams: self.upstream_streams.with_label_values(&[name]),
+            tls_failures: self.upstream_tls_failures.with_label_values(&[name]),
         }
     }
 

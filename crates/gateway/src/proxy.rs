@@ -27,10 +27,11 @@ use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind, Side};
 use crate::filter::FilterCtx;
 use crate::headers::{self as hdr, parse_content_length};
-use crate::respond::error_response;
+use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
-use crate::upstream::{connect::connect, pool::Conn, Cluster, OriginServer};
+use crate::upstream::pool::{checkout, Conn};
+use crate::upstream::{Cluster, OriginServer};
 
 /// Serve one request. Never fails: errors become responses here.
 pub(crate) async fn handle(
@@ -70,7 +71,11 @@ pub(crate) async fn handle(
                 .request_id
                 .as_ref()
                 .map(|v| (&cx.listener.request_id_header, v));
-            let mut resp = error_response(&err, rid, via);
+            let mut resp = if info.grpc {
+                grpc_error_response(&err, rid, via)
+            } else {
+                error_response(&err, rid, via)
+            };
             if let (Some(ctx), Some(rid)) = (info.fctx.as_mut(), rid) {
                 // Past the pre/route filters: error and post filters see proxy errors too.
                 let failed = || error_response(&err, Some(rid), via);
@@ -116,6 +121,8 @@ struct RequestInfo {
     local: Option<&'static str>,
     /// The filter context once pre and route filters have run.
     fctx: Option<Box<FilterCtx>>,
+    /// A gRPC call: errors get gRPC-shaped responses.
+    grpc: bool,
 }
 
 /// How a request ended, for metrics and the access log.
@@ -167,6 +174,7 @@ async fn proxy(
     let (mut cluster, mut upstream_path, mut upstream_host) = (None, None, None);
     let (mut parts, body) = req.into_parts();
     let mut scan = hdr::HeadScan::of(&parts.headers);
+    info.grpc = crate::grpc::is_grpc(&parts.headers);
     hdr::validate_request_head(
         &parts.method,
         &parts.uri,
@@ -344,8 +352,13 @@ async fn proxy(
         log.origin = server.label.to_string();
     }
 
-    // The deadline covers the whole exchange, body included.
+    // The deadline covers the whole exchange, body included; a gRPC client's grpc-timeout
+    // shortens it.
     let deadline = route.request_timeout.map(|d| start + d);
+    let deadline = match crate::grpc::timeout(&parts.headers).filter(|_| info.grpc) {
+        Some(g) => Some(deadline.map_or(start + g, |d| d.min(start + g))),
+        None => deadline,
+    };
 
     let outstanding = Outstanding::new(server.clone());
     let (resp, conn, attempts) = send(
@@ -400,7 +413,8 @@ async fn proxy(
     rparts.version = client_version;
 
     let max_requests = cluster.config.pool.max_requests_per_connection;
-    let reusable = !origin_close && (max_requests == 0 || conn.requests < max_requests);
+    let reusable =
+        conn.is_h1() && !origin_close && (max_requests == 0 || conn.requests < max_requests);
     let status = rparts.status.as_u16();
     if let Some(log) = info.log.as_mut() {
         log.upstream_head_us = upstream_head.as_micros() as u64;
@@ -450,16 +464,8 @@ async fn send(
     deadline: Option<Instant>,
     body_state: Option<&RequestBodyState>,
 ) -> Result<(Response<Incoming>, Conn, u32), Error> {
-    let pools = &cx.worker.pools;
-    let reused = pools.checkout(server.state.id, Instant::now());
-    if reused.is_some() {
-        cluster.metrics.idle_connections.dec();
-    }
-    let is_reused = reused.is_some();
-    let mut conn = match reused {
-        Some(c) => c,
-        None => connect_within(cluster, server, route.connect_timeout, deadline).await?,
-    };
+    let (mut conn, is_reused) =
+        checkout_within(cx, cluster, server, route.connect_timeout, deadline, true).await?;
     cluster.metrics.requests.inc();
     if is_reused {
         cluster.metrics.reused.inc();
@@ -475,7 +481,7 @@ async fn send(
     };
     conn.requests += 1;
     let head_timeout = HeadTimeout::new(route.response_header_timeout, deadline);
-    let first = tokio::time::timeout(head_timeout.wait, conn.sender.try_send_request(req)).await;
+    let first = tokio::time::timeout(head_timeout.wait, conn.send(req)).await;
     let retry = match first {
         Ok(Ok(resp)) => return Ok((resp, conn, 1)),
         Err(_) => return Err(head_timeout.error()),
@@ -511,29 +517,33 @@ async fn send(
     // Retry once on a fresh connection.
     cluster.metrics.retries.inc();
     drop(conn);
-    let mut conn = connect_within(cluster, server, route.connect_timeout, deadline).await?;
+    let (mut conn, _) =
+        checkout_within(cx, cluster, server, route.connect_timeout, deadline, false).await?;
     cluster.metrics.requests.inc();
     conn.requests += 1;
     // The retry gets what is left of the deadline, not a fresh one.
     let head_timeout = HeadTimeout::new(route.response_header_timeout, deadline);
-    match tokio::time::timeout(head_timeout.wait, conn.sender.send_request(retry)).await {
+    match tokio::time::timeout(head_timeout.wait, conn.send(retry)).await {
         Ok(Ok(resp)) => Ok((resp, conn, 2)),
-        Ok(Err(e)) => Err(map_send_error(e)),
+        Ok(Err(e)) => Err(map_send_error(e.into_error())),
         Err(_) => Err(head_timeout.error()),
     }
 }
 
-async fn connect_within(
-    cluster: &crate::upstream::Cluster,
+/// A connection (or HTTP/2 stream) within the connect timeout, cut short by the deadline.
+async fn checkout_within(
+    cx: &ConnCtx,
+    cluster: &Cluster,
     server: &Arc<OriginServer>,
     connect_timeout: std::time::Duration,
     deadline: Option<Instant>,
-) -> Result<Conn, Error> {
+    reuse: bool,
+) -> Result<(Conn, bool), Error> {
     let t = match deadline {
         Some(d) => connect_timeout.min(d.saturating_duration_since(Instant::now())),
         None => connect_timeout,
     };
-    connect(cluster, server, t).await
+    checkout(&cx.worker.pools, cluster, server, t, reuse).await
 }
 
 /// The failure looks like the origin closed an idle connection under us.

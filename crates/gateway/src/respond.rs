@@ -40,3 +40,48 @@ pub(crate) fn error_response(
     }
     resp
 }
+
+/// The response for a gRPC call the gateway itself failed: HTTP 200, `application/grpc`, and
+/// the status in `grpc-status` / `grpc-message` ("trailers-only": headers and an empty body,
+/// which a gRPC client reads as the call's final status). See [`Error::grpc_status`].
+pub(crate) fn grpc_error_response(
+    err: &Error,
+    request_id: Option<(&HeaderName, &HeaderValue)>,
+    via: &HeaderValue,
+) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::full(bytes::Bytes::new()));
+    *resp.version_mut() = Version::HTTP_11;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    h.insert(
+        HeaderName::from_static("grpc-status"),
+        HeaderValue::from(u16::from(err.grpc_status())),
+    );
+    let message = format!("keymaster: {} ({})", err.detail(), err.category());
+    if let Ok(v) = HeaderValue::from_str(&percent_encode(&message)) {
+        h.insert(HeaderName::from_static("grpc-message"), v);
+    }
+    if err.is_origin() {
+        h.insert(header::VIA, via.clone());
+    }
+    if let Some((name, value)) = request_id {
+        h.insert(name.clone(), value.clone());
+    }
+    resp
+}
+
+/// gRPC's grpc-message encoding: bytes outside printable ASCII, and `%`, as `%XX`.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -174,7 +174,7 @@ pub(crate) fn without_tls(listeners: &[ListenerConfig]) -> Vec<ListenerConfig> {
         .collect()
 }
 
-fn read_certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn read_certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let data = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
     let certs = CertificateDer::pem_slice_iter(&data)
         .collect::<Result<Vec<_>, _>>()
@@ -187,7 +187,7 @@ fn read_certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     Ok(certs)
 }
 
-fn read_key(path: &str) -> Result<PrivateKeyDer<'static>, String> {
+pub(crate) fn read_key(path: &str) -> Result<PrivateKeyDer<'static>, String> {
     let data = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
     PrivateKeyDer::from_pem_slice(&data).map_err(|e| {
         format!("{path}: no usable private key ({e}); expected a PEM PKCS#8, PKCS#1 or SEC1 key")

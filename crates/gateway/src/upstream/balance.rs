@@ -138,6 +138,8 @@ mod tests {
                     label: addr.to_string().into(),
                     authority: HeaderValue::from_static("x"),
                     weight: w,
+                    tls: None,
+                    protocol: keymaster_config::UpstreamProtocol::Http1,
                 })
             })
             .collect()

@@ -4,11 +4,15 @@
 //! - [`Cluster`], [`OriginServer`]: what a config version says about origins.
 //! - [`balance`]: picks a server (random, round robin, least outstanding).
 //! - [`pool`]: idle keep-alive connections per origin server, per worker thread; no locks.
-//! - [`connect`]: opening a connection within the connect timeout.
+//! - [`connect`]: opening a connection (TCP, TLS, HTTP/1 or HTTP/2) within the connect timeout.
+//! - [`tls`]: outbound TLS per cluster (SNI, CA, client certificate, versions, ALPN).
+//! - [`h2`]: multiplexed HTTP/2 connections per origin server, per worker.
 
 pub(crate) mod balance;
 pub(crate) mod connect;
+pub(crate) mod h2;
 pub(crate) mod pool;
+pub(crate) mod tls;
 
 use http::HeaderValue;
 use std::collections::HashMap;
@@ -17,7 +21,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::metrics::ClusterMetrics;
-use keymaster_config::ClusterConfig;
+use keymaster_config::{ClusterConfig, UpstreamProtocol};
+use rustls::pki_types::ServerName;
+
+/// Everything that makes an origin a distinct peer: pooled connections are shared only
+/// between requests with the same key. Plain origins are their address and protocol; TLS
+/// origins add the server name and the digest of the cluster's TLS settings (trust
+/// anchors, client certificate, versions, ALPN; see [`tls::UpstreamTls`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OriginKey {
+    pub addr: SocketAddr,
+    pub protocol: UpstreamProtocol,
+    /// `(server name, settings digest)` for TLS origins.
+    pub tls: Option<(String, [u8; 32])>,
+}
 
 /// Process-wide state of one origin identity, shared by every config version and worker.
 /// Pools are keyed by `id`, so a reload that keeps a server keeps its pooled connections.
@@ -32,21 +49,31 @@ pub struct OriginState {
     pub open_connections: AtomicUsize,
 }
 
-/// The origin identity registry: the same address always gets the same [`OriginState`].
-fn registry() -> &'static Mutex<HashMap<SocketAddr, Arc<OriginState>>> {
-    static REG: OnceLock<Mutex<HashMap<SocketAddr, Arc<OriginState>>>> = OnceLock::new();
+/// The origin identity registry: the same [`OriginKey`] always gets the same [`OriginState`].
+fn registry() -> &'static Mutex<HashMap<OriginKey, Arc<OriginState>>> {
+    static REG: OnceLock<Mutex<HashMap<OriginKey, Arc<OriginState>>>> = OnceLock::new();
     REG.get_or_init(Default::default)
 }
 
+/// The state of a plain HTTP/1.1 origin at `addr`.
+#[cfg(test)]
 pub(crate) fn intern_origin(addr: SocketAddr) -> Arc<OriginState> {
+    intern_origin_key(OriginKey {
+        addr,
+        protocol: UpstreamProtocol::Http1,
+        tls: None,
+    })
+}
+
+pub(crate) fn intern_origin_key(key: OriginKey) -> Arc<OriginState> {
     // Only called while building a config version, never on the request path.
     let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
     let next = reg.len();
-    reg.entry(addr)
+    reg.entry(key.clone())
         .or_insert_with(|| {
             Arc::new(OriginState {
                 id: next,
-                addr,
+                addr: key.addr,
                 outstanding: AtomicUsize::new(0),
                 open_connections: AtomicUsize::new(0),
             })
@@ -62,6 +89,9 @@ pub struct OriginServer {
     pub label: Arc<str>,
     pub authority: HeaderValue,
     pub weight: u32,
+    /// The cluster's TLS settings and this server's name, for TLS origins.
+    pub(crate) tls: Option<(Arc<tls::UpstreamTls>, ServerName<'static>)>,
+    pub(crate) protocol: UpstreamProtocol,
 }
 
 impl OriginServer {
@@ -83,6 +113,10 @@ impl Cluster {
     pub(crate) fn build(cfg: &ClusterConfig, metrics: ClusterMetrics) -> Result<Cluster, String> {
         use std::net::ToSocketAddrs;
         let mut servers = Vec::with_capacity(cfg.servers.len());
+        let tls = match &cfg.tls {
+            Some(t) => Some(Arc::new(tls::build(&cfg.name, t, cfg.protocol)?)),
+            None => None,
+        };
         for s in &cfg.servers {
             let addr = s
                 .address
@@ -96,8 +130,26 @@ impl Cluster {
                     )
                 })?;
             let label: Arc<str> = addr.to_string().into();
+            let server_tls = match &tls {
+                Some(t) => {
+                    let name = t.server_name(&s.address).map_err(|e| {
+                        format!("cluster {}: server {}: tls: {e}", cfg.name, s.address)
+                    })?;
+                    Some((t.clone(), name))
+                }
+                None => None,
+            };
+            let key = OriginKey {
+                addr,
+                protocol: cfg.protocol,
+                tls: server_tls
+                    .as_ref()
+                    .map(|(t, n)| (n.to_str().into_owned(), t.digest)),
+            };
             servers.push(Arc::new(OriginServer {
-                state: intern_origin(addr),
+                state: intern_origin_key(key),
+                tls: server_tls,
+                protocol: cfg.protocol,
                 authority: HeaderValue::from_str(&s.address)
                     .map_err(|e| format!("cluster {}: server {}: {e}", cfg.name, s.address))?,
                 label,

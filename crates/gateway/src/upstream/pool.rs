@@ -3,34 +3,113 @@
 //! outright: checkout and return are a `RefCell` borrow and a `Vec` push/pop, no locks and no
 //! cross-thread wakeups. Idle connections are used LIFO (warmest first) and expire after the
 //! cluster's idle timeout; a sweeper closes expired ones even when no request comes.
+//! HTTP/2 connections are shared rather than checked out: see [`super::h2`], whose pools
+//! live here too so the worker sweeps and clears both.
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::{http2, TrySendError};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use super::OriginServer;
+use super::connect::{connect, Connected};
+use super::h2::{H2Pools, Lease};
+use super::{Cluster, OriginServer};
 use crate::body::RequestBody;
+use crate::error::Error;
 
 /// How many idle connections a checkout looks at before opening a new one.
 const CHECKOUT_SCAN: usize = 8;
 
-/// One upstream HTTP/1 connection.
+/// How requests are sent on a connection.
+pub(crate) enum Sender {
+    /// HTTP/1.1: the connection is checked out for one exchange.
+    H1(SendRequest<RequestBody>),
+    /// HTTP/2: a handle to a shared connection; the [`Lease`] counts the stream.
+    H2(http2::SendRequest<RequestBody>),
+}
+
+impl Sender {
+    pub(crate) fn is_closed(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_closed(),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
+    fn is_ready(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_ready(),
+            Sender::H2(s) => s.is_ready(),
+        }
+    }
+}
+
+/// One upstream connection (HTTP/1.1) or one stream on a shared one (HTTP/2).
 pub(crate) struct Conn {
-    pub(crate) sender: SendRequest<RequestBody>,
+    pub(crate) sender: Sender,
     pub(crate) server: Arc<OriginServer>,
     /// Requests sent on this connection so far.
     pub(crate) requests: u64,
+    /// HTTP/2: this request's stream on the shared connection, given back on drop.
+    pub(crate) _stream: Option<Lease>,
 }
 
 impl Conn {
     pub(crate) fn new(sender: SendRequest<RequestBody>, server: Arc<OriginServer>) -> Self {
         Conn {
-            sender,
+            sender: Sender::H1(sender),
             server,
             requests: 0,
+            _stream: None,
+        }
+    }
+
+    /// An HTTP/1.1 connection, which goes back to the idle pool after a clean exchange.
+    pub(crate) fn is_h1(&self) -> bool {
+        matches!(self.sender, Sender::H1(_))
+    }
+
+    /// Send a request; hyper hands it back if it was never sent.
+    pub(crate) async fn send(
+        &mut self,
+        req: Request<RequestBody>,
+    ) -> Result<Response<Incoming>, TrySendError<Request<RequestBody>>> {
+        match &mut self.sender {
+            Sender::H1(s) => s.try_send_request(req).await,
+            Sender::H2(s) => super::h2::send(s, &self.server, req).await,
+        }
+    }
+}
+
+/// A connection for one request to `server`: for HTTP/2 a stream on a shared connection;
+/// for HTTP/1.1 a pooled idle connection (when `reuse`) or a new one. Returns whether the
+/// connection was used before (a failure on it may be the keep-alive race).
+pub(crate) async fn checkout(
+    pools: &Pools,
+    cluster: &Cluster,
+    server: &Arc<OriginServer>,
+    timeout: Duration,
+    reuse: bool,
+) -> Result<(Conn, bool), Error> {
+    if pools.h2.wants_h2(server) {
+        return pools.h2.checkout(cluster, server, timeout).await;
+    }
+    if reuse {
+        if let Some(c) = pools.checkout(server.state.id, Instant::now()) {
+            cluster.metrics.idle_connections.dec();
+            return Ok((c, true));
+        }
+    }
+    let streams = cluster.config.pool.max_streams;
+    match connect(cluster, server, timeout, streams).await? {
+        Connected::H1(c) => Ok((c, false)),
+        Connected::H2(c) => {
+            // An `auto` origin negotiated h2 on its first connection: share it from now on.
+            pools.h2.adopt(cluster, server, c)
         }
     }
 }
@@ -50,6 +129,8 @@ struct ServerPool {
 #[derive(Default)]
 pub(crate) struct Pools {
     by_origin: RefCell<Vec<ServerPool>>,
+    /// HTTP/2 connections, shared by concurrent requests.
+    pub(crate) h2: H2Pools,
 }
 
 impl Pools {
@@ -82,7 +163,7 @@ impl Pools {
 
     /// Return a connection after a clean exchange; dropped if the pool is full.
     pub(crate) fn put(&self, conn: Conn, max_idle: usize, idle_timeout: Duration, now: Instant) {
-        if conn.sender.is_closed() || max_idle == 0 {
+        if !conn.is_h1() || conn.sender.is_closed() || max_idle == 0 {
             return;
         }
         let id = conn.server.state.id;
@@ -104,6 +185,7 @@ impl Pools {
 
     /// Close idle connections past their idle timeout or already closed by the origin.
     pub(crate) fn sweep(&self, now: Instant) {
+        self.h2.sweep(now);
         let mut pools = self.by_origin.borrow_mut();
         for pool in pools.iter_mut() {
             pool.idle.retain(|i| {
@@ -115,6 +197,7 @@ impl Pools {
 
     /// Close every idle connection (graceful shutdown).
     pub(crate) fn clear(&self) {
+        self.h2.clear();
         self.by_origin.borrow_mut().clear();
     }
 }
