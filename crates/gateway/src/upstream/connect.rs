@@ -5,7 +5,7 @@
 
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::TokioIo;
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::future::Future;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use super::h2::{H2Conn, LocalExec};
+use super::h2::{H2Conn, LocalExec, StreamLimit};
 use super::pool::Conn;
 use super::{Cluster, OriginServer};
 use crate::body::RequestBody;
@@ -111,21 +111,22 @@ where
             .handshake::<_, RequestBody>(TokioIo::new(io))
             .await
             .map_err(|e| Error::new(Kind::Connect, "origin h2 handshake failed").with_source(e))?;
-        let max_send = Rc::new(Cell::new(h2_streams));
-        let seen = max_send.clone();
+        // The connection task owns the connection; the pool reads the origin's current
+        // stream limit through a weak handle between polls.
+        let conn = Rc::new(RefCell::new(Box::pin(conn)));
+        let weak = Rc::downgrade(&conn);
+        let limit: StreamLimit = Box::new(move || {
+            let c = weak.upgrade()?;
+            let c = c.try_borrow().ok()?;
+            Some(c.current_max_send_streams())
+        });
         open_gauge.inc();
         tokio::task::spawn_local(async move {
             let _slot = slot; // released when the connection ends
-            let mut conn = std::pin::pin!(conn);
-            let _ = std::future::poll_fn(|cx| {
-                let r = conn.as_mut().poll(cx);
-                seen.set(conn.current_max_send_streams());
-                r
-            })
-            .await;
+            let _ = std::future::poll_fn(|cx| conn.borrow_mut().as_mut().poll(cx)).await;
             open_gauge.dec();
         });
-        return Ok(Connected::H2(H2Conn::new(sender, max_send)));
+        return Ok(Connected::H2(H2Conn::new(sender, limit, h2_streams)));
     }
     let (sender, driver) = http1::Builder::new()
         .max_buf_size(1024 * 1024)

@@ -45,6 +45,10 @@ where
     }
 }
 
+/// Reads a connection's current SETTINGS_MAX_CONCURRENT_STREAMS from the origin; `None`
+/// once the connection is gone (or while its task is being polled).
+pub(crate) type StreamLimit = Box<dyn Fn() -> Option<usize>>;
+
 /// One HTTP/2 connection to an origin server, shared by the requests on this worker.
 pub(crate) struct H2Conn {
     pub(crate) sender: http2::SendRequest<RequestBody>,
@@ -52,8 +56,10 @@ pub(crate) struct H2Conn {
     active: Cell<usize>,
     /// Requests sent so far (for `max_requests_per_connection`).
     requests: Cell<u64>,
-    /// The origin's SETTINGS_MAX_CONCURRENT_STREAMS, kept current by the connection task.
-    pub(crate) max_send: Rc<Cell<usize>>,
+    /// The origin's SETTINGS_MAX_CONCURRENT_STREAMS, asked afresh at each lease.
+    limit: StreamLimit,
+    /// The last value `limit` gave.
+    last_limit: Cell<usize>,
     /// When the last stream ended (for the idle timeout).
     idle_since: Cell<Instant>,
     /// No new streams: the request limit was reached.
@@ -61,15 +67,27 @@ pub(crate) struct H2Conn {
 }
 
 impl H2Conn {
-    pub(crate) fn new(sender: http2::SendRequest<RequestBody>, max_send: Rc<Cell<usize>>) -> Self {
+    pub(crate) fn new(
+        sender: http2::SendRequest<RequestBody>,
+        limit: StreamLimit,
+        initial: usize,
+    ) -> Self {
         H2Conn {
             sender,
             active: Cell::new(0),
             requests: Cell::new(0),
-            max_send,
+            limit,
+            last_limit: Cell::new(initial),
             idle_since: Cell::new(Instant::now()),
             retired: Cell::new(false),
         }
+    }
+
+    fn max_send(&self) -> usize {
+        if let Some(n) = (self.limit)() {
+            self.last_limit.set(n);
+        }
+        self.last_limit.get()
     }
 
     fn usable(&self) -> bool {
@@ -149,12 +167,12 @@ impl H2Pools {
         let cap = pool.max_streams.max(1);
         let c = self.with(server.state.id, |o| {
             o.conns.retain(|c| c.usable());
-            if let Some(m) = o.conns.iter().map(|c| c.max_send.get()).min() {
+            if let Some(m) = o.conns.iter().map(|c| c.max_send()).min() {
                 o.learned_streams = Some(m);
             }
             o.conns
                 .iter()
-                .filter(|c| saturated_ok || c.active.get() < cap.min(c.max_send.get().max(1)))
+                .filter(|c| saturated_ok || c.active.get() < cap.min(c.max_send().max(1)))
                 .min_by_key(|c| c.active.get())
                 .cloned()
         })?;
