@@ -289,8 +289,8 @@ impl Drop for ConnectDone<'_> {
     }
 }
 
-/// Send `req` as an HTTP/2 request: the target becomes `:scheme` + `:authority` (from Host)
-/// + `:path`, and Host itself is dropped (RFC 9113 §8.3.1). hyper strips the
+/// Send `req` as an HTTP/2 request: the target becomes `:scheme`, `:authority` (from Host)
+/// and `:path`, and Host itself is dropped (RFC 9113 §8.3.1). hyper strips the
 /// connection-specific fields and any `TE` but `trailers`.
 pub(crate) async fn send(
     sender: &mut http2::SendRequest<RequestBody>,
