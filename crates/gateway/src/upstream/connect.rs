@@ -61,6 +61,13 @@ pub(crate) async fn connect(
         }
         Transport::Tls(tls, alpn_h2) => {
             let h2 = match server.protocol {
+                UpstreamProtocol::H2 if !alpn_h2 => {
+                    cluster.metrics.connect_failures.inc();
+                    return Err(Error::new(
+                        Kind::OriginProtocol,
+                        "origin did not agree to h2 by ALPN",
+                    ));
+                }
                 UpstreamProtocol::H2 => true,
                 UpstreamProtocol::Http1 => false,
                 UpstreamProtocol::Auto => alpn_h2,
