@@ -243,7 +243,12 @@ where
                 .max()
                 .saturating_sub(self.read_buf.len()),
         );
-        if self.read_buf_remaining_mut() < next {
+        // keymaster patch (vendor/PATCHES.md #4): keep reading into the current buffer while
+        // at least half of the wanted read fits. Upstream reserves a whole `next` whenever less
+        // than `next` is free; after a request head is split off, its header values still
+        // point into the old allocation, so the read that watches for client EOF while the
+        // request is proxied allocated a second buffer on every in-flight connection.
+        if self.read_buf_remaining_mut() < cmp::max(next / 2, 1) {
             self.read_buf.reserve(next);
         }
 
