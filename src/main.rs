@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use keymaster_config::{
     ClusterConfig, Config, ListenerConfig, OriginServerConfig, RouteConfig, RouteMatch,
+    TlsCertificate, TlsConfig,
 };
 use keymaster_gateway::{ConfigSource, Gateway};
 
@@ -69,6 +70,15 @@ struct ProxyArgs {
     /// Admin listener address (off unless given).
     #[arg(long)]
     admin: Option<SocketAddr>,
+    /// Also listen with TLS here (ALPN h2 and http/1.1); needs --tls-cert and --tls-key.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    tls_listen: Option<SocketAddr>,
+    /// PEM certificate chain for --tls-listen.
+    #[arg(long)]
+    tls_cert: Option<String>,
+    /// PEM private key for --tls-listen.
+    #[arg(long)]
+    tls_key: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -176,6 +186,17 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
         address: args.listen,
         ..ListenerConfig::default()
     }];
+    if let (Some(address), Some(cert), Some(key)) = (args.tls_listen, args.tls_cert, args.tls_key) {
+        config.listeners.push(ListenerConfig {
+            name: "tls".into(),
+            address,
+            tls: Some(TlsConfig {
+                certificates: vec![TlsCertificate { cert, key }],
+                ..TlsConfig::default()
+            }),
+            ..ListenerConfig::default()
+        });
+    }
     config.clusters = vec![ClusterConfig {
         name: "origin".into(),
         servers: vec![OriginServerConfig {

@@ -91,3 +91,50 @@ fn bench_rejects_unknown_scenarios_and_systems() {
         assert!(!run.status.success(), "{args:?}");
     }
 }
+
+/// The TLS scenarios: keymaster's TLS listener with the bench certificate, the built-in
+/// generator's parity TLS client (full handshake per request, then keep-alive), `direct`
+/// skipped (the stub has no TLS).
+#[test]
+fn tls_scenarios_with_keymaster() {
+    let out = std::env::temp_dir().join(format!("km-bench-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let run = Command::new(env!("CARGO_BIN_EXE_keymaster"))
+        .args([
+            "bench",
+            "--quick",
+            "--peers",
+            "none",
+            "--only",
+            "keymaster,direct",
+            "--scenario",
+            "tls-handshake,tls",
+            "--duration",
+            "500ms",
+            "--settle",
+            "200ms",
+            "--warmup",
+            "200ms",
+            "--json",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .expect("running keymaster bench");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "exit {:?}\n{stderr}", run.status);
+    let json: serde_json::Value = serde_json::from_slice(&run.stdout).expect("JSON on stdout");
+    let scenarios = json["scenarios"].as_array().unwrap();
+    assert_eq!(scenarios.len(), 2);
+    for sc in scenarios {
+        let steps = sc["steps"].as_array().unwrap();
+        // keymaster only: direct has no TLS listener.
+        assert_eq!(steps.len(), 1, "{sc}");
+        assert_eq!(steps[0]["system"], "keymaster");
+        assert_eq!(steps[0]["errors"], false, "{sc}\n{stderr}");
+        assert!(steps[0]["median"]["requests"].as_u64().unwrap() > 0, "{sc}");
+        assert!(steps[0]["median"]["cpu_ms_per_1k"].as_f64().unwrap() > 0.0);
+    }
+    assert!(out.join("work/tls/combined.pem").exists());
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -26,7 +26,14 @@ use model::{
 use systems::{CpuSet, Parity, Proc, SystemKind, SystemSpec};
 
 /// Scenario names, in run order.
-pub const SCENARIOS: [&str; 4] = ["ramp", "saturation", "gzip", "churn"];
+pub const SCENARIOS: [&str; 6] = [
+    "ramp",
+    "saturation",
+    "gzip",
+    "churn",
+    "tls-handshake",
+    "tls",
+];
 
 /// Which program drives the load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -143,6 +150,8 @@ pub struct Scenario {
     pub path: String,
     /// New connection per request.
     pub churn: bool,
+    /// Over TLS (the systems' TLS listener, the parity crypto of [`crate::load::tls`]).
+    pub tls: bool,
     /// Connection steps.
     pub connections: Vec<usize>,
 }
@@ -184,12 +193,14 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
     } else {
         (vec![100, 200, 400], vec![16, 64])
     };
+    let tls_steps = if args.quick { vec![64] } else { vec![16, 64] };
     let all = vec![
         Scenario {
             name: "ramp",
             title: "the seed ramp: 1 KB body, 50 ms stub delay".into(),
             path: "/?length=1024&delay=50".into(),
             churn: false,
+            tls: false,
             connections: ramp,
         },
         Scenario {
@@ -197,6 +208,7 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
             title: "no delay, 1 KB body: maximum throughput and CPU per request".into(),
             path: "/?length=1024".into(),
             churn: false,
+            tls: false,
             connections: saturation,
         },
         Scenario {
@@ -204,6 +216,7 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
             title: "10 KB gzip body, 0–50 ms dither (the 2013 m1.medium run)".into(),
             path: "/?length=10240&gzip=1&dither=50".into(),
             churn: false,
+            tls: false,
             connections: gzip,
         },
         Scenario {
@@ -211,7 +224,30 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
             title: "connection churn: a new client connection per request, 1 KB, no delay".into(),
             path: "/?length=1024".into(),
             churn: true,
+            tls: false,
             connections: churn,
+        },
+        Scenario {
+            name: "tls-handshake",
+            title: format!(
+                "TLS handshakes: a new connection and full handshake per request, 1 KB, no delay ({})",
+                crate::load::tls::TLS_PARITY
+            ),
+            path: "/?length=1024".into(),
+            churn: true,
+            tls: true,
+            connections: tls_steps.clone(),
+        },
+        Scenario {
+            name: "tls",
+            title: format!(
+                "keep-alive over TLS, 1 KB, no delay: CPU per TLS request ({})",
+                crate::load::tls::TLS_PARITY
+            ),
+            path: "/?length=1024".into(),
+            churn: false,
+            tls: true,
+            connections: tls_steps,
         },
     ];
     Ok(all
@@ -394,6 +430,14 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
     progress(&format!("stub origin on {stub_addr} (pid {})", stub.pid()));
 
     let max_conns = ((nofile.saturating_sub(200)) / 2).clamp(256, 8000) as usize;
+    // One certificate for every system (TLS scenarios only).
+    let cert = if scenarios.iter().any(|s| s.tls) {
+        Some(crate::load::tls::make_bench_cert(
+            &out.join("work").join("tls"),
+        )?)
+    } else {
+        None
+    };
     let mut samples: BTreeMap<(usize, String, usize), Vec<Sample>> = BTreeMap::new();
     let mut status: BTreeMap<String, SystemInfo> = BTreeMap::new();
     for spec in &specs {
@@ -422,7 +466,15 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
                 workers: args.workers,
                 work_dir: work_dir.clone(),
                 max_conns,
+                tls: match &cert {
+                    Some(c) => Some((
+                        systems::free_addr().map_err(|e| format!("port: {e}"))?,
+                        c.clone(),
+                    )),
+                    None => None,
+                },
             };
+            let tls_target = parity.tls_listen(&spec.kind);
             let started_system = start_system(spec, &parity, &logs, sut_cpus.as_ref());
             let (target, proc) = match started_system {
                 Ok(x) => x,
@@ -465,7 +517,13 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
             for (si, sc) in scenarios.iter().enumerate() {
                 for &conns in &sc.connections {
                     done += 1;
+                    let target = match (sc.tls, tls_target) {
+                        (false, _) => target,
+                        (true, Some(t)) => t,
+                        (true, None) => continue, // direct and --peer systems have no TLS
+                    };
                     let step = Step {
+                        tls_ca: cert.as_ref().map(|c| c.ca.clone()),
                         target,
                         pid: proc.as_ref().map(Proc::pid),
                         timings: t,
@@ -481,7 +539,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
                         conns,
                         &sample,
                     ));
-                    if args.compare_drivers {
+                    if args.compare_drivers && !sc.tls {
                         let other = args.driver.other();
                         let (second, _) = run_step(sc, conns, args, other, &step)?;
                         let (builtin, wrk) = match args.driver {
@@ -613,12 +671,20 @@ fn config_text(kind: &SystemKind, p: &Parity) -> Option<String> {
         SystemKind::Nginx(_) => Some(systems::nginx_config(p)),
         SystemKind::Haproxy(_) => Some(systems::haproxy_config(p)),
         SystemKind::Keymaster(exe) => Some(format!(
-            "{} proxy --listen {} --to {} --workers {}",
+            "{} proxy --listen {} --to {} --workers {}{}",
             exe.file_name()
                 .map_or_else(|| "keymaster".into(), |n| n.to_string_lossy()),
             p.listen,
             p.origin,
-            p.workers
+            p.workers,
+            match &p.tls {
+                Some((addr, c)) => format!(
+                    " --tls-listen {addr} --tls-cert {} --tls-key {}",
+                    c.cert.display(),
+                    c.key.display()
+                ),
+                None => String::new(),
+            }
         )),
         SystemKind::Custom(t) => Some(systems::fill_template(t, p)),
         SystemKind::Direct => None,
@@ -628,6 +694,8 @@ fn config_text(kind: &SystemKind, p: &Parity) -> Option<String> {
 /// Where and how one step runs.
 struct Step<'a> {
     target: SocketAddr,
+    /// The CA to trust for TLS scenarios.
+    tls_ca: Option<PathBuf>,
     pid: Option<u32>,
     timings: Timings,
     threads: usize,
@@ -685,8 +753,13 @@ fn run_step(
     // Opening N connections at once overflows listen queues (SYN cookies, retransmits after
     // 1 s and more) and would bill the set-up to the step: settle at least 1 ms per connection.
     let settle = t.settle.max(Duration::from_millis(connections as u64));
+    // TLS steps always use the built-in generator: it fixes the cipher suite, the group and
+    // no resumption for every system (wrk's OpenSSL would negotiate its own).
+    let driver = if sc.tls { Driver::Builtin } else { driver };
+    let scheme = if sc.tls { "https" } else { "http" };
     let cfg = LoadConfig {
-        url: format!("http://{}{}", step.target, sc.path),
+        url: format!("{scheme}://{}{}", step.target, sc.path),
+        tls_ca: if sc.tls { step.tls_ca.clone() } else { None },
         connections,
         duration: t.step,
         rate: args.rate,

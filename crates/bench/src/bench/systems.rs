@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::load::tls::BenchCert;
+
 /// How to run one system under test.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SystemKind {
@@ -48,6 +50,20 @@ pub struct Parity {
     pub work_dir: PathBuf,
     /// HAProxy `maxconn` (bounded by the fd limit: about two fds per proxied connection).
     pub max_conns: usize,
+    /// A second, TLS listener with the bench certificate (TLS scenarios), when any.
+    pub tls: Option<(SocketAddr, BenchCert)>,
+}
+
+impl Parity {
+    /// The TLS listener, for systems that can serve one (not `direct` or `--peer`s).
+    pub fn tls_listen(&self, kind: &SystemKind) -> Option<SocketAddr> {
+        match kind {
+            SystemKind::Keymaster(_) | SystemKind::Nginx(_) | SystemKind::Haproxy(_) => {
+                self.tls.as_ref().map(|(a, _)| *a)
+            }
+            SystemKind::Direct | SystemKind::Custom(_) => None,
+        }
+    }
 }
 
 /// The nginx config for a run: `workers` worker processes (a master forks them), `access_log off`,
@@ -82,11 +98,39 @@ pub fn nginx_config(p: &Parity) -> String {
          \x20     proxy_buffering on;\n\
          \x20   }}\n\
          \x20 }}\n\
+         {tls}\
          }}\n",
         w = p.workers,
         idle = POOL_IDLE,
         origin = p.origin,
         listen = p.listen,
+        tls = nginx_tls_server(p),
+    )
+}
+
+/// nginx's TLS server block: TLS 1.3 only, no session cache or tickets (the generator never
+/// resumes anyway), the same proxying as the cleartext server.
+fn nginx_tls_server(p: &Parity) -> String {
+    let Some((addr, cert)) = &p.tls else {
+        return String::new();
+    };
+    format!(
+        "\x20 server {{\n\
+         \x20   listen {addr} ssl backlog=4096;\n\
+         \x20   ssl_certificate {cert};\n\
+         \x20   ssl_certificate_key {key};\n\
+         \x20   ssl_protocols TLSv1.3;\n\
+         \x20   ssl_session_cache off;\n\
+         \x20   ssl_session_tickets off;\n\
+         \x20   location / {{\n\
+         \x20     proxy_pass http://origin;\n\
+         \x20     proxy_http_version 1.1;\n\
+         \x20     proxy_set_header Connection \"\";\n\
+         \x20     proxy_buffering on;\n\
+         \x20   }}\n\
+         \x20 }}\n",
+        cert = cert.cert.display(),
+        key = cert.key.display(),
     )
 }
 
@@ -115,6 +159,7 @@ pub fn haproxy_config(p: &Parity) -> String {
          frontend fe\n\
          \x20 bind {listen}\n\
          \x20 default_backend be\n\
+         {tls}\
          backend be\n\
          \x20 server origin {origin} pool-max-conn {idle}\n",
         w = p.workers,
@@ -123,6 +168,15 @@ pub fn haproxy_config(p: &Parity) -> String {
         dir = p.work_dir.display(),
         origin = p.origin,
         listen = p.listen,
+        tls = match &p.tls {
+            Some((addr, cert)) => format!(
+                "frontend fe_tls\n\
+                 \x20 bind {addr} ssl crt {} ssl-min-ver TLSv1.3 no-tls-tickets alpn http/1.1\n\
+                 \x20 default_backend be\n",
+                cert.combined.display()
+            ),
+            None => String::new(),
+        },
     )
 }
 
@@ -149,6 +203,14 @@ pub fn command_for(kind: &SystemKind, p: &Parity) -> std::io::Result<Option<Comm
                 .arg(p.origin.to_string())
                 .arg("--workers")
                 .arg(p.workers.to_string());
+            if let Some((addr, cert)) = &p.tls {
+                c.arg("--tls-listen")
+                    .arg(addr.to_string())
+                    .arg("--tls-cert")
+                    .arg(&cert.cert)
+                    .arg("--tls-key")
+                    .arg(&cert.key);
+            }
             c
         }
         SystemKind::Nginx(exe) => {
@@ -398,6 +460,7 @@ mod tests {
             workers,
             work_dir: PathBuf::from("/tmp/km-bench"),
             max_conns: 8000,
+            tls: None,
         }
     }
 

@@ -8,6 +8,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::tls::{Stream, TlsClient};
+
 /// Initial read buffer per connection (bodies are counted, not stored, so this stays small).
 const BUF: usize = 16 * 1024;
 /// Largest response head accepted (the buffer grows up to this for a big head).
@@ -26,14 +28,22 @@ pub struct Target {
     pub port: u16,
     /// Request target: path and query, `/` when empty.
     pub path: String,
+    /// `https://`.
+    pub tls: bool,
 }
 
 impl Target {
-    /// Parses an `http://host[:port][/path][?query]` URL (no userinfo, no https).
+    /// Parses an `http[s]://host[:port][/path][?query]` URL (no userinfo).
     pub fn parse(url: &str) -> Result<Target, String> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("{url}: only http:// URLs are supported"))?;
+        let (rest, tls) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+            (Some(r), _) => (r, false),
+            (None, Some(r)) => (r, true),
+            _ => {
+                return Err(format!(
+                    "{url}: only http:// and https:// URLs are supported"
+                ))
+            }
+        };
         let split = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         let (authority, path) = rest.split_at(split);
         let path = path.split('#').next().unwrap_or("");
@@ -57,6 +67,7 @@ impl Target {
             }
         };
         let port = match port {
+            None if tls => 443,
             None => 80,
             Some(p) => p.parse().map_err(|_| format!("{url}: bad port {p:?}"))?,
         };
@@ -65,6 +76,7 @@ impl Target {
             host: host.to_owned(),
             port,
             path,
+            tls,
         })
     }
 
@@ -229,7 +241,7 @@ impl ChunkedDecoder {
 /// One keep-alive HTTP/1.1 connection of the load generator.
 #[derive(Debug)]
 pub struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     buf: Vec<u8>,
     start: usize,
     end: usize,
@@ -238,10 +250,14 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Opens a connection (with TCP_NODELAY).
-    pub async fn connect(addr: SocketAddr) -> io::Result<Conn> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
+    /// Opens a connection (with TCP_NODELAY), and with `tls` completes the TLS handshake.
+    pub async fn connect(addr: SocketAddr, tls: Option<&TlsClient>) -> io::Result<Conn> {
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let stream = match tls {
+            None => Stream::Plain(tcp),
+            Some(t) => Stream::Tls(Box::new(t.connect(tcp).await?)),
+        };
         Ok(Conn {
             stream,
             buf: vec![0; BUF],
@@ -461,8 +477,10 @@ mod tests {
             ("::1", 81, "/?x=1")
         );
         assert_eq!(t.authority, "[::1]:81");
+        let t = Target::parse("https://localhost/x").unwrap();
+        assert_eq!((t.port, t.tls), (443, true));
         for bad in [
-            "https://x/",
+            "ftp://x/",
             "x:80",
             "http://",
             "http://h:port/",

@@ -14,6 +14,9 @@
 //!   connections for rate × latency.
 //! - **churn**: either loop, with a new TCP connection and `Connection: close` per request.
 //!
+//! `https://` targets go over TLS ([`tls`]: one fixed cipher suite and group, no session
+//! resumption, so churn over TLS is a full handshake per request).
+//!
 //! Connections are spread over `threads` OS threads, each with a current-thread tokio runtime and
 //! its own counters ([`report::ThreadStats`]), merged at the end into a [`LoadReport`]. A request
 //! is counted when it is due (open loop) or sent (closed loop) inside the measured window. No
@@ -27,6 +30,7 @@
 pub mod client;
 pub mod hist;
 pub mod report;
+pub mod tls;
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -67,6 +71,8 @@ pub struct LoadConfig {
     pub headers: Vec<(String, String)>,
     /// Stop after this many requests in total (warm-up included), if set.
     pub max_requests: Option<u64>,
+    /// `https://` targets: PEM file of the CA to trust (see [`tls`] for the parity crypto).
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 impl Default for LoadConfig {
@@ -83,6 +89,7 @@ impl Default for LoadConfig {
             method: "GET".into(),
             headers: Vec::new(),
             max_requests: None,
+            tls_ca: None,
         }
     }
 }
@@ -111,6 +118,7 @@ impl Schedule {
 #[derive(Debug)]
 struct Plan {
     addr: SocketAddr,
+    tls: Option<tls::TlsClient>,
     request: Vec<u8>,
     head: bool,
     churn: bool,
@@ -150,8 +158,14 @@ pub fn run_load(cfg: &LoadConfig) -> Result<LoadReport, String> {
     // Give every thread time to build its runtime, so the schedules start together.
     let start = std::time::Instant::now() + Duration::from_millis(20);
     let measure_from = start + cfg.warmup;
+    let tls = match (target.tls, &cfg.tls_ca) {
+        (false, _) => None,
+        (true, Some(ca)) => Some(tls::TlsClient::new(ca, &target.host, &["http/1.1"])?),
+        (true, None) => return Err(format!("{}: https needs a CA file (--ca)", cfg.url)),
+    };
     let plan = Arc::new(Plan {
         addr,
+        tls,
         request: target.request_bytes(&method, &cfg.headers, cfg.churn),
         head: method == "HEAD",
         churn: cfg.churn,
@@ -372,7 +386,7 @@ enum Failure {
 async fn exchange(plan: &Plan, conn: &mut Option<Conn>) -> Result<client::ResponseInfo, Failure> {
     if conn.is_none() {
         *conn = Some(
-            Conn::connect(plan.addr)
+            Conn::connect(plan.addr, plan.tls.as_ref())
                 .await
                 .map_err(|_| Failure::Connect)?,
         );
@@ -423,7 +437,7 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
 /// Arguments of `keymaster load`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoadArgs {
-    /// Target URL (http:// only).
+    /// Target URL (http:// or https://).
     #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080/")]
     pub url: String,
     /// Concurrent connections.
@@ -459,6 +473,9 @@ pub struct LoadArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// CA certificate (PEM) to trust for an https:// URL.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<std::path::PathBuf>,
 }
 
 impl From<&LoadArgs> for LoadConfig {
@@ -475,6 +492,7 @@ impl From<&LoadArgs> for LoadConfig {
             method: a.method.clone(),
             headers: a.headers.clone(),
             max_requests: a.requests,
+            tls_ca: a.ca.clone(),
         }
     }
 }
@@ -545,6 +563,7 @@ mod tests {
     fn request_budget() {
         let plan = Plan {
             addr: "127.0.0.1:1".parse().unwrap(),
+            tls: None,
             request: Vec::new(),
             head: false,
             churn: false,
