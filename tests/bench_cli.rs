@@ -92,11 +92,12 @@ fn bench_rejects_unknown_scenarios_and_systems() {
     }
 }
 
-/// The TLS scenarios: keymaster's TLS listener with the bench certificate, the built-in
-/// generator's parity TLS client (full handshake per request, then keep-alive), `direct`
-/// skipped (the stub has no TLS).
+/// The TLS and h2 scenarios: keymaster's TLS listener with the bench certificate, the
+/// built-in generator's parity TLS client (full handshake per request, then keep-alive),
+/// `direct` skipped (the stub has no TLS); HTTP/2 with prior knowledge to keymaster and to the
+/// stub (`direct`).
 #[test]
-fn tls_scenarios_with_keymaster() {
+fn tls_and_h2_scenarios_with_keymaster() {
     let out = std::env::temp_dir().join(format!("km-bench-tls-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let run = Command::new(env!("CARGO_BIN_EXE_keymaster"))
@@ -108,7 +109,7 @@ fn tls_scenarios_with_keymaster() {
             "--only",
             "keymaster,direct",
             "--scenario",
-            "tls-handshake,tls",
+            "tls-handshake,tls,h2",
             "--duration",
             "500ms",
             "--settle",
@@ -125,8 +126,14 @@ fn tls_scenarios_with_keymaster() {
     assert!(run.status.success(), "exit {:?}\n{stderr}", run.status);
     let json: serde_json::Value = serde_json::from_slice(&run.stdout).expect("JSON on stdout");
     let scenarios = json["scenarios"].as_array().unwrap();
-    assert_eq!(scenarios.len(), 2);
-    for sc in scenarios {
+    assert_eq!(scenarios.len(), 3);
+    let h2 = &scenarios[2]["steps"];
+    assert_eq!(h2.as_array().unwrap().len(), 2, "{h2}");
+    for s in h2.as_array().unwrap() {
+        assert_eq!(s["errors"], false, "{s}\n{stderr}");
+        assert!(s["median"]["requests"].as_u64().unwrap() > 0, "{s}");
+    }
+    for sc in &scenarios[..2] {
         let steps = sc["steps"].as_array().unwrap();
         // keymaster only: direct has no TLS listener.
         assert_eq!(steps.len(), 1, "{sc}");

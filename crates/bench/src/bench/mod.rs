@@ -26,13 +26,14 @@ use model::{
 use systems::{CpuSet, Parity, Proc, SystemKind, SystemSpec};
 
 /// Scenario names, in run order.
-pub const SCENARIOS: [&str; 6] = [
+pub const SCENARIOS: [&str; 7] = [
     "ramp",
     "saturation",
     "gzip",
     "churn",
     "tls-handshake",
     "tls",
+    "h2",
 ];
 
 /// Which program drives the load.
@@ -152,6 +153,8 @@ pub struct Scenario {
     pub churn: bool,
     /// Over TLS (the systems' TLS listener, the parity crypto of [`crate::load::tls`]).
     pub tls: bool,
+    /// HTTP/2 with prior knowledge from the client (the systems' h2c listener).
+    pub h2: bool,
     /// Connection steps.
     pub connections: Vec<usize>,
 }
@@ -201,6 +204,7 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
             path: "/?length=1024&delay=50".into(),
             churn: false,
             tls: false,
+            h2: false,
             connections: ramp,
         },
         Scenario {
@@ -209,6 +213,7 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
             path: "/?length=1024".into(),
             churn: false,
             tls: false,
+            h2: false,
             connections: saturation,
         },
         Scenario {
@@ -217,6 +222,7 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
             path: "/?length=10240&gzip=1&dither=50".into(),
             churn: false,
             tls: false,
+            h2: false,
             connections: gzip,
         },
         Scenario {
@@ -225,6 +231,7 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
             path: "/?length=1024".into(),
             churn: true,
             tls: false,
+            h2: false,
             connections: churn,
         },
         Scenario {
@@ -236,6 +243,7 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
             path: "/?length=1024".into(),
             churn: true,
             tls: true,
+            h2: false,
             connections: tls_steps.clone(),
         },
         Scenario {
@@ -247,6 +255,16 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
             path: "/?length=1024".into(),
             churn: false,
             tls: true,
+            h2: false,
+            connections: tls_steps.clone(),
+        },
+        Scenario {
+            name: "h2",
+            title: "HTTP/2 from the client (prior knowledge, one stream at a time per connection), 1 KB, no delay: CPU per request over h2".into(),
+            path: "/?length=1024".into(),
+            churn: false,
+            tls: false,
+            h2: true,
             connections: tls_steps,
         },
     ];
@@ -466,6 +484,11 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
                 workers: args.workers,
                 work_dir: work_dir.clone(),
                 max_conns,
+                h2: if scenarios.iter().any(|s| s.h2) {
+                    Some(systems::free_addr().map_err(|e| format!("port: {e}"))?)
+                } else {
+                    None
+                },
                 tls: match &cert {
                     Some(c) => Some((
                         systems::free_addr().map_err(|e| format!("port: {e}"))?,
@@ -475,6 +498,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
                 },
             };
             let tls_target = parity.tls_listen(&spec.kind);
+            let h2_target = parity.h2_listen(&spec.kind);
             let started_system = start_system(spec, &parity, &logs, sut_cpus.as_ref());
             let (target, proc) = match started_system {
                 Ok(x) => x,
@@ -517,10 +541,12 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
             for (si, sc) in scenarios.iter().enumerate() {
                 for &conns in &sc.connections {
                     done += 1;
-                    let target = match (sc.tls, tls_target) {
-                        (false, _) => target,
-                        (true, Some(t)) => t,
-                        (true, None) => continue, // direct and --peer systems have no TLS
+                    let target = match (sc.tls, tls_target, sc.h2, h2_target) {
+                        (true, Some(t), ..) => t,
+                        (true, None, ..) => continue, // direct and --peer systems have no TLS
+                        (false, _, true, Some(t)) => t,
+                        (false, _, true, None) => continue, // --peer: no known h2c listener
+                        (false, _, false, _) => target,
                     };
                     let step = Step {
                         tls_ca: cert.as_ref().map(|c| c.ca.clone()),
@@ -539,7 +565,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
                         conns,
                         &sample,
                     ));
-                    if args.compare_drivers && !sc.tls {
+                    if args.compare_drivers && !sc.tls && !sc.h2 {
                         let other = args.driver.other();
                         let (second, _) = run_step(sc, conns, args, other, &step)?;
                         let (builtin, wrk) = match args.driver {
@@ -753,13 +779,18 @@ fn run_step(
     // Opening N connections at once overflows listen queues (SYN cookies, retransmits after
     // 1 s and more) and would bill the set-up to the step: settle at least 1 ms per connection.
     let settle = t.settle.max(Duration::from_millis(connections as u64));
-    // TLS steps always use the built-in generator: it fixes the cipher suite, the group and
+    // TLS and h2 steps always use the built-in generator: it fixes the cipher suite, the group and
     // no resumption for every system (wrk's OpenSSL would negotiate its own).
-    let driver = if sc.tls { Driver::Builtin } else { driver };
+    let driver = if sc.tls || sc.h2 {
+        Driver::Builtin
+    } else {
+        driver
+    };
     let scheme = if sc.tls { "https" } else { "http" };
     let cfg = LoadConfig {
         url: format!("{scheme}://{}{}", step.target, sc.path),
         tls_ca: if sc.tls { step.tls_ca.clone() } else { None },
+        h2: sc.h2,
         connections,
         duration: t.step,
         rate: args.rate,

@@ -52,6 +52,9 @@ pub struct Parity {
     pub max_conns: usize,
     /// A second, TLS listener with the bench certificate (TLS scenarios), when any.
     pub tls: Option<(SocketAddr, BenchCert)>,
+    /// An HTTP/2 prior-knowledge (h2c) listener for peers whose cleartext listener cannot
+    /// also take HTTP/1.1 (h2 scenario); keymaster's auto listener takes both.
+    pub h2: Option<SocketAddr>,
 }
 
 impl Parity {
@@ -62,6 +65,17 @@ impl Parity {
                 self.tls.as_ref().map(|(a, _)| *a)
             }
             SystemKind::Direct | SystemKind::Custom(_) => None,
+        }
+    }
+
+    /// Where a system takes HTTP/2 with prior knowledge: keymaster's (and the stub's) one
+    /// listener detects it; nginx and HAProxy get a listener of their own.
+    pub fn h2_listen(&self, kind: &SystemKind) -> Option<SocketAddr> {
+        match kind {
+            SystemKind::Keymaster(_) => Some(self.listen),
+            SystemKind::Direct => Some(self.origin),
+            SystemKind::Nginx(_) | SystemKind::Haproxy(_) => self.h2,
+            SystemKind::Custom(_) => None,
         }
     }
 }
@@ -108,13 +122,27 @@ pub fn nginx_config(p: &Parity) -> String {
     )
 }
 
-/// nginx's TLS server block: TLS 1.3 only, no session cache or tickets (the generator never
+/// nginx's extra server blocks: h2c (prior knowledge) for the h2 scenario, and TLS: TLS 1.3 only, no session cache or tickets (the generator never
 /// resumes anyway), the same proxying as the cleartext server.
 fn nginx_tls_server(p: &Parity) -> String {
-    let Some((addr, cert)) = &p.tls else {
-        return String::new();
+    let h2 = match p.h2 {
+        Some(addr) => format!(
+            "\x20 server {{\n\
+             \x20   listen {addr} http2 backlog=4096;\n\
+             \x20   location / {{\n\
+             \x20     proxy_pass http://origin;\n\
+             \x20     proxy_http_version 1.1;\n\
+             \x20     proxy_set_header Connection \"\";\n\
+             \x20     proxy_buffering on;\n\
+             \x20   }}\n\
+             \x20 }}\n"
+        ),
+        None => String::new(),
     };
-    format!(
+    let Some((addr, cert)) = &p.tls else {
+        return h2;
+    };
+    h2 + &format!(
         "\x20 server {{\n\
          \x20   listen {addr} ssl backlog=4096;\n\
          \x20   ssl_certificate {cert};\n\
@@ -174,6 +202,13 @@ pub fn haproxy_config(p: &Parity) -> String {
                  \x20 bind {addr} ssl crt {} ssl-min-ver TLSv1.3 no-tls-tickets alpn http/1.1\n\
                  \x20 default_backend be\n",
                 cert.combined.display()
+            ),
+            None => String::new(),
+        } + &match p.h2 {
+            Some(addr) => format!(
+                "frontend fe_h2\n\
+                 \x20 bind {addr} proto h2\n\
+                 \x20 default_backend be\n"
             ),
             None => String::new(),
         },
@@ -461,6 +496,7 @@ mod tests {
             work_dir: PathBuf::from("/tmp/km-bench"),
             max_conns: 8000,
             tls: None,
+            h2: None,
         }
     }
 

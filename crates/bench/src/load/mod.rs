@@ -15,7 +15,8 @@
 //! - **churn**: either loop, with a new TCP connection and `Connection: close` per request.
 //!
 //! `https://` targets go over TLS ([`tls`]: one fixed cipher suite and group, no session
-//! resumption, so churn over TLS is a full handshake per request).
+//! resumption, so churn over TLS is a full handshake per request). With `h2` the connections
+//! are HTTP/2 ([`h2`]: prior knowledge, or ALPN over TLS), one request at a time each.
 //!
 //! Connections are spread over `threads` OS threads, each with a current-thread tokio runtime and
 //! its own counters ([`report::ThreadStats`]), merged at the end into a [`LoadReport`]. A request
@@ -28,6 +29,7 @@
 //! `spawn_blocking`).
 
 pub mod client;
+pub mod h2;
 pub mod hist;
 pub mod report;
 pub mod tls;
@@ -73,6 +75,8 @@ pub struct LoadConfig {
     pub max_requests: Option<u64>,
     /// `https://` targets: PEM file of the CA to trust (see [`tls`] for the parity crypto).
     pub tls_ca: Option<std::path::PathBuf>,
+    /// HTTP/2: prior knowledge on `http://`, ALPN h2 on `https://` ([`h2`]).
+    pub h2: bool,
 }
 
 impl Default for LoadConfig {
@@ -90,6 +94,7 @@ impl Default for LoadConfig {
             headers: Vec::new(),
             max_requests: None,
             tls_ca: None,
+            h2: false,
         }
     }
 }
@@ -119,6 +124,8 @@ impl Schedule {
 struct Plan {
     addr: SocketAddr,
     tls: Option<tls::TlsClient>,
+    /// HTTP/2 runs: the request (instead of `request`'s HTTP/1.1 bytes).
+    h2: Option<h2::H2Request>,
     request: Vec<u8>,
     head: bool,
     churn: bool,
@@ -160,12 +167,35 @@ pub fn run_load(cfg: &LoadConfig) -> Result<LoadReport, String> {
     let measure_from = start + cfg.warmup;
     let tls = match (target.tls, &cfg.tls_ca) {
         (false, _) => None,
-        (true, Some(ca)) => Some(tls::TlsClient::new(ca, &target.host, &["http/1.1"])?),
+        (true, Some(ca)) => {
+            let alpn = if cfg.h2 { "h2" } else { "http/1.1" };
+            Some(tls::TlsClient::new(ca, &target.host, &[alpn])?)
+        }
         (true, None) => return Err(format!("{}: https needs a CA file (--ca)", cfg.url)),
+    };
+    let h2 = if cfg.h2 {
+        let scheme = if target.tls { "https" } else { "http" };
+        let mut headers = http::HeaderMap::new();
+        for (n, v) in &cfg.headers {
+            let name =
+                http::HeaderName::from_bytes(n.as_bytes()).map_err(|e| format!("{n}: {e}"))?;
+            let value = http::HeaderValue::from_str(v).map_err(|e| format!("{n}: {e}"))?;
+            headers.append(name, value);
+        }
+        Some(h2::H2Request {
+            method: http::Method::from_bytes(method.as_bytes()).map_err(|e| e.to_string())?,
+            uri: format!("{scheme}://{}{}", target.authority, target.path)
+                .parse()
+                .map_err(|e| format!("{}: {e}", cfg.url))?,
+            headers,
+        })
+    } else {
+        None
     };
     let plan = Arc::new(Plan {
         addr,
         tls,
+        h2,
         request: target.request_bytes(&method, &cfg.headers, cfg.churn),
         head: method == "HEAD",
         churn: cfg.churn,
@@ -277,7 +307,7 @@ async fn connection(plan: Arc<Plan>, index: usize, stats: Rc<RefCell<ThreadStats
     let end = Instant::from_std(plan.end);
     let start = Instant::from_std(plan.start);
     let measure_from = Instant::from_std(plan.measure_from);
-    let mut conn: Option<Conn> = None;
+    let mut conn: Option<AnyConn> = None;
     let mut last_done = start;
     tokio::time::sleep_until(start).await;
     for k in 0u64.. {
@@ -330,10 +360,11 @@ async fn connection(plan: Arc<Plan>, index: usize, stats: Rc<RefCell<ThreadStats
                 s.connections_opened += 1;
             }
             if let Some(c) = conn.as_mut() {
+                let read = c.bytes_read();
                 if counted {
-                    s.bytes += c.bytes_read;
+                    s.bytes += *read;
                 }
-                c.bytes_read = 0;
+                *read = 0;
             }
             match &outcome {
                 Ok(info) => {
@@ -382,21 +413,54 @@ enum Failure {
     Client(ClientError),
 }
 
-/// Connects if needed, then sends the request and reads the response.
-async fn exchange(plan: &Plan, conn: &mut Option<Conn>) -> Result<client::ResponseInfo, Failure> {
-    if conn.is_none() {
-        *conn = Some(
-            Conn::connect(plan.addr, plan.tls.as_ref())
-                .await
-                .map_err(|_| Failure::Connect)?,
-        );
+/// A generator connection: HTTP/1.1 (raw bytes) or HTTP/2 (hyper).
+enum AnyConn {
+    H1(Conn),
+    H2(h2::H2Conn),
+}
+
+impl AnyConn {
+    fn bytes_read(&mut self) -> &mut u64 {
+        match self {
+            AnyConn::H1(c) => &mut c.bytes_read,
+            AnyConn::H2(c) => &mut c.bytes_read,
+        }
     }
-    match conn.as_mut() {
-        Some(c) => c
+
+    async fn await_close(self) {
+        if let AnyConn::H1(c) = self {
+            c.await_close().await;
+        }
+    }
+}
+
+/// Connects if needed, then sends the request and reads the response.
+async fn exchange(
+    plan: &Plan,
+    conn: &mut Option<AnyConn>,
+) -> Result<client::ResponseInfo, Failure> {
+    if conn.is_none() {
+        let tls = plan.tls.as_ref();
+        *conn = Some(match plan.h2 {
+            Some(_) => AnyConn::H2(
+                h2::H2Conn::connect(plan.addr, tls)
+                    .await
+                    .map_err(|_| Failure::Connect)?,
+            ),
+            None => AnyConn::H1(
+                Conn::connect(plan.addr, tls)
+                    .await
+                    .map_err(|_| Failure::Connect)?,
+            ),
+        });
+    }
+    match (conn.as_mut(), &plan.h2) {
+        (Some(AnyConn::H1(c)), _) => c
             .request(&plan.request, plan.head)
             .await
             .map_err(Failure::Client),
-        None => Err(Failure::Connect),
+        (Some(AnyConn::H2(c)), Some(r)) => c.request(r).await.map_err(Failure::Client),
+        _ => Err(Failure::Connect),
     }
 }
 
@@ -476,6 +540,9 @@ pub struct LoadArgs {
     /// CA certificate (PEM) to trust for an https:// URL.
     #[arg(long, value_name = "FILE")]
     pub ca: Option<std::path::PathBuf>,
+    /// HTTP/2 (prior knowledge over http://, ALPN h2 over https://).
+    #[arg(long)]
+    pub h2: bool,
 }
 
 impl From<&LoadArgs> for LoadConfig {
@@ -493,6 +560,7 @@ impl From<&LoadArgs> for LoadConfig {
             headers: a.headers.clone(),
             max_requests: a.requests,
             tls_ca: a.ca.clone(),
+            h2: a.h2,
         }
     }
 }
@@ -564,6 +632,7 @@ mod tests {
         let plan = Plan {
             addr: "127.0.0.1:1".parse().unwrap(),
             tls: None,
+            h2: None,
             request: Vec::new(),
             head: false,
             churn: false,
