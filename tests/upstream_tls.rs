@@ -263,3 +263,40 @@ fn config_errors_name_the_key() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_reload_rereads_the_ca_and_never_reuses_connections_verified_under_the_old_one() {
+    let pki = Pki::new();
+    let other = Pki::new();
+    let origin = spawn_origin(origin_opts(&pki, &["origin.test"])).await;
+    let ca_file = pki.path("upstream-ca.pem");
+    std::fs::copy(pki.ca_path(), &ca_file).unwrap();
+    let keys = format!(
+        "servers = [{{ address = \"{}\" }}]\ntls = {{ ca = \"{}\", sni = \"origin.test\" }}",
+        origin.addr,
+        ca_file.display()
+    );
+    let text = config_with_cluster(PREAMBLE, &keys, "");
+    let g = start_gateway(&text);
+    let mut c = Client::connect(g.addr).await;
+    assert_eq!(c.get("/info").await.status, 200);
+    assert_eq!(c.get("/info").await.status, 200);
+    assert_eq!(
+        origin.connections(),
+        1,
+        "the second request reused the connection"
+    );
+
+    // Same config text, but the CA file now holds a CA the origin does not chain to: the
+    // pooled connection (verified under the old CA) must not serve the next request.
+    std::fs::copy(other.ca_path(), &ca_file).unwrap();
+    let config = keymaster_config::load_str(&text, "t.toml").unwrap();
+    g.gateway().reload(config).expect("reload accepted");
+    assert_eq!(c.get("/info").await.status, 502);
+
+    // And back: a fresh, verified connection.
+    std::fs::copy(pki.ca_path(), &ca_file).unwrap();
+    let config = keymaster_config::load_str(&text, "t.toml").unwrap();
+    g.gateway().reload(config).expect("reload accepted");
+    assert_eq!(c.get("/info").await.status, 200);
+}
