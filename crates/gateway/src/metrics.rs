@@ -29,6 +29,7 @@ pub struct Metrics {
     filter_skips: IntCounterVec,
     filter_errors: IntCounterVec,
     filter_duration: HistogramVec,
+    rate_limit_redis: IntCounterVec,
 }
 
 /// Handles for one filter of the filter chain.
@@ -232,6 +233,12 @@ impl Metrics {
                 "Filter failures (error or panic)",
                 &["filter"],
             ),
+            rate_limit_redis: counter_vec(
+                &r,
+                "rate_limit_redis_total",
+                "Decisions of rate_limit filters with backend = \"redis\": by Redis (ok) or by the local bucket because Redis failed or is backed off (fallback)",
+                &["filter", "result"],
+            ),
             filter_duration,
             config_version,
             latency,
@@ -275,6 +282,14 @@ impl Metrics {
             errors: self.filter_errors.with_label_values(&[name]),
             duration: self.filter_duration.with_label_values(&[name]),
         }
+    }
+
+    /// A Redis-backed rate limit's (ok, fallback) decision counters.
+    pub(crate) fn rate_limit_redis(&self, filter: &str) -> (IntCounter, IntCounter) {
+        (
+            self.rate_limit_redis.with_label_values(&[filter, "ok"]),
+            self.rate_limit_redis.with_label_values(&[filter, "fallback"]),
+        )
     }
 
     pub(crate) fn error(&self, category: &str, side: &str) {
