@@ -103,7 +103,10 @@ async fn two_gateway_processes_share_one_redis_limit() {
     // Alone, each process (each worker even) would allow 10: together they allow 10.
     assert_eq!(allowed[0] + allowed[1], 10, "allowed {allowed:?}");
     assert_eq!(limited[0] + limited[1], 20, "limited {limited:?}");
-    assert!(allowed[0] > 0 && allowed[1] > 0, "both shared it: {allowed:?}");
+    assert!(
+        allowed[0] > 0 && allowed[1] > 0,
+        "both shared it: {allowed:?}"
+    );
 
     for g in [&a, &b] {
         let m = admin_metrics(g.admin).await;
@@ -183,7 +186,10 @@ async fn redis_slow_or_down_falls_back_to_local_buckets_and_recovers() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(allowed, "the restarted Redis' bucket never allowed a request");
+    assert!(
+        allowed,
+        "the restarted Redis' bucket never allowed a request"
+    );
     assert!(decisions("ok") > ok);
 
     // No request failed at any point.

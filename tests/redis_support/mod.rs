@@ -38,7 +38,14 @@ impl RedisServer {
         let child = Command::new("redis-server")
             .args(["--port", "0", "--unixsocket"])
             .arg(self.socket())
-            .args(["--unixsocketperm", "700", "--save", "", "--appendonly", "no"])
+            .args([
+                "--unixsocketperm",
+                "700",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .args(["--loglevel", "warning", "--dir"])
             .arg(self.dir.path())
             .stdout(Stdio::null())

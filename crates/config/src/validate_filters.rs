@@ -137,7 +137,10 @@ fn check_redis(r: &RedisConfig, p: &mut Problems) {
             );
         }
     }
-    if r.key_prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
+    if r.key_prefix
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control())
+    {
         p.push(
             at.key("key_prefix"),
             "must not contain whitespace or control characters; expected e.g. \"keymaster:rl:\"",

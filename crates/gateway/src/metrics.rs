@@ -288,7 +288,8 @@ impl Metrics {
     pub(crate) fn rate_limit_redis(&self, filter: &str) -> (IntCounter, IntCounter) {
         (
             self.rate_limit_redis.with_label_values(&[filter, "ok"]),
-            self.rate_limit_redis.with_label_values(&[filter, "fallback"]),
+            self.rate_limit_redis
+                .with_label_values(&[filter, "fallback"]),
         )
     }
 

@@ -377,7 +377,10 @@ impl FilterChain {
     ) -> Result<FilterChain, String> {
         let mut specs: Vec<FilterSpec> = Vec::new();
         for f in &config.filters {
-            specs.extend(builtin::compile(f, &config.redis, metrics).map_err(|e| format!("filter {}: {e}", f.name))?);
+            specs.extend(
+                builtin::compile(f, &config.redis, metrics)
+                    .map_err(|e| format!("filter {}: {e}", f.name))?,
+            );
         }
         for n in natives {
             if config.filters.iter().any(|f| f.name == n.name) {
