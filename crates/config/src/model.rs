@@ -31,6 +31,48 @@ pub struct Config {
     pub filter_debug: FilterDebugConfig,
     /// `[redis]`: the shared store of `rate_limit` filters with `backend = "redis"`.
     pub redis: RedisConfig,
+    /// `[dns]`: the resolver of clusters with `discovery`.
+    pub dns: DnsConfig,
+}
+
+/// The DNS resolver used by service discovery (`[[clusters]] discovery`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DnsConfig {
+    /// Name servers, "ip" or "ip:port" (port 53 by default); empty means the system's
+    /// (`/etc/resolv.conf`, plus `/etc/hosts`).
+    pub nameservers: Vec<String>,
+    /// Longest wait for one query.
+    pub timeout: Duration,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        Self {
+            nameservers: Vec::new(),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Service discovery of one cluster: its servers are re-resolved and re-read on an interval.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    /// How often DNS names are re-resolved and `file` re-read.
+    pub interval: Duration,
+    /// A file listing more servers, one `host:port [weight]` per line (`#` comments); a
+    /// relative path is relative to the config file's directory.
+    pub file: Option<String>,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(5),
+            file: None,
+        }
+    }
 }
 
 /// The Redis server shared by every keymaster instance for cluster-wide rate limits.
@@ -511,6 +553,9 @@ pub struct ClusterConfig {
     pub response_header_timeout: Duration,
     /// Total deadline for the whole exchange including the body (absent = none).
     pub request_timeout: Option<Duration>,
+    /// Service discovery: re-resolve DNS names (every address becomes a server) and watch a
+    /// server list file. Absent: names are resolved once per config version.
+    pub discovery: Option<DiscoveryConfig>,
 }
 
 impl Default for ClusterConfig {
@@ -523,6 +568,7 @@ impl Default for ClusterConfig {
             connect_timeout: Duration::from_secs(2),
             response_header_timeout: Duration::from_secs(30),
             request_timeout: None,
+            discovery: None,
         }
     }
 }

@@ -30,6 +30,9 @@ pub struct Metrics {
     filter_errors: IntCounterVec,
     filter_duration: HistogramVec,
     rate_limit_redis: IntCounterVec,
+    pub(crate) discovery_updates: IntCounterVec,
+    pub(crate) discovery_errors: IntCounterVec,
+    pub(crate) discovered_servers: IntGaugeVec,
 }
 
 /// Handles for one filter of the filter chain.
@@ -238,6 +241,24 @@ impl Metrics {
                 "rate_limit_redis_total",
                 "Decisions of rate_limit filters with backend = \"redis\": by Redis (ok) or by the local bucket because Redis failed or is backed off (fallback)",
                 &["filter", "result"],
+            ),
+            discovery_updates: counter_vec(
+                &r,
+                "discovery_updates_total",
+                "Config versions built because service discovery changed a cluster's servers",
+                &["cluster"],
+            ),
+            discovery_errors: counter_vec(
+                &r,
+                "discovery_errors_total",
+                "Failed discovery rounds (the previous server list is kept), by source: dns or file",
+                &["cluster", "source"],
+            ),
+            discovered_servers: gauge_vec(
+                &r,
+                "discovered_servers",
+                "Servers of a cluster with discovery, as last resolved",
+                &["cluster"],
             ),
             filter_duration,
             config_version,

@@ -10,6 +10,7 @@ use crate::filter::{FilterChain, FilterSpec};
 use crate::headers::Stamps;
 use crate::metrics::Metrics;
 use crate::route::{Route, Router};
+use crate::upstream::discovery::Lists;
 use crate::upstream::Cluster;
 use keymaster_config::Config;
 
@@ -26,16 +27,21 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Compile `config`; `natives` are the filters registered in code.
+    /// Compile `config`; `natives` are the filters registered in code; clusters with
+    /// `discovery` take their servers from `discovered`.
     pub(crate) fn build(
         config: Config,
         version: u64,
         metrics: &Metrics,
         natives: &[FilterSpec],
+        discovered: &Lists,
     ) -> Result<Snapshot, String> {
         let mut clusters = HashMap::new();
         for c in &config.clusters {
-            let cluster = Cluster::build(c, metrics.cluster(&c.name))?;
+            let cluster = match discovered.get(&c.name) {
+                Some(d) => Cluster::with_endpoints(c, &d.endpoints, metrics.cluster(&c.name))?,
+                None => Cluster::build(c, metrics.cluster(&c.name))?,
+            };
             clusters.insert(c.name.clone(), Arc::new(cluster));
         }
         let mut routes = Vec::with_capacity(config.routes.len());

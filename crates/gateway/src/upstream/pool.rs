@@ -82,7 +82,7 @@ impl Pools {
 
     /// Return a connection after a clean exchange; dropped if the pool is full.
     pub(crate) fn put(&self, conn: Conn, max_idle: usize, idle_timeout: Duration, now: Instant) {
-        if conn.sender.is_closed() || max_idle == 0 {
+        if conn.sender.is_closed() || max_idle == 0 || conn.server.state.is_retired() {
             return;
         }
         let id = conn.server.state.id;
@@ -102,13 +102,15 @@ impl Pools {
         });
     }
 
-    /// Close idle connections past their idle timeout or already closed by the origin.
+    /// Close idle connections past their idle timeout, already closed by the origin, or to
+    /// a server no longer in the config (removed by discovery or a reload).
     pub(crate) fn sweep(&self, now: Instant) {
         let mut pools = self.by_origin.borrow_mut();
         for pool in pools.iter_mut() {
             pool.idle.retain(|i| {
                 now.saturating_duration_since(i.since) < i.idle_timeout
                     && !i.conn.sender.is_closed()
+                    && !i.conn.server.state.is_retired()
             });
         }
     }
