@@ -112,9 +112,7 @@ impl Shared {
         match Snapshot::build(config, version, &self.metrics, &self.natives, &lists) {
             Ok(snap) => {
                 self.next_version.store(version + 1, Ordering::Release);
-                let snap = Arc::new(snap);
-                discovery::retire(&current, &snap);
-                self.snapshot.store(snap);
+                self.snapshot.store(Arc::new(snap));
                 *self.discovered.lock().unwrap_or_else(|e| e.into_inner()) = lists;
                 self.discovery_wake.notify_one();
                 for (listener, settings) in tls {
@@ -180,9 +178,7 @@ impl Shared {
         ) {
             Ok(snap) => {
                 self.next_version.store(version + 1, Ordering::Release);
-                let snap = Arc::new(snap);
-                discovery::retire(&current, &snap);
-                self.snapshot.store(snap);
+                self.snapshot.store(Arc::new(snap));
                 self.metrics.config_version.set(version as i64);
                 self.metrics
                     .discovery_updates

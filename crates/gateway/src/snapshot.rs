@@ -24,6 +24,9 @@ pub struct Snapshot {
     pub(crate) filters: FilterChain,
     /// Clusters by name, for route filters that choose one.
     pub(crate) clusters: HashMap<String, Arc<Cluster>>,
+    /// Indexed by origin id: whether a cluster of this version has that server (pools of
+    /// the others are drained by the sweeper).
+    live_origins: Vec<bool>,
 }
 
 impl Snapshot {
@@ -55,7 +58,16 @@ impl Snapshot {
             routes.push((r.priority, Arc::new(route)));
         }
         let filters = FilterChain::build(&config, natives, metrics)?;
+        let mut live_origins = Vec::new();
+        for s in clusters.values().flat_map(|c| c.servers.iter()) {
+            let id = s.state.id;
+            if live_origins.len() <= id {
+                live_origins.resize(id + 1, false);
+            }
+            live_origins[id] = true;
+        }
         Ok(Snapshot {
+            live_origins,
             version,
             filters,
             clusters,
@@ -63,5 +75,10 @@ impl Snapshot {
             router: Router::new(routes),
             config,
         })
+    }
+
+    /// Whether a cluster of this version has the origin server `id`.
+    pub(crate) fn serves(&self, origin_id: usize) -> bool {
+        self.live_origins.get(origin_id).copied().unwrap_or(false)
     }
 }

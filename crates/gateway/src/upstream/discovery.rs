@@ -2,13 +2,13 @@
 //! an interval (every address becomes a server) plus a watched server list file.
 //!
 //! This module owns resolution (the `[dns]` resolver: hickory with configured name servers,
-//! or the system's), the server list file, the `keymaster-discovery` thread, and the
-//! retirement of servers that leave the config. It does not own the swap: a changed server
-//! set is handed to `Shared::apply_discovered` (gateway.rs), which rebuilds the snapshot
-//! from the running config the way a reload does, so every request still sees one
-//! consistent version. Origin identities are interned process-wide, so servers that stay
-//! keep their pools; servers that leave are marked retired: in-flight exchanges finish,
-//! their connections are not pooled again, and the sweeper closes their idle ones.
+//! or the system's), the server list file and the `keymaster-discovery` thread. It does not
+//! own the swap: a changed server set is handed to `Shared::apply_discovered` (gateway.rs),
+//! which rebuilds the snapshot from the running config the way a reload does, so every
+//! request still sees one consistent version. Origin identities are interned process-wide,
+//! so servers that stay keep their pools; a server that leaves gets no new requests, its
+//! in-flight exchanges finish, and each worker's pool sweeper closes its idle connections
+//! (`Snapshot::serves` says it is gone).
 //!
 //! A failed round (DNS error, no addresses, unreadable or malformed file) keeps the previous
 //! server list, logs a warning and counts `keymaster_discovery_errors_total{cluster, source}`.
@@ -16,7 +16,7 @@
 use hickory_resolver::config::{NameServerConfig, ResolverConfig};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::{Resolver, TokioResolver};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -204,26 +204,6 @@ pub(crate) fn initial(config: &Config, previous: &Lists) -> Result<Lists, String
         .unwrap_or_else(|_| Err("discovery resolution panicked".into()))
     })?;
     Ok(lists)
-}
-
-/// After `new` replaced `old`: servers only in `old` are retired (their pools drain), every
-/// server of `new` is in service.
-pub(crate) fn retire(old: &Snapshot, new: &Snapshot) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let mut live = HashSet::new();
-    for c in new.clusters.values() {
-        for s in &c.servers {
-            s.state.retired.store(false, Relaxed);
-            live.insert(s.state.id);
-        }
-    }
-    for c in old.clusters.values() {
-        for s in &c.servers {
-            if !live.contains(&s.state.id) {
-                s.state.retired.store(true, Relaxed);
-            }
-        }
-    }
 }
 
 /// Start the `keymaster-discovery` thread: every cluster with `discovery` is resolved again

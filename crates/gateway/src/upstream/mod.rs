@@ -15,7 +15,7 @@ pub(crate) mod pool;
 use http::HeaderValue;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::metrics::ClusterMetrics;
@@ -32,16 +32,6 @@ pub struct OriginState {
     pub outstanding: AtomicUsize,
     /// Open connections to this server across all workers (the pool cap).
     pub open_connections: AtomicUsize,
-    /// No longer in the newest config version (discovery or reload removed it): its idle
-    /// pooled connections are closed and finished exchanges are not pooled.
-    pub retired: AtomicBool,
-}
-
-impl OriginState {
-    /// See [`OriginState::retired`].
-    pub(crate) fn is_retired(&self) -> bool {
-        self.retired.load(Ordering::Relaxed)
-    }
 }
 
 /// The origin identity registry: the same address always gets the same [`OriginState`].
@@ -61,7 +51,6 @@ pub(crate) fn intern_origin(addr: SocketAddr) -> Arc<OriginState> {
                 addr,
                 outstanding: AtomicUsize::new(0),
                 open_connections: AtomicUsize::new(0),
-                retired: AtomicBool::new(false),
             })
         })
         .clone()

@@ -82,7 +82,7 @@ impl Pools {
 
     /// Return a connection after a clean exchange; dropped if the pool is full.
     pub(crate) fn put(&self, conn: Conn, max_idle: usize, idle_timeout: Duration, now: Instant) {
-        if conn.sender.is_closed() || max_idle == 0 || conn.server.state.is_retired() {
+        if conn.sender.is_closed() || max_idle == 0 {
             return;
         }
         let id = conn.server.state.id;
@@ -103,14 +103,18 @@ impl Pools {
     }
 
     /// Close idle connections past their idle timeout, already closed by the origin, or to
-    /// a server no longer in the config (removed by discovery or a reload).
-    pub(crate) fn sweep(&self, now: Instant) {
+    /// a server the running config no longer has (`live(origin id)` is false: removed by
+    /// service discovery or a reload).
+    pub(crate) fn sweep(&self, now: Instant, live: impl Fn(usize) -> bool) {
         let mut pools = self.by_origin.borrow_mut();
-        for pool in pools.iter_mut() {
+        for (id, pool) in pools.iter_mut().enumerate() {
+            if !live(id) {
+                pool.idle.clear();
+                continue;
+            }
             pool.idle.retain(|i| {
                 now.saturating_duration_since(i.since) < i.idle_timeout
                     && !i.conn.sender.is_closed()
-                    && !i.conn.server.state.is_retired()
             });
         }
     }
