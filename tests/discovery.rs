@@ -295,3 +295,20 @@ async fn file_list_change_is_picked_up_and_a_malformed_file_keeps_the_list() {
     send(&g, 4).await;
     assert_eq!((a.served(), b.served()), (6, 16));
 }
+
+#[test]
+fn an_unreadable_server_list_at_start_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.txt");
+    let toml = config(
+        &format!("discovery = {{ file = \"{}\" }}", missing.display()),
+        "",
+    );
+    let config = keymaster_config::load_str(&toml, "<test>").unwrap();
+    let err = match Gateway::start(config, ConfigSource::Memory) {
+        Ok(_) => panic!("started without its servers"),
+        Err(e) => e,
+    };
+    assert!(err.contains("cluster origin: discovery (file)"), "{err}");
+    assert!(err.contains("missing.txt"), "{err}");
+}

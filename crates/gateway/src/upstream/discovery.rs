@@ -304,3 +304,54 @@ fn fail(shared: &Shared, c: &ClusterConfig, source: &str, error: &str) {
         .inc();
     tracing::warn!(cluster = %c.name, source, error, "discovery failed; keeping the previous servers");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_forms() {
+        assert_eq!(host_port("10.0.0.1:80"), Some(("10.0.0.1", 80)));
+        assert_eq!(host_port("[::1]:8080"), Some(("::1", 8080)));
+        assert_eq!(host_port("api.internal:443"), Some(("api.internal", 443)));
+        assert_eq!(host_port("api.internal"), None);
+        assert_eq!(host_port("api.internal:http"), None);
+    }
+
+    #[tokio::test]
+    async fn literals_and_the_file_need_no_dns() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.txt");
+        std::fs::write(&file, "10.0.0.2:80 3\n[::1]:81\n10.0.0.1:80\n").unwrap();
+        let c = ClusterConfig {
+            name: "c".into(),
+            servers: vec![OriginServerConfig {
+                address: "10.0.0.1:80".into(),
+                weight: 1,
+            }],
+            discovery: Some(DiscoveryConfig {
+                file: Some(file.display().to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        // A name server nobody answers on: literals must not ask it.
+        let r = resolver(&DnsConfig {
+            nameservers: vec!["127.0.0.1:9".into()],
+            timeout: keymaster_config::Duration::from_millis(100),
+        })
+        .unwrap();
+        let got = resolve(&c, &r).await.unwrap();
+        let addrs: Vec<String> = got.iter().map(|e| e.addr.to_string()).collect();
+        // Sorted, the duplicate 10.0.0.1:80 once, weights kept.
+        assert_eq!(addrs, ["10.0.0.1:80", "10.0.0.2:80", "[::1]:81"]);
+        assert_eq!(got[1].weight, 3);
+
+        std::fs::write(&file, "10.0.0.2:80 0\n").unwrap();
+        let (source, e) = resolve(&c, &r).await.unwrap_err();
+        assert_eq!(source, "file");
+        assert!(e.contains("line 1"), "{e}");
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(resolve(&c, &r).await.unwrap_err().0, "file");
+    }
+}
