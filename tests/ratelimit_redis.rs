@@ -6,6 +6,8 @@ mod support;
 
 use redis_support::{GatewayProcess, RedisServer};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use support::*;
 
@@ -192,6 +194,39 @@ async fn redis_slow_or_down_falls_back_to_local_buckets_and_recovers() {
         "the restarted Redis' bucket never allowed a request"
     );
     assert!(decisions("ok") > ok);
+
+    // Redis killed under concurrent load: calls in flight at that moment fall back too.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, addr) = (stop.clone(), g.addr);
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !stop.load(Ordering::SeqCst) && seen.len() < 5000 {
+                    seen.push(status(addr).await);
+                }
+                seen
+            })
+        })
+        .collect();
+    let ok = decisions("ok");
+    assert!(eventually(Duration::from_secs(20), || decisions("ok") >= ok + 20.0).await);
+    redis.stop();
+    let fallback = decisions("fallback");
+    assert!(
+        eventually(Duration::from_secs(20), || decisions("fallback")
+            >= fallback + 20.0)
+        .await,
+        "no fallback decisions after Redis was killed"
+    );
+    stop.store(true, Ordering::SeqCst);
+    for task in load {
+        let seen = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("the load finishes")
+            .unwrap();
+        assert!(seen.iter().all(|s| *s == 200 || *s == 429), "{seen:?}");
+    }
 
     // No request failed at any point.
     let m = g.gateway().metrics_text();
