@@ -64,6 +64,8 @@ static BUCKET_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::
 /// A rate_limit filter's view of the shared Redis (one per compiled filter; `Send + Sync`).
 pub(super) struct RedisBackend {
     url: Arc<str>,
+    /// The URL without credentials, for logs.
+    shown: String,
     client: redis::Client,
     timeout: Duration,
     backoff: Duration,
@@ -83,9 +85,11 @@ impl RedisBackend {
             .url
             .as_deref()
             .ok_or("backend = \"redis\" needs [redis] url")?;
-        let client = redis::Client::open(url).map_err(|e| format!("[redis] url {url:?}: {e}"))?;
+        let client = redis::Client::open(url)
+            .map_err(|e| format!("[redis] url {:?}: {e}", without_credentials(url)))?;
         let (ok, fallback) = metrics.rate_limit_redis(name);
         Ok(RedisBackend {
+            shown: without_credentials(url),
             url: url.into(),
             client,
             timeout: config.timeout.get(),
@@ -122,7 +126,7 @@ impl RedisBackend {
         {
             Ok(Ok((allowed, wait))) => {
                 if link.tripped.replace(false) {
-                    tracing::info!(redis = %self.url, "Redis answers again: shared rate limits are back");
+                    tracing::info!(redis = %self.shown, "Redis answers again: shared rate limits are back");
                 }
                 link.open_until.set(None);
                 self.ok.inc();
@@ -140,7 +144,7 @@ impl RedisBackend {
         link.open_until.set(Some(Instant::now() + self.backoff));
         if !link.tripped.replace(true) {
             tracing::warn!(
-                redis = %self.url,
+                redis = %self.shown,
                 error = %failure,
                 backoff = ?self.backoff,
                 "Redis rate limit call failed: local buckets decide until Redis answers again"
@@ -150,11 +154,15 @@ impl RedisBackend {
         None
     }
 
-    /// This worker's link to the URL (created on first use).
+    /// This worker's link to the URL (created on first use; a new URL, after a reload that
+    /// changed `[redis] url`, closes the links to the others).
     fn link(&self) -> Rc<Link> {
         LINKS.with(|links| {
+            let mut links = links.borrow_mut();
+            if !links.contains_key(&self.url) {
+                links.clear();
+            }
             links
-                .borrow_mut()
                 .entry(self.url.clone())
                 .or_insert_with(|| {
                     Rc::new(Link {
@@ -211,5 +219,38 @@ impl Link {
         let c = self.client.get_multiplexed_async_connection().await?;
         *self.conn.borrow_mut() = Some(c.clone());
         Ok(c)
+    }
+}
+
+/// `scheme://user:password@host/...` → `scheme://***@host/...` (URLs go to logs).
+fn without_credentials(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_credentials;
+
+    #[test]
+    fn credentials_stay_out_of_logs() {
+        assert_eq!(
+            without_credentials("redis://user:secret@10.0.0.2:6379/0"),
+            "redis://***@10.0.0.2:6379/0"
+        );
+        assert_eq!(
+            without_credentials("redis://10.0.0.2:6379"),
+            "redis://10.0.0.2:6379"
+        );
+        assert_eq!(
+            without_credentials("redis+unix:///run/redis.sock"),
+            "redis+unix:///run/redis.sock"
+        );
     }
 }
