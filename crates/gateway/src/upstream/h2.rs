@@ -257,9 +257,14 @@ impl H2Pools {
             .ok_or_else(|| Error::new(Kind::OriginReset, "origin closed the connection"))
     }
 
-    /// Close connections idle past their origin's idle timeout (in-flight streams keep theirs).
-    pub(crate) fn sweep(&self, now: Instant) {
-        for o in self.by_origin.borrow_mut().iter_mut() {
+    /// Close connections idle past their origin's idle timeout, and every connection to an
+    /// origin the running config no longer has (in-flight streams keep theirs).
+    pub(crate) fn sweep(&self, now: Instant, live: &impl Fn(usize) -> bool) {
+        for (id, o) in self.by_origin.borrow_mut().iter_mut().enumerate() {
+            if !live(id) {
+                o.conns.clear();
+                continue;
+            }
             let idle = o.idle_timeout;
             o.conns.retain(|c| {
                 c.usable()

@@ -7,9 +7,11 @@
 //! - [`connect`]: opening a connection (TCP, TLS, HTTP/1 or HTTP/2) within the connect timeout.
 //! - [`tls`]: outbound TLS per cluster (SNI, CA, client certificate, versions, ALPN).
 //! - [`h2`]: multiplexed HTTP/2 connections per origin server, per worker.
+//! - [`discovery`]: service discovery (DNS re-resolution, server list files).
 
 pub(crate) mod balance;
 pub(crate) mod connect;
+pub(crate) mod discovery;
 pub(crate) mod h2;
 pub(crate) mod pool;
 pub(crate) mod tls;
@@ -112,11 +114,7 @@ impl Cluster {
     /// Build from config, resolving server names (DNS) now, off the request path.
     pub(crate) fn build(cfg: &ClusterConfig, metrics: ClusterMetrics) -> Result<Cluster, String> {
         use std::net::ToSocketAddrs;
-        let mut servers = Vec::with_capacity(cfg.servers.len());
-        let tls = match &cfg.tls {
-            Some(t) => Some(Arc::new(tls::build(&cfg.name, t, cfg.protocol)?)),
-            None => None,
-        };
+        let mut endpoints = Vec::with_capacity(cfg.servers.len());
         for s in &cfg.servers {
             let addr = s
                 .address
@@ -129,18 +127,40 @@ impl Cluster {
                         cfg.name, s.address
                     )
                 })?;
-            let label: Arc<str> = addr.to_string().into();
+            endpoints.push(discovery::Endpoint {
+                addr,
+                authority: s.address.clone(),
+                weight: s.weight,
+            });
+        }
+        Self::with_endpoints(cfg, &endpoints, metrics)
+    }
+
+    /// Build from already resolved servers (service discovery's, or [`Cluster::build`]'s).
+    /// TLS files are read here, so every config version re-reads them.
+    pub(crate) fn with_endpoints(
+        cfg: &ClusterConfig,
+        endpoints: &[discovery::Endpoint],
+        metrics: ClusterMetrics,
+    ) -> Result<Cluster, String> {
+        let tls = match &cfg.tls {
+            Some(t) => Some(Arc::new(tls::build(&cfg.name, t, cfg.protocol)?)),
+            None => None,
+        };
+        let mut servers = Vec::with_capacity(endpoints.len());
+        for e in endpoints {
+            let label: Arc<str> = e.addr.to_string().into();
             let server_tls = match &tls {
                 Some(t) => {
-                    let name = t.server_name(&s.address).map_err(|e| {
-                        format!("cluster {}: server {}: tls: {e}", cfg.name, s.address)
+                    let name = t.server_name(&e.authority).map_err(|err| {
+                        format!("cluster {}: server {}: tls: {err}", cfg.name, e.authority)
                     })?;
                     Some((t.clone(), name))
                 }
                 None => None,
             };
             let key = OriginKey {
-                addr,
+                addr: e.addr,
                 protocol: cfg.protocol,
                 tls: server_tls
                     .as_ref()
@@ -150,10 +170,11 @@ impl Cluster {
                 state: intern_origin_key(key),
                 tls: server_tls,
                 protocol: cfg.protocol,
-                authority: HeaderValue::from_str(&s.address)
-                    .map_err(|e| format!("cluster {}: server {}: {e}", cfg.name, s.address))?,
+                authority: HeaderValue::from_str(&e.authority).map_err(|err| {
+                    format!("cluster {}: server {}: {err}", cfg.name, e.authority)
+                })?,
                 label,
-                weight: s.weight.max(1),
+                weight: e.weight.max(1),
             }));
         }
         if servers.is_empty() {
