@@ -79,6 +79,21 @@ impl tonic::server::ServerStreamingService<Msg> for Split {
     }
 }
 
+/// Sends one message, then nothing more (never ends).
+struct Stall;
+impl tonic::server::ServerStreamingService<Msg> for Stall {
+    type Response = Msg;
+    type ResponseStream = MsgStream;
+    type Future = BoxFuture<Response<MsgStream>, Status>;
+    fn call(&mut self, _: Request<Msg>) -> Self::Future {
+        Box::pin(async move {
+            let s = futures_util::stream::iter([Ok(msg("first", 0))])
+                .chain(futures_util::stream::pending());
+            Ok(Response::new(Box::pin(s) as MsgStream))
+        })
+    }
+}
+
 struct Chat;
 impl tonic::server::StreamingService<Msg> for Chat {
     type Response = Msg;
@@ -117,6 +132,7 @@ where
                 "/test.Echo/Unary" => grpc.unary(Unary, req).await,
                 "/test.Echo/Split" => grpc.server_streaming(Split, req).await,
                 "/test.Echo/Chat" => grpc.streaming(Chat, req).await,
+                "/test.Echo/Stall" => grpc.server_streaming(Stall, req).await,
                 _ => Status::unimplemented("no such method").into_http(),
             })
         })
@@ -399,5 +415,30 @@ async fn grpc_timeout_is_the_request_deadline() {
         "{m}"
     );
     drop(c);
+    stop(g).await;
+}
+
+#[tokio::test]
+async fn a_deadline_passing_mid_stream_ends_the_call_with_deadline_exceeded() {
+    let (origin, _t) = tonic_origin().await;
+    let g = start_gateway(&config_with_cluster(PREAMBLE, &h2_cluster(origin), ""));
+    let mut c = raw_client(g.addr).await;
+    c.ready().await.unwrap();
+    let mut req = Request::new(msg("x", 1));
+    req.set_timeout(Duration::from_millis(300));
+    let mut s = c
+        .server_streaming(req, path("/test.Echo/Stall"), codec())
+        .await
+        .expect("the call starts")
+        .into_inner();
+    let first = s.message().await.expect("first message").unwrap();
+    assert_eq!(first.text, "first");
+    let e = tokio::time::timeout(Duration::from_secs(5), s.message())
+        .await
+        .expect("the gateway ends the stream at the deadline")
+        .expect_err("DEADLINE_EXCEEDED in the trailers");
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+    assert!(e.message().starts_with("keymaster:"), "{e:?}");
+    drop((s, c));
     stop(g).await;
 }

@@ -149,6 +149,11 @@ pub struct OriginBody {
     pub(crate) inner: Incoming,
     pub(crate) exchange: Exchange,
     pub(crate) deadline: Option<Pin<Box<Sleep>>>,
+    /// A gRPC call: a deadline that passes mid-body ends it with DEADLINE_EXCEEDED trailers
+    /// instead of a reset.
+    pub(crate) grpc: bool,
+    /// Ended by the gateway (the gRPC trailers were sent).
+    pub(crate) ended: bool,
 }
 
 impl Body for ResponseBody {
@@ -162,9 +167,21 @@ impl Body for ResponseBody {
         match self.get_mut() {
             ResponseBody::Local(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             ResponseBody::Origin(o) => {
+                if o.ended {
+                    return Poll::Ready(None);
+                }
                 if let Some(d) = o.deadline.as_mut() {
                     if d.as_mut().poll(cx).is_ready() {
                         o.exchange.fail_body("origin_request_timeout");
+                        if o.grpc {
+                            o.ended = true;
+                            let err = crate::error::Error::new(
+                                crate::error::Kind::RequestTimeout,
+                                "request deadline passed while streaming the response",
+                            );
+                            let trailers = crate::respond::grpc_trailers(&err);
+                            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                        }
                         return Poll::Ready(Some(Err(Box::new(BodyStopped(
                             "request deadline exceeded while streaming the response body",
                         )))));
@@ -196,7 +213,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Local(b) => b.is_none(),
-            ResponseBody::Origin(o) => o.inner.is_end_stream(),
+            ResponseBody::Origin(o) => o.ended || o.inner.is_end_stream(),
         }
     }
 

@@ -442,6 +442,8 @@ async fn proxy(
         inner: rbody,
         exchange,
         deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+        grpc: info.grpc,
+        ended: false,
     };
     Ok(Response::from_parts(rparts, ResponseBody::Origin(body)))
 }

@@ -56,6 +56,25 @@ pub(crate) fn grpc_error_response(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/grpc"),
     );
+    grpc_status_fields(err, h);
+    if err.is_origin() {
+        h.insert(header::VIA, via.clone());
+    }
+    if let Some((name, value)) = request_id {
+        h.insert(name.clone(), value.clone());
+    }
+    resp
+}
+
+/// The trailers that end a gRPC response the gateway cuts short (the request deadline passed
+/// while the origin's response was streaming): `grpc-status` and `grpc-message`.
+pub(crate) fn grpc_trailers(err: &Error) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    grpc_status_fields(err, &mut h);
+    h
+}
+
+fn grpc_status_fields(err: &Error, h: &mut http::HeaderMap) {
     h.insert(
         HeaderName::from_static("grpc-status"),
         HeaderValue::from(u16::from(err.grpc_status())),
@@ -64,13 +83,6 @@ pub(crate) fn grpc_error_response(
     if let Ok(v) = HeaderValue::from_str(&percent_encode(&message)) {
         h.insert(HeaderName::from_static("grpc-message"), v);
     }
-    if err.is_origin() {
-        h.insert(header::VIA, via.clone());
-    }
-    if let Some((name, value)) = request_id {
-        h.insert(name.clone(), value.clone());
-    }
-    resp
 }
 
 /// gRPC's grpc-message encoding: bytes outside printable ASCII, and `%`, as `%XX`.
