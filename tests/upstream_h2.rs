@@ -252,3 +252,22 @@ async fn goaway_finishes_in_flight_and_moves_new_requests() {
     assert_eq!(r.status, 200);
     assert_eq!(&r.body[..], b"0");
 }
+
+#[tokio::test]
+async fn connections_retire_after_max_requests() {
+    let origin = spawn_origin(OriginOpts {
+        h2c: true,
+        ..OriginOpts::default()
+    })
+    .await;
+    let g = h2c_gateway(&origin, "pool = { max_requests_per_connection = 2 }").await;
+    let mut conns = Vec::new();
+    for _ in 0..5 {
+        let r = get(g.addr, "/info").await;
+        assert_eq!(r.status, 200);
+        conns.push(info(&r.body)["conn"].as_u64().unwrap());
+    }
+    // Two streams per connection, then a new one.
+    assert_eq!(conns, vec![0, 0, 1, 1, 2]);
+    assert_eq!(origin.connections(), 3);
+}
