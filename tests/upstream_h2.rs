@@ -271,3 +271,53 @@ async fn connections_retire_after_max_requests() {
     assert_eq!(conns, vec![0, 0, 1, 1, 2]);
     assert_eq!(origin.connections(), 3);
 }
+
+#[tokio::test]
+async fn a_slow_client_holds_back_the_origin_through_flow_control() {
+    let origin = spawn_origin(OriginOpts {
+        h2c: true,
+        ..OriginOpts::default()
+    })
+    .await;
+    let g = h2c_gateway(&origin, "").await;
+    let tcp = tokio::net::TcpStream::connect(g.addr).await.unwrap();
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get("/big")
+        .header("host", "gw.test")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = h1.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    // The client stops reading: the origin's production must stall once the socket buffers
+    // and the HTTP/2 windows are full, far below the 64 MiB body.
+    let mut last = origin.produced();
+    let mut stable_since = tokio::time::Instant::now();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < deadline
+        && stable_since.elapsed() < Duration::from_millis(300)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = origin.produced();
+        if now != last {
+            last = now;
+            stable_since = tokio::time::Instant::now();
+        }
+    }
+    let total = BIG_CHUNK * BIG_CHUNKS;
+    eprintln!("origin produced {last} bytes while the client was not reading");
+    assert!(
+        last < total / 4,
+        "the origin produced {last} of {total} bytes for a client that reads nothing"
+    );
+    // Reading again drains the whole body.
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(first.len() + rest.len(), total);
+    assert_eq!(origin.produced(), total);
+    drop(h1);
+    stop(g).await;
+}

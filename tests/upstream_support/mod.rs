@@ -21,6 +21,10 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// `/big`: 1024 chunks of 64 KiB (64 MiB).
+pub const BIG_CHUNK: usize = 64 * 1024;
+pub const BIG_CHUNKS: usize = 1024;
 pub type OriginBody = BoxBody<Bytes, BoxError>;
 
 /// What one accepted connection negotiated.
@@ -66,6 +70,8 @@ struct Shared {
     hold_until: AtomicUsize,
     release: watch::Sender<bool>,
     goaway: Notify,
+    /// Bytes of `/big` bodies handed to hyper so far.
+    produced: AtomicUsize,
 }
 
 pub struct Origin {
@@ -102,6 +108,11 @@ impl Origin {
     pub fn goaway(&self) {
         self.shared.goaway.notify_waiters();
     }
+    /// Bytes of `/big` bodies hyper has taken from the origin's body so far: with flow
+    /// control, only what the windows and buffers downstream have room for.
+    pub fn produced(&self) -> usize {
+        self.shared.produced.load(Ordering::SeqCst)
+    }
 }
 
 pub async fn spawn_origin(opts: OriginOpts) -> Origin {
@@ -114,6 +125,7 @@ pub async fn spawn_origin(opts: OriginOpts) -> Origin {
         hold_until: AtomicUsize::new(usize::MAX),
         release: watch::channel(false).0,
         goaway: Notify::new(),
+        produced: AtomicUsize::new(0),
     });
     let acceptor = opts.tls.as_ref().map(|(cert, key)| {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -256,6 +268,18 @@ async fn handle(
             r.headers_mut()
                 .insert("trailer", "x-checksum".parse().unwrap());
             r
+        }
+        "/big" => {
+            // BIG_CHUNKS chunks of 64 KiB, produced only as hyper polls for them.
+            let sh = sh.clone();
+            let chunks = futures_util::StreamExt::map(
+                futures_util::stream::iter(0..BIG_CHUNKS),
+                move |_| {
+                    sh.produced.fetch_add(BIG_CHUNK, Ordering::SeqCst);
+                    Ok::<_, BoxError>(Frame::data(Bytes::from(vec![b'x'; BIG_CHUNK])))
+                },
+            );
+            http::Response::new(StreamBody::new(chunks).boxed())
         }
         "/hold" => {
             let n = sh.arrived.fetch_add(1, Ordering::SeqCst) + 1;
