@@ -216,6 +216,42 @@ async fn auto_picks_h2_or_http1_by_alpn() {
     }
 }
 
+#[tokio::test]
+async fn h2_over_tls_needs_the_origin_to_agree_by_alpn() {
+    let pki = Pki::new();
+    let cert = pki.issue("origin", &["origin.test"], "origin", false);
+    // An origin offering only http/1.1 refuses the handshake (no common ALPN protocol); one
+    // without ALPN at all completes it, and the gateway refuses to guess: 502 both times,
+    // never a garbled exchange.
+    for (alpn, category) in [
+        (vec!["http/1.1"], "origin_tls"),
+        (vec![], "origin_bad_response"),
+    ] {
+        let origin = spawn_origin(OriginOpts {
+            tls: Some((cert.der.clone(), cert.key_der.clone_key())),
+            alpn,
+            ..OriginOpts::default()
+        })
+        .await;
+        let keys = format!(
+            "protocol = \"h2\"\nservers = [{{ address = \"{}\" }}]\ntls = {{ ca = \"{}\", sni = \"origin.test\" }}",
+            origin.addr,
+            pki.ca_path().display()
+        );
+        let g = start_gateway(&config_with_cluster(PREAMBLE, &keys, ""));
+        assert_eq!(get(g.addr, "/info").await.status, 502, "{category}");
+        let m = g.gateway().metrics_text();
+        assert_eq!(
+            metric(
+                &m,
+                &format!("keymaster_errors_total{{category=\"{category}\",side=\"origin\"}}")
+            ),
+            1.0,
+            "{m}"
+        );
+    }
+}
+
 #[test]
 fn config_errors_name_the_key() {
     let text = config_with_cluster(
