@@ -325,6 +325,24 @@ async fn starts_with_h2_preface(stream: &TcpStream) -> bool {
     }
 }
 
+/// Close a connection we refuse: send FIN, then read and discard what the client still sends
+/// (at most 64 KiB, within `wait`) so the kernel does not answer unread bytes with a reset.
+async fn lingering_close(mut stream: TcpStream, wait: Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut left = 64 * 1024usize;
+        while left > 0 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait.min(Duration::from_secs(2)), drain).await;
+}
+
 /// Runs futures on this worker's `LocalSet` (hyper's HTTP/2 spawns per-stream tasks).
 #[derive(Clone, Copy)]
 struct LocalExec;
@@ -409,14 +427,20 @@ async fn serve_connection(
     }
     let h2 = match listener.protocol {
         ListenerProtocol::Http1 => false,
-        ListenerProtocol::H2c => true,
-        ListenerProtocol::Auto => {
+        ListenerProtocol::H2c | ListenerProtocol::Auto => {
             match tokio::time::timeout(
                 listener.header_read_timeout,
                 starts_with_h2_preface(&stream),
             )
             .await
             {
+                Ok(true) => true,
+                Ok(false) if listener.protocol == ListenerProtocol::H2c => {
+                    // Not HTTP/2: RFC 9113 §3.4 says terminate the connection. Close it
+                    // cleanly (FIN, not a reset from unread bytes) so the client sees why.
+                    lingering_close(stream, listener.header_read_timeout).await;
+                    return;
+                }
                 Ok(h2) => h2,
                 Err(_) => return, // said nothing within the header timeout
             }
