@@ -390,6 +390,33 @@ pub struct RouteConfig {
     pub request_timeout: Option<Duration>,
     /// Largest request body → 413 past it.
     pub max_body_size: ByteSize,
+    /// `upgrade`: which HTTP/1.1 `Upgrade` protocols become two-way tunnels.
+    pub upgrade: UpgradeConfig,
+}
+
+/// Protocol upgrades (`Connection: upgrade` + `Upgrade: <protocol>`) on a route. An allowed
+/// upgrade passes the pre filters like any request, then the origin's `101` turns the two
+/// connections into a tunnel; other `Upgrade` requests are forwarded as plain requests with
+/// `Upgrade` removed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpgradeConfig {
+    /// `Upgrade: websocket` passes through.
+    pub websocket: bool,
+    /// Other upgrade protocol names that pass through (case-insensitive, e.g. `"my-proto"`).
+    pub protocols: Vec<String>,
+    /// A tunnel with no bytes in either direction for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for UpgradeConfig {
+    fn default() -> Self {
+        Self {
+            websocket: true,
+            protocols: Vec::new(),
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
 }
 
 impl Default for RouteConfig {
@@ -408,6 +435,7 @@ impl Default for RouteConfig {
             response_header_timeout: None,
             request_timeout: None,
             max_body_size: ByteSize(64 * 1024 * 1024),
+            upgrade: UpgradeConfig::default(),
         }
     }
 }

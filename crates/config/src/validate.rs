@@ -514,6 +514,17 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
             "must be greater than zero; expected a size like \"10MiB\"",
         );
     }
+    let up = at.key("upgrade");
+    p.positive(up.key("idle_timeout"), r.upgrade.idle_timeout);
+    for (i, proto) in r.upgrade.protocols.iter().enumerate() {
+        let name = proto.split('/').next().unwrap_or("");
+        if name.is_empty() || http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            p.push(
+                up.key("protocols").index(i),
+                format!("{proto:?} is not an upgrade protocol token; expected a name like \"my-proto\""),
+            );
+        }
+    }
 }
 
 /// Report when more than one of mutually exclusive keys is set (at the second one); returns

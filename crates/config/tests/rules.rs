@@ -459,3 +459,29 @@ fn listener_tls() {
     assert_eq!(errs[0].line, Some(16), "{errs:?}");
     assert!(errs[0].message.contains("1.2"), "{errs:?}");
 }
+
+#[test]
+fn route_upgrade() {
+    assert!(errors(&format!(
+        "{BASE}upgrade = {{ websocket = false, protocols = [\"my-proto/2\"], idle_timeout = \"30s\" }}\n"
+    ))
+    .is_empty());
+    one(
+        "upgrade = { protocols = [\"ok\", \"bad proto\"] }\n",
+        "routes[0].upgrade.protocols[1]",
+        12,
+        "not an upgrade protocol token",
+    );
+    one(
+        "upgrade = { idle_timeout = \"0s\" }\n",
+        "routes[0].upgrade.idle_timeout",
+        12,
+        "greater than zero",
+    );
+    one(
+        "[routes.upgrade]\nwebsocket = true\nidle_timeout = \"0s\"\n",
+        "routes[0].upgrade.idle_timeout",
+        14,
+        "greater than zero",
+    );
+}

@@ -11,13 +11,12 @@ use http::header::HeaderName;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -99,12 +98,17 @@ pub(crate) fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListen
 }
 
 /// Per-connection state shared by the IO wrapper and the requests on the connection.
+///
+/// Atomics (all on one worker thread, so uncontended) rather than `Cell`s: hyper hands an
+/// upgraded connection (WebSocket) out as a `Send` object, so the IO wrapper that holds this
+/// state must be `Send`. Instants are stored as nanoseconds since `base`.
 pub(crate) struct ConnState {
-    inflight: Cell<u32>,
+    inflight: AtomicU32,
+    base: Instant,
     /// When a connection with no request in flight times out.
-    deadline: Cell<Instant>,
+    deadline: AtomicU64,
     /// True between requests: the next byte read starts a request head.
-    idle: Cell<bool>,
+    idle: AtomicBool,
     /// HTTP/1: bytes after an idle period start a request head (the slowloris clock). Not
     /// for HTTP/2, whose control frames (PING, WINDOW_UPDATE, SETTINGS) arrive between
     /// streams and must not turn an idle connection's timeout into the header timeout.
@@ -113,27 +117,63 @@ pub(crate) struct ConnState {
     idle_timeout: Duration,
     /// When the connection's timer is armed to fire. The timer is lazy: it is moved only when
     /// the deadline comes earlier; a later deadline is picked up when the timer fires.
-    armed: Cell<Instant>,
+    armed: AtomicU64,
     /// The connection task, parked in a read while requests were in flight: woken when the
     /// last one finishes and the idle deadline is earlier than the armed timer (only possible
     /// when `idle_timeout < header_read_timeout`).
-    reader: Cell<Option<std::task::Waker>>,
+    reader: Mutex<Option<std::task::Waker>>,
 }
 
 impl ConnState {
+    fn new(now: Instant, head_clock: bool, header_timeout: Duration, idle: Duration) -> Self {
+        let first = header_timeout.as_nanos() as u64;
+        ConnState {
+            inflight: AtomicU32::new(0),
+            base: now,
+            deadline: AtomicU64::new(first),
+            idle: AtomicBool::new(false),
+            head_clock,
+            header_timeout,
+            idle_timeout: idle,
+            armed: AtomicU64::new(first),
+            reader: Mutex::new(None),
+        }
+    }
+    fn to_nanos(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.base).as_nanos() as u64
+    }
+    fn at(&self, nanos: u64) -> Instant {
+        self.base + Duration::from_nanos(nanos)
+    }
+    fn deadline(&self) -> u64 {
+        self.deadline.load(Ordering::Relaxed)
+    }
+    fn set_deadline(&self, t: Instant) {
+        self.deadline.store(self.to_nanos(t), Ordering::Relaxed);
+    }
+    fn set_reader(&self, w: Option<std::task::Waker>) -> Option<std::task::Waker> {
+        match self.reader.lock() {
+            Ok(mut r) => std::mem::replace(&mut *r, w),
+            Err(p) => std::mem::replace(&mut *p.into_inner(), w),
+        }
+    }
     pub(crate) fn request_started(&self) {
-        self.inflight.set(self.inflight.get() + 1);
+        self.inflight.fetch_add(1, Ordering::Relaxed);
     }
     /// A request's response is done (`now` is when it finished).
     pub(crate) fn request_finished(&self, now: Instant) {
-        let n = self.inflight.get().saturating_sub(1);
-        self.inflight.set(n);
-        if n == 0 {
-            self.idle.set(true);
-            let deadline = now + self.idle_timeout;
-            self.deadline.set(deadline);
-            if deadline < self.armed.get() {
-                if let Some(w) = self.reader.take() {
+        let prev = self
+            .inflight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            })
+            .unwrap_or(0);
+        if prev <= 1 {
+            self.idle.store(true, Ordering::Relaxed);
+            let deadline = self.to_nanos(now + self.idle_timeout);
+            self.deadline.store(deadline, Ordering::Relaxed);
+            if deadline < self.armed.load(Ordering::Relaxed) {
+                if let Some(w) = self.set_reader(None) {
                     w.wake();
                 }
             }
@@ -147,13 +187,16 @@ pub(crate) struct ConnCtx {
     pub(crate) listener: Arc<ListenerCtx>,
     pub(crate) client: ClientFacts,
     pub(crate) peer: SocketAddr,
-    pub(crate) state: Rc<ConnState>,
+    pub(crate) state: Arc<ConnState>,
+    /// The connection's slot on its listener: released when the last holder (the hyper
+    /// connection, a streaming response, an upgrade tunnel) lets go of the context.
+    pub(crate) _open: OpenGuard,
 }
 
 /// The client socket (plain or TLS) plus the connection-level timeouts.
 pub(crate) struct TimedIo<S> {
     inner: S,
-    state: Rc<ConnState>,
+    state: Arc<ConnState>,
     sleep: Pin<Box<Sleep>>,
 }
 
@@ -166,37 +209,38 @@ impl<S: Read + Unpin> Read for TimedIo<S> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
-                if this.state.head_clock && this.state.idle.get() && this.state.inflight.get() == 0
+                let state = &this.state;
+                if state.head_clock
+                    && state.idle.load(Ordering::Relaxed)
+                    && state.inflight.load(Ordering::Relaxed) == 0
                 {
                     // First bytes of a new request head: the slowloris clock starts.
-                    this.state.idle.set(false);
-                    this.state
-                        .deadline
-                        .set(Instant::now() + this.state.header_timeout);
+                    state.idle.store(false, Ordering::Relaxed);
+                    state.set_deadline(Instant::now() + state.header_timeout);
                 }
                 Poll::Ready(r)
             }
             Poll::Pending => {
                 let state = &this.state;
-                if state.inflight.get() == 0 {
-                    let d = state.deadline.get();
-                    if d < state.armed.get() {
-                        this.sleep.as_mut().reset(d);
-                        state.armed.set(d);
+                if state.inflight.load(Ordering::Relaxed) == 0 {
+                    let d = state.deadline();
+                    if d < state.armed.load(Ordering::Relaxed) {
+                        this.sleep.as_mut().reset(state.at(d));
+                        state.armed.store(d, Ordering::Relaxed);
                     }
                     while this.sleep.as_mut().poll(cx).is_ready() {
-                        if state.armed.get() >= d {
+                        if state.armed.load(Ordering::Relaxed) >= d {
                             return Poll::Ready(Err(io::Error::new(
                                 io::ErrorKind::TimedOut,
                                 "client connection timed out (header read or idle)",
                             )));
                         }
                         // Fired for an older, earlier deadline: move on to the current one.
-                        this.sleep.as_mut().reset(d);
-                        state.armed.set(d);
+                        this.sleep.as_mut().reset(state.at(d));
+                        state.armed.store(d, Ordering::Relaxed);
                     }
                 } else if state.idle_timeout < state.header_timeout {
-                    state.reader.set(Some(cx.waker().clone()));
+                    state.set_reader(Some(cx.waker().clone()));
                 }
                 Poll::Pending
             }
@@ -285,7 +329,7 @@ pub(crate) async fn accept_loop(
 }
 
 /// Releases a connection's slot in the listener and the worker's drain count.
-struct OpenGuard {
+pub(crate) struct OpenGuard {
     listener: Arc<ListenerCtx>,
     worker: Rc<Worker>,
 }
@@ -378,7 +422,7 @@ async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
-    _guard: OpenGuard,
+    guard: OpenGuard,
 ) {
     let _ = stream.set_nodelay(true);
     if let Some(tls) = &listener.tls {
@@ -421,6 +465,7 @@ async fn serve_connection(
             client,
             peer,
             shutdown,
+            guard,
         )
         .await;
         return;
@@ -455,6 +500,7 @@ async fn serve_connection(
         client,
         peer,
         shutdown,
+        guard,
     )
     .await;
 }
@@ -485,30 +531,27 @@ async fn serve_io<S>(
     client: ClientFacts,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
+    guard: OpenGuard,
 ) where
-    S: Read + Write + Unpin + 'static,
+    S: Read + Write + Unpin + Send + 'static,
 {
-    let now = Instant::now();
-    let state = Rc::new(ConnState {
-        inflight: Cell::new(0),
-        deadline: Cell::new(now + listener.header_read_timeout),
-        idle: Cell::new(false),
-        head_clock: !h2,
-        header_timeout: listener.header_read_timeout,
-        idle_timeout: listener.idle_timeout,
-        armed: Cell::new(now + listener.header_read_timeout),
-        reader: Cell::new(None),
-    });
+    let state = Arc::new(ConnState::new(
+        Instant::now(),
+        !h2,
+        listener.header_read_timeout,
+        listener.idle_timeout,
+    ));
     let cx = Rc::new(ConnCtx {
         worker,
         listener: listener.clone(),
         client,
         peer,
         state: state.clone(),
+        _open: guard,
     });
     let io = TimedIo {
         inner: stream,
-        sleep: Box::pin(tokio::time::sleep_until(state.deadline.get())),
+        sleep: Box::pin(tokio::time::sleep_until(state.at(state.deadline()))),
         state,
     };
     let svc = service_fn(move |req| crate::proxy::handle(cx.clone(), req));
@@ -530,7 +573,8 @@ async fn serve_io<S>(
             )
             .header_read_timeout(None)
             .timer(hyper_util::rt::TokioTimer::new());
-        let conn = builder.serve_connection(io, svc);
+        // Upgrades (WebSocket): hyper hands the socket to `upgrade` after a 101.
+        let conn = builder.serve_connection(io, svc).with_upgrades();
         serve_until_shutdown!(conn, shutdown);
     }
 }

@@ -16,6 +16,7 @@
 //! | [`error`] | the one error type; `respond` turns it into the client's response |
 //! | `snapshot` | a compiled config version |
 //! | `tls` | inbound TLS: certificates by SNI, ALPN, mTLS, swapped on reload |
+//! | `upgrade` | WebSocket and other `Upgrade`s: handshake hooks and the two-way tunnel |
 //! | [`metrics`], `admin`, [`access_log`] | observability |
 
 pub mod access_log;
@@ -32,6 +33,7 @@ mod respond;
 mod route;
 mod snapshot;
 mod tls;
+mod upgrade;
 mod upstream;
 mod worker;
 

@@ -29,6 +29,10 @@ pub struct Metrics {
     filter_skips: IntCounterVec,
     filter_errors: IntCounterVec,
     filter_duration: HistogramVec,
+    tunnels_active: IntGaugeVec,
+    tunnels: IntCounterVec,
+    tunnel_bytes: IntCounterVec,
+    tunnel_idle_timeouts: IntCounterVec,
 }
 
 /// Handles for one filter of the filter chain.
@@ -46,6 +50,19 @@ pub(crate) struct RouteMetrics {
     /// Indexed by status class: 0 = other, 1..=5 = 1xx..5xx.
     by_class: [IntCounter; 6],
     pub(crate) latency: Histogram,
+    pub(crate) tunnel: TunnelMetrics,
+}
+
+/// Handles for one route's upgrade tunnels (WebSocket and others).
+#[derive(Clone)]
+pub(crate) struct TunnelMetrics {
+    pub(crate) active: IntGauge,
+    pub(crate) total: IntCounter,
+    /// Bytes from the client to the origin.
+    pub(crate) bytes_upstream: IntCounter,
+    /// Bytes from the origin to the client.
+    pub(crate) bytes_downstream: IntCounter,
+    pub(crate) idle_timeouts: IntCounter,
 }
 
 impl RouteMetrics {
@@ -233,6 +250,30 @@ impl Metrics {
                 &["filter"],
             ),
             filter_duration,
+            tunnels_active: gauge_vec(
+                &r,
+                "tunnels_active",
+                "Open upgrade tunnels (WebSocket and other upgrades), by route",
+                &["route"],
+            ),
+            tunnels: counter_vec(
+                &r,
+                "tunnels_total",
+                "Upgrade tunnels opened (origin answered 101), by route",
+                &["route"],
+            ),
+            tunnel_bytes: counter_vec(
+                &r,
+                "tunnel_bytes_total",
+                "Bytes carried by upgrade tunnels, by route and direction (upstream = client to origin)",
+                &["route", "direction"],
+            ),
+            tunnel_idle_timeouts: counter_vec(
+                &r,
+                "tunnel_idle_timeouts_total",
+                "Upgrade tunnels closed by the route's upgrade.idle_timeout",
+                &["route"],
+            ),
             config_version,
             latency,
             registry: r,
@@ -244,6 +285,13 @@ impl Metrics {
         RouteMetrics {
             by_class: [c("other"), c("1xx"), c("2xx"), c("3xx"), c("4xx"), c("5xx")],
             latency: self.latency.with_label_values(&[name]),
+            tunnel: TunnelMetrics {
+                active: self.tunnels_active.with_label_values(&[name]),
+                total: self.tunnels.with_label_values(&[name]),
+                bytes_upstream: self.tunnel_bytes.with_label_values(&[name, "upstream"]),
+                bytes_downstream: self.tunnel_bytes.with_label_values(&[name, "downstream"]),
+                idle_timeouts: self.tunnel_idle_timeouts.with_label_values(&[name]),
+            },
         }
     }
 

@@ -30,6 +30,7 @@ use crate::headers::{self as hdr, parse_content_length};
 use crate::respond::error_response;
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
+use crate::upgrade;
 use crate::upstream::{connect::connect, pool::Conn, Cluster, OriginServer};
 
 /// Serve one request. Never fails: errors become responses here.
@@ -96,7 +97,7 @@ pub(crate) async fn handle(
 /// Finishes the request on its connection if the handler is dropped before a response (an
 /// HTTP/2 stream reset by the client); otherwise the connection would count it in flight
 /// forever and never idle out.
-struct InFlight(Option<Rc<crate::downstream::ConnState>>);
+pub(crate) struct InFlight(pub(crate) Option<Arc<crate::downstream::ConnState>>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -272,8 +273,14 @@ async fn proxy(
         (stream, Some(state))
     };
 
+    // An upgrade the route allows (WebSocket): keep the client's handle for the tunnel.
+    let upgrade = upgrade::take_request(&route.upgrade, &mut parts, &scan, body_state.is_none());
+
     // Request header duties.
     let trailers = hdr::strip_hop_by_hop(&mut parts.headers, &scan);
+    if let Some(up) = &upgrade {
+        upgrade::restore_request(&mut parts.headers, up);
+    }
     if trailers {
         parts
             .headers
@@ -364,6 +371,7 @@ async fn proxy(
     let (mut rparts, rbody) = resp.into_parts();
     let rscan = hdr::HeadScan::of(&rparts.headers);
     hdr::validate_response_head(&rparts.headers, &rscan)?;
+    let switch = upgrade::accept_response(upgrade, &mut rparts)?;
     let origin_close = rscan.connection
         && rparts
             .headers
@@ -398,6 +406,23 @@ async fn proxy(
         }
     }
     rparts.version = client_version;
+    if let Some(switch) = switch {
+        // 101: the origin connection now belongs to the tunnel, never to the pool.
+        drop(conn);
+        let finished = Finished {
+            status: 101,
+            category: "success",
+            side: Side::Origin,
+            elapsed: start.elapsed(),
+            bytes_out: 0,
+        };
+        record(cx, Some(&route), info.log.take(), finished);
+        // `handle` hands the request's in-flight count to us; the tunnel ends it.
+        let inflight = InFlight(Some(cx.state.clone()));
+        let metrics = route.metrics.tunnel.clone();
+        switch.start(&mut rparts.headers, cx.clone(), &route.upgrade, metrics, inflight);
+        return Ok(Response::from_parts(rparts, ResponseBody::Local(None)));
+    }
 
     let max_requests = cluster.config.pool.max_requests_per_connection;
     let reusable = !origin_close && (max_requests == 0 || conn.requests < max_requests);

@@ -53,7 +53,7 @@ pub(crate) async fn connect(
     open_gauge.inc();
     tokio::task::spawn_local(async move {
         let _slot = slot; // released when the connection ends
-        let _ = driver.await;
+        let _ = driver.with_upgrades().await; // a 101 hands the socket to a tunnel
         open_gauge.dec();
     });
     Ok(Conn::new(sender, server.clone()))

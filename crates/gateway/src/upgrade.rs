@@ -1,0 +1,307 @@
+//! Protocol upgrades: WebSocket and other HTTP/1.1 `Upgrade` protocols a route allows.
+//!
+//! ```text
+//! client GET + Connection: upgrade, Upgrade: websocket
+//!   ─► proxy::handle: route, pre/route filters (they may refuse the handshake like any request)
+//!   ─► take_request        the route allows every offered protocol? keep the client's OnUpgrade
+//!   ─► restore_request     Upgrade + Connection: upgrade put back after hop-by-hop removal
+//!   ─► send                on a pooled or fresh origin connection
+//!   ─► accept_response     origin said 101: keep its OnUpgrade and Upgrade value
+//!                          (any other status is an ordinary response, streamed as usual)
+//!   ─► Switch::start       101 to the client; a local task joins both upgraded sockets:
+//!                          tokio copy_bidirectional (fixed buffers: backpressure both ways),
+//!                          closed after `upgrade.idle_timeout` with no bytes either way
+//! ```
+//!
+//! The upstream connection of a tunnel never returns to the pool: after the 101 it belongs to
+//! the tunnel and closes with it. The tunnel keeps its client connection counted (in flight on
+//! the connection, open on the listener) until it ends, and has its own metrics
+//! (`keymaster_tunnels_active`, `_tunnels_total`, `_tunnel_bytes_total`,
+//! `_tunnel_idle_timeouts_total`). HTTP/2 extended CONNECT (RFC 8441) is not supported.
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{request, response, StatusCode, Version};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use std::cell::Cell;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+use crate::downstream::ConnCtx;
+use crate::error::{Error, Kind};
+use crate::headers::HeadScan;
+use crate::metrics::TunnelMetrics;
+use crate::proxy::InFlight;
+
+/// A route's upgrade settings, compiled.
+#[derive(Debug, Clone)]
+pub(crate) struct UpgradePolicy {
+    websocket: bool,
+    /// Other allowed protocol names, lowercase.
+    protocols: Vec<String>,
+    idle_timeout: Duration,
+}
+
+impl UpgradePolicy {
+    pub(crate) fn compile(cfg: &keymaster_config::UpgradeConfig) -> Self {
+        UpgradePolicy {
+            websocket: cfg.websocket,
+            protocols: cfg
+                .protocols
+                .iter()
+                .map(|p| protocol_name(p).to_ascii_lowercase())
+                .collect(),
+            idle_timeout: cfg.idle_timeout.get(),
+        }
+    }
+
+    /// Is this protocol (`name` or `name/version`) allowed to upgrade?
+    fn allows(&self, offered: &str) -> bool {
+        let name = protocol_name(offered);
+        (self.websocket && name.eq_ignore_ascii_case("websocket"))
+            || self.protocols.iter().any(|p| p.eq_ignore_ascii_case(name))
+    }
+}
+
+fn protocol_name(p: &str) -> &str {
+    p.split('/').next().unwrap_or("").trim()
+}
+
+fn has_token(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.to_str()
+            .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+            .unwrap_or(false)
+    })
+}
+
+/// A client's request to switch protocols that its route allows.
+pub(crate) struct UpgradeRequest {
+    upgrade: HeaderValue,
+    client: OnUpgrade,
+}
+
+/// If this request asks to upgrade (HTTP/1.1, `Connection: upgrade`, `Upgrade`, no body) and
+/// the route allows every offered protocol, take the client's upgrade handle. Otherwise the
+/// request goes on as a plain one and hop-by-hop removal drops its `Upgrade`.
+pub(crate) fn take_request(
+    policy: &UpgradePolicy,
+    parts: &mut request::Parts,
+    scan: &HeadScan,
+    bodyless: bool,
+) -> Option<UpgradeRequest> {
+    if !scan.connection || parts.version != Version::HTTP_11 || !bodyless {
+        return None;
+    }
+    if !has_token(&parts.headers, header::CONNECTION, "upgrade") {
+        return None;
+    }
+    let mut values = parts.headers.get_all(header::UPGRADE).iter();
+    let upgrade = values.next()?.clone();
+    if values.next().is_some() {
+        return None; // one Upgrade field line, or it is not ours to pass on
+    }
+    let offered = upgrade.to_str().ok()?;
+    let mut any = false;
+    for p in offered.split(',').filter(|p| !p.trim().is_empty()) {
+        if !policy.allows(p) {
+            return None;
+        }
+        any = true;
+    }
+    if !any {
+        return None;
+    }
+    let client = parts.extensions.remove::<OnUpgrade>()?;
+    Some(UpgradeRequest { upgrade, client })
+}
+
+/// Put back what hop-by-hop removal took from an allowed upgrade request.
+pub(crate) fn restore_request(headers: &mut HeaderMap, up: &UpgradeRequest) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, up.upgrade.clone());
+}
+
+/// An origin's `101 Switching Protocols`, ready to become a tunnel.
+pub(crate) struct Switch {
+    upgrade: HeaderValue,
+    client: OnUpgrade,
+    origin: OnUpgrade,
+}
+
+/// Look at the origin's response head (before hop-by-hop removal). A `101` to an upgrade
+/// request becomes a [`Switch`]; a `101` nobody asked for is a protocol error; anything
+/// else is an ordinary response (the client's upgrade handle is dropped: no tunnel).
+pub(crate) fn accept_response(
+    up: Option<UpgradeRequest>,
+    rparts: &mut response::Parts,
+) -> Result<Option<Switch>, Error> {
+    if rparts.status != StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(None);
+    }
+    let refuse = || Error::new(Kind::OriginProtocol, "origin switched protocols unasked");
+    let up = up.ok_or_else(refuse)?;
+    let upgrade = rparts.headers.get(header::UPGRADE).cloned().ok_or_else(|| {
+        Error::new(
+            Kind::OriginProtocol,
+            "origin sent 101 without an Upgrade header",
+        )
+    })?;
+    let origin = rparts.extensions.remove::<OnUpgrade>().ok_or_else(refuse)?;
+    Ok(Some(Switch {
+        upgrade,
+        client: up.client,
+        origin,
+    }))
+}
+
+impl Switch {
+    /// Finish the 101 head for the client and start the tunnel task. `inflight` keeps the
+    /// client connection's request in flight (no header/idle timeout on the raw socket)
+    /// until the tunnel ends; `cx` keeps the connection counted on its listener.
+    pub(crate) fn start(
+        self,
+        headers: &mut HeaderMap,
+        cx: Rc<ConnCtx>,
+        idle: &UpgradePolicy,
+        metrics: TunnelMetrics,
+        inflight: InFlight,
+    ) {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, self.upgrade);
+        let idle_timeout = idle.idle_timeout;
+        // Counted from the 101 on, so a client that has its 101 sees the tunnel counted.
+        metrics.total.inc();
+        metrics.active.inc();
+        tokio::task::spawn_local(async move {
+            let _held = (cx, inflight, Active(metrics.active.clone()));
+            let (client, origin) = tokio::join!(self.client, self.origin);
+            let (client, origin) = match (client, origin) {
+                (Ok(c), Ok(o)) => (c, o),
+                (c, o) => {
+                    tracing::debug!(
+                        client = ?c.err(),
+                        origin = ?o.err(),
+                        "upgrade did not complete on both sides"
+                    );
+                    return;
+                }
+            };
+            tunnel(client, origin, idle_timeout, &metrics).await;
+        });
+    }
+}
+
+/// Copy both ways until both sides close, an error, or `idle_timeout` with no bytes.
+async fn tunnel(
+    client: hyper::upgrade::Upgraded,
+    origin: hyper::upgrade::Upgraded,
+    idle_timeout: Duration,
+    m: &TunnelMetrics,
+) {
+    let last = Rc::new(Cell::new(Instant::now()));
+    let mut client = Counted {
+        io: TokioIo::new(client),
+        bytes: m.bytes_upstream.clone(),
+        last: last.clone(),
+    };
+    let mut origin = Counted {
+        io: TokioIo::new(origin),
+        bytes: m.bytes_downstream.clone(),
+        last: last.clone(),
+    };
+    let idle = async {
+        loop {
+            let due = last.get() + idle_timeout;
+            if Instant::now() >= due {
+                return;
+            }
+            tokio::time::sleep_until(due).await;
+        }
+    };
+    tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut client, &mut origin) => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "tunnel ended with an error");
+            }
+        }
+        _ = idle => m.idle_timeouts.inc(),
+    }
+}
+
+/// Counts a tunnel as active until dropped.
+struct Active(prometheus::IntGauge);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// One side of a tunnel: counts the bytes read from it and notes activity either way.
+struct Counted<S> {
+    io: S,
+    bytes: prometheus::IntCounter,
+    last: Rc<Cell<Instant>>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            self.bytes.inc_by(n as u64);
+            self.last.set(Instant::now());
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.last.set(Instant::now());
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_allows_websocket_by_default_and_configured_protocols() {
+        let mut cfg = keymaster_config::UpgradeConfig::default();
+        let p = UpgradePolicy::compile(&cfg);
+        assert!(p.allows("websocket"));
+        assert!(p.allows(" WebSocket "));
+        assert!(!p.allows("h2c"));
+        cfg.websocket = false;
+        cfg.protocols = vec!["My-Proto".into()];
+        let p = UpgradePolicy::compile(&cfg);
+        assert!(!p.allows("websocket"));
+        assert!(p.allows("my-proto/2"));
+    }
+}
