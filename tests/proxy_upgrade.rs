@@ -69,7 +69,11 @@ async fn ws_origin() -> WsOrigin {
 type Ws = tokio_tungstenite::WebSocketStream<TcpStream>;
 
 /// Open a WebSocket through the gateway at `path`.
-async fn ws_connect(gw: SocketAddr, path: &str, headers: &[(&str, &str)]) -> tungstenite::Result<Ws> {
+async fn ws_connect(
+    gw: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> tungstenite::Result<Ws> {
     use tungstenite::client::IntoClientRequest;
     let mut req = format!("ws://{gw}{path}").into_client_request()?;
     for (n, v) in headers {
@@ -106,14 +110,21 @@ async fn next_msg(ws: &mut Ws) -> Message {
 async fn websocket_echo_text_binary_large_and_close() {
     let o = ws_origin().await;
     let g = start_gateway(&config_text(o.addr, "", ""));
-    let mut ws = ws_connect(g.addr, "/chat?room=1", &[]).await.expect("upgrade");
+    let mut ws = ws_connect(g.addr, "/chat?room=1", &[])
+        .await
+        .expect("upgrade");
     assert_eq!(m(&g, TOTAL), 1.0);
     assert_eq!(m(&g, ACTIVE), 1.0);
 
     ws.send(Message::text("hello")).await.unwrap();
     assert_eq!(next_msg(&mut ws).await, Message::text("hello"));
-    ws.send(Message::binary(vec![0u8, 1, 2, 255])).await.unwrap();
-    assert_eq!(next_msg(&mut ws).await, Message::binary(vec![0u8, 1, 2, 255]));
+    ws.send(Message::binary(vec![0u8, 1, 2, 255]))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_msg(&mut ws).await,
+        Message::binary(vec![0u8, 1, 2, 255])
+    );
 
     // Large messages both ways, several in flight: far more than any socket buffer, so the
     // tunnel must apply backpressure rather than lose or buffer everything.
@@ -156,7 +167,10 @@ async fn websocket_echo_text_binary_large_and_close() {
     assert!(m(&g, DOWN) >= 3.0 * big.len() as f64);
     assert_eq!(m(&g, TOTAL), 1.0);
     assert_eq!(
-        m(&g, "keymaster_requests_total{route=\"default\",status_class=\"1xx\"}"),
+        m(
+            &g,
+            "keymaster_requests_total{route=\"default\",status_class=\"1xx\"}"
+        ),
         1.0
     );
 
@@ -183,10 +197,15 @@ keys = ["k1"]
         Err(tungstenite::Error::Http(resp)) => assert_eq!(resp.status(), 401),
         other => panic!("expected a 401, got {:?}", other.map(|_| "a WebSocket")),
     }
-    assert!(o.handshakes.lock().unwrap().is_empty(), "origin never asked");
+    assert!(
+        o.handshakes.lock().unwrap().is_empty(),
+        "origin never asked"
+    );
     assert_eq!(m(&g, TOTAL), 0.0);
     // With the key the same handshake opens a tunnel.
-    let mut ws = ws_connect(g.addr, "/", &[("x-api-key", "k1")]).await.unwrap();
+    let mut ws = ws_connect(g.addr, "/", &[("x-api-key", "k1")])
+        .await
+        .unwrap();
     ws.send(Message::text("in")).await.unwrap();
     assert_eq!(next_msg(&mut ws).await, Message::text("in"));
     assert_eq!(m(&g, TOTAL), 1.0);
@@ -209,7 +228,10 @@ async fn origin_refusing_the_upgrade_is_passed_back() {
             assert_eq!(resp.status(), 403);
             assert_eq!(resp.body().as_deref(), Some(&b"no ws!"[..]));
         }
-        other => panic!("expected the origin's 403, got {:?}", other.map(|_| "a WebSocket")),
+        other => panic!(
+            "expected the origin's 403, got {:?}",
+            other.map(|_| "a WebSocket")
+        ),
     }
     assert_eq!(m(&g, TOTAL), 0.0);
 }

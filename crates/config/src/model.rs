@@ -190,6 +190,26 @@ pub struct ListenerConfig {
     pub request_id_header: String,
     /// `tls`: terminate TLS on this listener (absent = cleartext).
     pub tls: Option<TlsConfig>,
+    /// PROXY protocol header expected before TLS/HTTP: `"off"`, `"v1"`, `"v2"` or `"any"`.
+    pub proxy_protocol: ProxyProtocol,
+    /// Peers (CIDR blocks or addresses) allowed to send a PROXY header; required when
+    /// `proxy_protocol` is on. Connections from anyone else are closed.
+    pub proxy_protocol_from: Vec<String>,
+}
+
+/// Which PROXY protocol versions (HAProxy's, v1 text or v2 binary) a listener accepts.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxyProtocol {
+    /// No PROXY header: the socket's peer is the client.
+    #[default]
+    Off,
+    /// The text header (`PROXY TCP4 ...\r\n`) is required.
+    V1,
+    /// The binary header is required.
+    V2,
+    /// Either version is required.
+    Any,
 }
 
 impl Default for ListenerConfig {
@@ -208,6 +228,8 @@ impl Default for ListenerConfig {
             forwarded_header: false,
             request_id_header: "x-request-id".into(),
             tls: None,
+            proxy_protocol: ProxyProtocol::Off,
+            proxy_protocol_from: Vec::new(),
         }
     }
 }

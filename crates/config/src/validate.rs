@@ -177,6 +177,21 @@ fn check_listener(l: &ListenerConfig, at: &KeyPath, p: &mut Problems) {
             );
         }
     }
+    for (j, entry) in l.proxy_protocol_from.iter().enumerate() {
+        let t = entry.trim();
+        if t.parse::<ipnet::IpNet>().is_err() && t.parse::<IpAddr>().is_err() {
+            p.push(
+                at.key("proxy_protocol_from").index(j),
+                format!("{entry:?} is not an IP address or CIDR block; expected e.g. \"10.0.0.0/8\" or \"192.0.2.7\""),
+            );
+        }
+    }
+    if l.proxy_protocol != crate::model::ProxyProtocol::Off && l.proxy_protocol_from.is_empty() {
+        p.push(
+            at.key("proxy_protocol"),
+            "a PROXY protocol listener needs proxy_protocol_from (who may send the header); expected e.g. proxy_protocol_from = [\"10.0.0.0/8\"]",
+        );
+    }
     check_header_name(&l.request_id_header, at.key("request_id_header"), p);
     if let Some(tls) = &l.tls {
         check_tls(l, tls, &at.key("tls"), p);
@@ -521,7 +536,9 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
         if name.is_empty() || http::HeaderName::from_bytes(name.as_bytes()).is_err() {
             p.push(
                 up.key("protocols").index(i),
-                format!("{proto:?} is not an upgrade protocol token; expected a name like \"my-proto\""),
+                format!(
+                    "{proto:?} is not an upgrade protocol token; expected a name like \"my-proto\""
+                ),
             );
         }
     }

@@ -485,3 +485,25 @@ fn route_upgrade() {
         "greater than zero",
     );
 }
+
+#[test]
+fn listener_proxy_protocol() {
+    let l = "[[listeners]]\nname = \"b\"\naddress = \"127.0.0.1:8090\"\n";
+    assert!(errors(&format!(
+        "{l}proxy_protocol = \"any\"\nproxy_protocol_from = [\"10.0.0.0/8\", \"192.0.2.7\"]\n"
+    ))
+    .is_empty());
+    one(
+        &format!("{l}proxy_protocol = \"v2\"\n"),
+        "listeners[1].proxy_protocol",
+        15,
+        "needs proxy_protocol_from",
+    );
+    one(
+        &format!("{l}proxy_protocol = \"v1\"\nproxy_protocol_from = [\"10.0.0.0/33\"]\n"),
+        "listeners[1].proxy_protocol_from[0]",
+        16,
+        "not an IP address or CIDR block",
+    );
+    assert!(!errors(&format!("{l}proxy_protocol = \"v3\"\n")).is_empty());
+}

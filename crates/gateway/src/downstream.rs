@@ -45,6 +45,8 @@ pub(crate) struct ListenerCtx {
     pub(crate) metrics: ListenerMetrics,
     /// TLS termination (swapped on reload); `None` for a cleartext listener.
     pub(crate) tls: Option<Arc<ListenerTls>>,
+    /// PROXY protocol header before TLS/HTTP (`proxy_protocol.rs`).
+    pub(crate) proxy: crate::proxy_protocol::Settings,
 }
 
 impl ListenerCtx {
@@ -80,6 +82,11 @@ impl ListenerCtx {
                 .map_err(|e| format!("listener {}: request_id_header: {e}", cfg.name))?,
             metrics,
             tls,
+            proxy: crate::proxy_protocol::Settings::new(
+                cfg.proxy_protocol,
+                &cfg.proxy_protocol_from,
+            )
+            .map_err(|e| format!("listener {}: {e}", cfg.name))?,
         })
     }
 }
@@ -419,12 +426,31 @@ macro_rules! serve_until_shutdown {
 async fn serve_connection(
     worker: Rc<Worker>,
     listener: Arc<ListenerCtx>,
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
     guard: OpenGuard,
 ) {
     let _ = stream.set_nodelay(true);
+    // Behind an L4 load balancer: the PROXY header names the client (or the peer is refused).
+    let peer = if listener.proxy.enabled() {
+        let read = crate::proxy_protocol::accept(
+            &listener.proxy,
+            &mut stream,
+            peer,
+            listener.header_read_timeout,
+            &listener.metrics,
+        );
+        match read.await {
+            Ok(client) => client,
+            Err(why) => {
+                tracing::debug!(listener = %listener.name, %peer, ?why, "PROXY header refused");
+                return;
+            }
+        }
+    } else {
+        peer
+    };
     if let Some(tls) = &listener.tls {
         // The handshake shares the header-read budget; the request clock starts after it.
         let settings = tls.current.load_full();

@@ -23,6 +23,7 @@ pub struct Metrics {
     downstream_accepted: IntCounterVec,
     downstream_rejected: IntCounterVec,
     tls_handshake_failures: IntCounterVec,
+    proxy_protocol_rejected: IntCounterVec,
     pub(crate) config_version: IntGauge,
     pub(crate) reloads: IntCounterVec,
     filter_invocations: IntCounterVec,
@@ -91,6 +92,10 @@ pub(crate) struct ListenerMetrics {
     pub(crate) accepted: IntCounter,
     pub(crate) rejected: IntCounter,
     pub(crate) tls_handshake_failures: IntCounter,
+    /// Connections closed at the PROXY protocol header, by reason.
+    pub(crate) proxy_malformed: IntCounter,
+    pub(crate) proxy_timeout: IntCounter,
+    pub(crate) proxy_untrusted: IntCounter,
 }
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -225,6 +230,12 @@ impl Metrics {
                 "Client TLS handshakes that failed or timed out",
                 &["listener"],
             ),
+            proxy_protocol_rejected: counter_vec(
+                &r,
+                "proxy_protocol_rejected_total",
+                "Client connections closed at the PROXY protocol header, by reason (malformed, timeout, untrusted)",
+                &["listener", "reason"],
+            ),
             reloads: counter_vec(
                 &r,
                 "config_reloads_total",
@@ -313,6 +324,15 @@ impl Metrics {
             accepted: self.downstream_accepted.with_label_values(&[name]),
             rejected: self.downstream_rejected.with_label_values(&[name]),
             tls_handshake_failures: self.tls_handshake_failures.with_label_values(&[name]),
+            proxy_malformed: self
+                .proxy_protocol_rejected
+                .with_label_values(&[name, "malformed"]),
+            proxy_timeout: self
+                .proxy_protocol_rejected
+                .with_label_values(&[name, "timeout"]),
+            proxy_untrusted: self
+                .proxy_protocol_rejected
+                .with_label_values(&[name, "untrusted"]),
         }
     }
 

@@ -146,12 +146,16 @@ pub(crate) fn accept_response(
     }
     let refuse = || Error::new(Kind::OriginProtocol, "origin switched protocols unasked");
     let up = up.ok_or_else(refuse)?;
-    let upgrade = rparts.headers.get(header::UPGRADE).cloned().ok_or_else(|| {
-        Error::new(
-            Kind::OriginProtocol,
-            "origin sent 101 without an Upgrade header",
-        )
-    })?;
+    let upgrade = rparts
+        .headers
+        .get(header::UPGRADE)
+        .cloned()
+        .ok_or_else(|| {
+            Error::new(
+                Kind::OriginProtocol,
+                "origin sent 101 without an Upgrade header",
+            )
+        })?;
     let origin = rparts.extensions.remove::<OnUpgrade>().ok_or_else(refuse)?;
     Ok(Some(Switch {
         upgrade,
