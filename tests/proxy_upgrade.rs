@@ -36,6 +36,8 @@ async fn ws_origin() -> WsOrigin {
         while let Ok((s, _)) = listener.accept().await {
             let seen = seen.clone();
             tokio::spawn(async move {
+                // tungstenite's callback signature fixes the (large) error type.
+                #[allow(clippy::result_large_err)]
                 let cb = |req: &Request, resp: Response| {
                     seen.lock().unwrap().push(req.headers().clone());
                     Ok(resp)
@@ -43,17 +45,10 @@ async fn ws_origin() -> WsOrigin {
                 let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(s, cb).await else {
                     return;
                 };
+                // Echo data messages; tungstenite answers Close and Ping itself.
                 while let Some(Ok(msg)) = ws.next().await {
-                    match msg {
-                        Message::Text(_) | Message::Binary(_) => {
-                            if ws.send(msg).await.is_err() {
-                                return;
-                            }
-                        }
-                        Message::Close(_) => {
-                            // tungstenite answers the close itself; drain until it ends.
-                        }
-                        _ => {}
+                    if (msg.is_text() || msg.is_binary()) && ws.send(msg).await.is_err() {
+                        return;
                     }
                 }
             });

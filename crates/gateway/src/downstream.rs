@@ -317,7 +317,6 @@ pub(crate) async fn accept_loop(
                     .active_connections
                     .set(worker.active_connections.get() + 1);
                 tokio::task::spawn_local(serve_connection(
-                    worker.clone(),
                     listener.clone(),
                     stream,
                     peer,
@@ -424,7 +423,6 @@ macro_rules! serve_until_shutdown {
 }
 
 async fn serve_connection(
-    worker: Rc<Worker>,
     listener: Arc<ListenerCtx>,
     mut stream: TcpStream,
     peer: SocketAddr,
@@ -483,17 +481,7 @@ async fn serve_connection(
             identity_header: settings.identity_header.clone(),
         };
         let client = client_facts(&listener, peer, "https", Some(facts));
-        serve_io(
-            worker,
-            listener,
-            TokioIo::new(stream),
-            h2,
-            client,
-            peer,
-            shutdown,
-            guard,
-        )
-        .await;
+        serve_io(guard, TokioIo::new(stream), h2, client, peer, shutdown).await;
         return;
     }
     let h2 = match listener.protocol {
@@ -518,17 +506,7 @@ async fn serve_connection(
         }
     };
     let client = client_facts(&listener, peer, "http", None);
-    serve_io(
-        worker,
-        listener,
-        TokioIo::new(stream),
-        h2,
-        client,
-        peer,
-        shutdown,
-        guard,
-    )
-    .await;
+    serve_io(guard, TokioIo::new(stream), h2, client, peer, shutdown).await;
 }
 
 fn client_facts(
@@ -549,18 +527,18 @@ fn client_facts(
 }
 
 /// Serve HTTP on an established client stream (cleartext or after the TLS handshake).
+/// `guard` is the connection's slot on its listener and carries the worker and listener.
 async fn serve_io<S>(
-    worker: Rc<Worker>,
-    listener: Arc<ListenerCtx>,
+    guard: OpenGuard,
     stream: S,
     h2: bool,
     client: ClientFacts,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
-    guard: OpenGuard,
 ) where
     S: Read + Write + Unpin + Send + 'static,
 {
+    let (worker, listener) = (guard.worker.clone(), guard.listener.clone());
     let state = Arc::new(ConnState::new(
         Instant::now(),
         !h2,
