@@ -288,3 +288,104 @@ async fn untrusted_peers_are_refused() {
     assert!(eventually(Duration::from_secs(5), || rejected(&g, "untrusted") == 1.0).await);
     assert_eq!(rejected(&g, "malformed"), 0.0);
 }
+
+/// An origin that expects a PROXY header first on every connection: it answers each request
+/// with the client address the header named (`v1 <addr>` / `v2 <addr>`).
+async fn pp_origin() -> RawOrigin {
+    raw_origin(|mut s, _| async move {
+        use tokio::io::AsyncReadExt;
+        let mut carry = Vec::new();
+        let mut buf = [0u8; 4096];
+        let named = loop {
+            if carry.starts_with(b"PROXY ") {
+                if let Some(i) = carry.windows(2).position(|w| w == b"\r\n") {
+                    let line = String::from_utf8_lossy(&carry[..i]).into_owned();
+                    carry.drain(..i + 2);
+                    let f: Vec<&str> = line.split(' ').collect();
+                    break format!("v1 {}:{}", f[2], f[4]);
+                }
+            } else if carry.len() >= 16 && carry[..12] == b"\r\n\r\n\0\r\nQUIT\n"[..] {
+                let len = u16::from_be_bytes([carry[14], carry[15]]) as usize;
+                if carry.len() >= 16 + len {
+                    let a = &carry[16..];
+                    let ip = std::net::Ipv4Addr::new(a[0], a[1], a[2], a[3]);
+                    let port = u16::from_be_bytes([a[8], a[9]]);
+                    carry.drain(..16 + len);
+                    break format!("v2 {ip}:{port}");
+                }
+            } else if carry.len() >= 6 {
+                return; // no PROXY header: hang up
+            }
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => carry.extend_from_slice(&buf[..n]),
+            }
+        };
+        while read_head(&mut s, &mut carry).await.is_some() {
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{named}",
+                named.len()
+            );
+            if s.write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+}
+
+fn pp_cluster_config(origin: SocketAddr, cluster_pp: &str, listener_extra: &str) -> String {
+    format!(
+        r#"{PREAMBLE}{listener_extra}
+
+[[routes]]
+name = "default"
+cluster = "origin"
+
+[[clusters]]
+name = "origin"
+servers = [{{ address = "{origin}" }}]
+proxy_protocol = "{cluster_pp}"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_send_the_client_address_and_reuse_per_client_connection() {
+    let o = pp_origin().await;
+    let listener = "proxy_protocol = \"v1\"\nproxy_protocol_from = [\"127.0.0.1\"]\n";
+    let g = start_gateway(&pp_cluster_config(o.addr, "v2", listener));
+    // Client A (carried 192.0.2.1) sends two requests on its connection: one origin connection.
+    let mut a = TcpStream::connect(g.addr).await.unwrap();
+    a.write_all(b"PROXY TCP4 192.0.2.1 10.0.0.1 5555 443\r\n")
+        .await
+        .unwrap();
+    let mut carry = Vec::new();
+    for _ in 0..2 {
+        a.write_all(b"GET / HTTP/1.1\r\nhost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let head = read_head(&mut a, &mut carry).await.expect("response");
+        assert_eq!(status_of(head.as_bytes()), Some(200), "{head}");
+        let body = read_exact_body(&mut a, &mut carry, "v2 192.0.2.1:5555".len()).await;
+        assert_eq!(String::from_utf8_lossy(&body), "v2 192.0.2.1:5555");
+    }
+    assert_eq!(o.connections(), 1);
+    // Client B gets its own origin connection and header, never A's.
+    let (out, _) = raw_exchange(
+        g.addr,
+        b"PROXY TCP4 198.51.100.7 10.0.0.1 6000 443\r\nGET / HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(String::from_utf8_lossy(&out).ends_with("v2 198.51.100.7:6000"));
+    assert_eq!(o.connections(), 2);
+    drop(a);
+
+    // v1 to the origin from a plain listener: the socket peer.
+    let o1 = pp_origin().await;
+    let g1 = start_gateway(&pp_cluster_config(o1.addr, "v1", ""));
+    let r = get(g1.addr, "/").await;
+    assert_eq!(r.status, 200);
+    assert!(String::from_utf8_lossy(&r.body).starts_with("v1 127.0.0.1:"));
+}

@@ -533,6 +533,9 @@ pub struct ClusterConfig {
     pub response_header_timeout: Duration,
     /// Total deadline for the whole exchange including the body (absent = none).
     pub request_timeout: Option<Duration>,
+    /// Send a PROXY protocol header (`"v1"` or `"v2"`) naming the client on each new
+    /// connection; such connections are reused only by the same client connection.
+    pub proxy_protocol: ProxyProtocol,
 }
 
 impl Default for ClusterConfig {
@@ -545,6 +548,7 @@ impl Default for ClusterConfig {
             connect_timeout: Duration::from_secs(2),
             response_header_timeout: Duration::from_secs(30),
             request_timeout: None,
+            proxy_protocol: ProxyProtocol::Off,
         }
     }
 }

@@ -317,6 +317,12 @@ fn check_cluster(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
     p.positive(at.key("connect_timeout"), c.connect_timeout);
     p.positive(at.key("response_header_timeout"), c.response_header_timeout);
     p.positive_opt(at.key("request_timeout"), c.request_timeout);
+    if c.proxy_protocol == crate::model::ProxyProtocol::Any {
+        p.push(
+            at.key("proxy_protocol"),
+            "a cluster sends one PROXY protocol version; expected \"off\", \"v1\" or \"v2\"",
+        );
+    }
     p.positive(at.key("pool").key("idle_timeout"), c.pool.idle_timeout);
     if c.pool.max_connections != 0 && c.pool.max_idle > c.pool.max_connections {
         p.push(

@@ -507,3 +507,15 @@ fn listener_proxy_protocol() {
     );
     assert!(!errors(&format!("{l}proxy_protocol = \"v3\"\n")).is_empty());
 }
+
+#[test]
+fn cluster_proxy_protocol() {
+    let text = BASE.replace("[[routes]]", "proxy_protocol = \"any\"\n\n[[routes]]");
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].key, "clusters[0].proxy_protocol");
+    assert_eq!(errs[0].line, Some(9));
+    assert!(
+        errors(&BASE.replace("[[routes]]", "proxy_protocol = \"v2\"\n\n[[routes]]")).is_empty()
+    );
+}

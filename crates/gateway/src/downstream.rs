@@ -195,6 +195,11 @@ pub(crate) struct ConnCtx {
     pub(crate) client: ClientFacts,
     pub(crate) peer: SocketAddr,
     pub(crate) state: Arc<ConnState>,
+    /// The address the client connected to (the destination in PROXY headers to origins).
+    pub(crate) local: SocketAddr,
+    /// The upstream connection kept for this client alone: clusters that send a PROXY
+    /// header name this client on the connection, so it is never shared through the pool.
+    pub(crate) private_upstream: std::cell::RefCell<Option<crate::upstream::pool::Conn>>,
     /// The connection's slot on its listener: released when the last holder (the hyper
     /// connection, a streaming response, an upgrade tunnel) lets go of the context.
     pub(crate) _open: OpenGuard,
@@ -430,6 +435,7 @@ async fn serve_connection(
     guard: OpenGuard,
 ) {
     let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().unwrap_or(peer);
     // Behind an L4 load balancer: the PROXY header names the client (or the peer is refused).
     let peer = if listener.proxy.enabled() {
         let read = crate::proxy_protocol::accept(
@@ -481,7 +487,15 @@ async fn serve_connection(
             identity_header: settings.identity_header.clone(),
         };
         let client = client_facts(&listener, peer, "https", Some(facts));
-        serve_io(guard, TokioIo::new(stream), h2, client, peer, shutdown).await;
+        serve_io(
+            guard,
+            TokioIo::new(stream),
+            h2,
+            client,
+            (peer, local),
+            shutdown,
+        )
+        .await;
         return;
     }
     let h2 = match listener.protocol {
@@ -506,7 +520,15 @@ async fn serve_connection(
         }
     };
     let client = client_facts(&listener, peer, "http", None);
-    serve_io(guard, TokioIo::new(stream), h2, client, peer, shutdown).await;
+    serve_io(
+        guard,
+        TokioIo::new(stream),
+        h2,
+        client,
+        (peer, local),
+        shutdown,
+    )
+    .await;
 }
 
 fn client_facts(
@@ -533,7 +555,7 @@ async fn serve_io<S>(
     stream: S,
     h2: bool,
     client: ClientFacts,
-    peer: SocketAddr,
+    (peer, local): (SocketAddr, SocketAddr),
     mut shutdown: watch::Receiver<bool>,
 ) where
     S: Read + Write + Unpin + Send + 'static,
@@ -551,6 +573,8 @@ async fn serve_io<S>(
         client,
         peer,
         state: state.clone(),
+        local,
+        private_upstream: std::cell::RefCell::new(None),
         _open: guard,
     });
     let io = TimedIo {

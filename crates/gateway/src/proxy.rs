@@ -32,6 +32,7 @@ use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
 use crate::upgrade;
 use crate::upstream::{connect::connect, pool::Conn, Cluster, OriginServer};
+use keymaster_config::ProxyProtocol;
 
 /// Serve one request. Never fails: errors become responses here.
 pub(crate) async fn handle(
@@ -482,14 +483,26 @@ async fn send(
     body_state: Option<&RequestBodyState>,
 ) -> Result<(Response<Incoming>, Conn, u32), Error> {
     let pools = &cx.worker.pools;
-    let reused = pools.checkout(server.state.id, Instant::now());
-    if reused.is_some() {
-        cluster.metrics.idle_connections.dec();
-    }
+    // A cluster that sends PROXY headers keeps connections per client connection, not pooled.
+    let proxy_header =
+        crate::proxy_protocol::header_for(cluster.config.proxy_protocol, cx.peer, cx.local);
+    let reused = if proxy_header.is_some() {
+        take_private(cx, server)
+    } else {
+        let reused = pools.checkout(server.state.id, Instant::now());
+        if reused.is_some() {
+            cluster.metrics.idle_connections.dec();
+        }
+        reused
+    };
+    let proxy_header = proxy_header.as_deref();
     let is_reused = reused.is_some();
     let mut conn = match reused {
         Some(c) => c,
-        None => connect_within(cluster, server, route.connect_timeout, deadline).await?,
+        None => {
+            let t = route.connect_timeout;
+            connect_within(cluster, server, t, deadline, proxy_header).await?
+        }
     };
     cluster.metrics.requests.inc();
     if is_reused {
@@ -542,7 +555,8 @@ async fn send(
     // Retry once on a fresh connection.
     cluster.metrics.retries.inc();
     drop(conn);
-    let mut conn = connect_within(cluster, server, route.connect_timeout, deadline).await?;
+    let t = route.connect_timeout;
+    let mut conn = connect_within(cluster, server, t, deadline, proxy_header).await?;
     cluster.metrics.requests.inc();
     conn.requests += 1;
     // The retry gets what is left of the deadline, not a fresh one.
@@ -559,12 +573,26 @@ async fn connect_within(
     server: &Arc<OriginServer>,
     connect_timeout: std::time::Duration,
     deadline: Option<Instant>,
+    proxy_header: Option<&[u8]>,
 ) -> Result<Conn, Error> {
     let t = match deadline {
         Some(d) => connect_timeout.min(d.saturating_duration_since(Instant::now())),
         None => connect_timeout,
     };
-    connect(cluster, server, t).await
+    connect(cluster, server, t, proxy_header).await
+}
+
+/// This client connection's own upstream connection to `server`, if it has a ready one.
+fn take_private(cx: &ConnCtx, server: &OriginServer) -> Option<Conn> {
+    let mut slot = cx.private_upstream.borrow_mut();
+    match slot.take() {
+        Some(c) if c.server.state.id == server.state.id && c.sender.is_ready() => Some(c),
+        Some(c) if !c.sender.is_closed() => {
+            *slot = Some(c); // busy or another server's: keep it, open a new one
+            None
+        }
+        _ => None,
+    }
 }
 
 /// The failure looks like the origin closed an idle connection under us.
@@ -653,7 +681,11 @@ impl Drop for Exchange {
         let now = Instant::now();
         if let Some(conn) = self.conn.take() {
             let body_sent = self.body_state.as_ref().is_none_or(|s| s.finished.get());
-            if complete && self.reusable && body_sent {
+            let private = self.cluster.config.proxy_protocol != ProxyProtocol::Off;
+            if complete && self.reusable && body_sent && private {
+                // Names this client in its PROXY header: reused by this client connection only.
+                *self.cx.private_upstream.borrow_mut() = Some(conn);
+            } else if complete && self.reusable && body_sent {
                 let pool = &self.cluster.config.pool;
                 self.cluster.metrics.idle_connections.inc();
                 self.cx

@@ -220,6 +220,40 @@ async fn read_v1_line(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), (
     }
 }
 
+/// The header a cluster with `proxy_protocol = "v1"/"v2"` sends first on a new connection:
+/// the client (`source`, the carried address on a PROXY listener) and the address it
+/// connected to (`destination`). Mixed families are sent as IPv6 (IPv4-mapped).
+pub(crate) fn header_for(
+    version: ProxyProtocol,
+    source: SocketAddr,
+    destination: SocketAddr,
+) -> Option<Vec<u8>> {
+    let (src, dst) = match (source, destination) {
+        (SocketAddr::V4(_), SocketAddr::V4(_)) | (SocketAddr::V6(_), SocketAddr::V6(_)) => {
+            (source, destination)
+        }
+        _ => (as_v6(source), as_v6(destination)),
+    };
+    match version {
+        ProxyProtocol::V1 => Some(v1::Addresses::from((src, dst)).to_string().into_bytes()),
+        ProxyProtocol::V2 => v2::Builder::with_addresses(
+            v2::Version::Two | v2::Command::Proxy,
+            v2::Protocol::Stream,
+            (src, dst),
+        )
+        .build()
+        .ok(),
+        ProxyProtocol::Off | ProxyProtocol::Any => None,
+    }
+}
+
+fn as_v6(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V4(v4) => SocketAddr::from((v4.ip().to_ipv6_mapped(), v4.port())),
+        v6 => v6,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,6 +307,26 @@ mod tests {
             &[],
         );
         assert_eq!(parse(&h, ProxyProtocol::V1), Parsed::Malformed);
+    }
+
+    #[test]
+    fn headers_sent_to_origins_parse_back() {
+        let c: SocketAddr = "192.0.2.1:5555".parse().unwrap();
+        let l: SocketAddr = "10.0.0.1:443".parse().unwrap();
+        let h = header_for(ProxyProtocol::V1, c, l).unwrap();
+        assert_eq!(h, b"PROXY TCP4 192.0.2.1 10.0.0.1 5555 443\r\n");
+        let h = header_for(ProxyProtocol::V2, c, l).unwrap();
+        assert_eq!(
+            parse(&h, ProxyProtocol::V2),
+            Parsed::Header(h.len(), Some(c))
+        );
+        let l6: SocketAddr = "[2001:db8::1]:443".parse().unwrap();
+        let h = header_for(ProxyProtocol::V1, c, l6).unwrap();
+        assert_eq!(
+            parse(&h, ProxyProtocol::V1),
+            Parsed::Header(h.len(), Some("[::ffff:192.0.2.1]:5555".parse().unwrap()))
+        );
+        assert!(header_for(ProxyProtocol::Off, c, l).is_none());
     }
 
     #[test]
