@@ -431,20 +431,21 @@ async fn serve_connection(
     listener: Arc<ListenerCtx>,
     mut stream: TcpStream,
     peer: SocketAddr,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     guard: OpenGuard,
 ) {
     let _ = stream.set_nodelay(true);
     let local = stream.local_addr().unwrap_or(peer);
     // Behind an L4 load balancer: the PROXY header names the client (or the peer is refused).
+    // Boxed like TLS below, so connections without it do not carry its state.
     let peer = if listener.proxy.enabled() {
-        let read = crate::proxy_protocol::accept(
+        let read = Box::pin(crate::proxy_protocol::accept(
             &listener.proxy,
             &mut stream,
             peer,
             listener.header_read_timeout,
             &listener.metrics,
-        );
+        ));
         match read.await {
             Ok(client) => client,
             Err(why) => {
@@ -455,47 +456,10 @@ async fn serve_connection(
     } else {
         peer
     };
-    if let Some(tls) = &listener.tls {
-        // The handshake shares the header-read budget; the request clock starts after it.
-        let settings = tls.current.load_full();
-        let acceptor = tokio_rustls::TlsAcceptor::from(settings.server_config.clone());
-        let handshake = tokio::time::timeout(listener.header_read_timeout, acceptor.accept(stream));
-        let handshake = tokio::select! {
-            r = handshake => r,
-            _ = shutdown.changed() => return, // draining: no new sessions
-        };
-        let stream = match handshake {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                listener.metrics.tls_handshake_failures.inc();
-                tracing::debug!(listener = %listener.name, %peer, error = %e, "TLS handshake failed");
-                return;
-            }
-            Err(_) => {
-                listener.metrics.tls_handshake_failures.inc();
-                tracing::debug!(listener = %listener.name, %peer, "TLS handshake timed out");
-                return;
-            }
-        };
-        let conn = stream.get_ref().1;
-        let h2 = conn.alpn_protocol() == Some(b"h2");
-        let facts = TlsFacts {
-            client_identity: conn
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(crate::tls::client_identity),
-            identity_header: settings.identity_header.clone(),
-        };
-        let client = client_facts(&listener, peer, "https", Some(facts));
-        serve_io(
-            guard,
-            TokioIo::new(stream),
-            h2,
-            client,
-            (peer, local),
-            shutdown,
-        )
-        .await;
+    if listener.tls.is_some() {
+        // Boxed, like HTTP/2 in `serve_io`: a task's size is its largest state, and a
+        // cleartext HTTP/1 connection should not carry the TLS session's.
+        Box::pin(serve_tls(guard, stream, (peer, local), shutdown)).await;
         return;
     }
     let h2 = match listener.protocol {
@@ -520,6 +484,57 @@ async fn serve_connection(
         }
     };
     let client = client_facts(&listener, peer, "http", None);
+    serve_io(
+        guard,
+        TokioIo::new(stream),
+        h2,
+        client,
+        (peer, local),
+        shutdown,
+    )
+    .await;
+}
+
+/// The TLS handshake, then HTTP on the session.
+async fn serve_tls(
+    guard: OpenGuard,
+    stream: TcpStream,
+    (peer, local): (SocketAddr, SocketAddr),
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let listener = guard.listener.clone();
+    let Some(tls) = &listener.tls else { return };
+    // The handshake shares the header-read budget; the request clock starts after it.
+    let settings = tls.current.load_full();
+    let acceptor = tokio_rustls::TlsAcceptor::from(settings.server_config.clone());
+    let handshake = tokio::time::timeout(listener.header_read_timeout, acceptor.accept(stream));
+    let handshake = tokio::select! {
+        r = handshake => r,
+        _ = shutdown.changed() => return, // draining: no new sessions
+    };
+    let stream = match handshake {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            listener.metrics.tls_handshake_failures.inc();
+            tracing::debug!(listener = %listener.name, %peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            listener.metrics.tls_handshake_failures.inc();
+            tracing::debug!(listener = %listener.name, %peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let conn = stream.get_ref().1;
+    let h2 = conn.alpn_protocol() == Some(b"h2");
+    let facts = TlsFacts {
+        client_identity: conn
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(crate::tls::client_identity),
+        identity_header: settings.identity_header.clone(),
+    };
+    let client = client_facts(&listener, peer, "https", Some(facts));
     serve_io(
         guard,
         TokioIo::new(stream),
@@ -584,10 +599,8 @@ async fn serve_io<S>(
     };
     let svc = service_fn(move |req| crate::proxy::handle(cx.clone(), req));
     if h2 {
-        let conn = hyper::server::conn::http2::Builder::new(LocalExec)
-            .max_header_list_size((listener.limits.max_header_bytes as u32).max(1024))
-            .serve_connection(io, svc);
-        serve_until_shutdown!(conn, shutdown);
+        // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state size.
+        Box::pin(serve_h2(&listener, io, svc, shutdown)).await;
     } else {
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
@@ -605,4 +618,17 @@ async fn serve_io<S>(
         let conn = builder.serve_connection(io, svc).with_upgrades();
         serve_until_shutdown!(conn, shutdown);
     }
+}
+
+async fn serve_h2<I, S>(listener: &ListenerCtx, io: I, svc: S, mut shutdown: watch::Receiver<bool>)
+where
+    I: Read + Write + Unpin + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming> + 'static,
+    S::ResBody: 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = hyper::server::conn::http2::Builder::new(LocalExec)
+        .max_header_list_size((listener.limits.max_header_bytes as u32).max(1024))
+        .serve_connection(io, svc);
+    serve_until_shutdown!(conn, shutdown);
 }
