@@ -487,7 +487,7 @@ async fn send(
     let proxy_header =
         crate::proxy_protocol::header_for(cluster.config.proxy_protocol, cx.peer, cx.local);
     let reused = if proxy_header.is_some() {
-        take_private(cx, server)
+        crate::proxy_protocol::take_private(cx, server)
     } else {
         let reused = pools.checkout(server.state.id, Instant::now());
         if reused.is_some() {
@@ -580,19 +580,6 @@ async fn connect_within(
         None => connect_timeout,
     };
     connect(cluster, server, t, proxy_header).await
-}
-
-/// This client connection's own upstream connection to `server`, if it has a ready one.
-fn take_private(cx: &ConnCtx, server: &OriginServer) -> Option<Conn> {
-    let mut slot = cx.private_upstream.borrow_mut();
-    match slot.take() {
-        Some(c) if c.server.state.id == server.state.id && c.sender.is_ready() => Some(c),
-        Some(c) if !c.sender.is_closed() => {
-            *slot = Some(c); // busy or another server's: keep it, open a new one
-            None
-        }
-        _ => None,
-    }
 }
 
 /// The failure looks like the origin closed an idle connection under us.

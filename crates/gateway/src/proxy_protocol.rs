@@ -11,6 +11,10 @@
 //!           and the access log. v1 UNKNOWN, v2 LOCAL and non-IP families keep the socket peer.
 //! ```
 //!
+//! Outbound, a cluster with `proxy_protocol = "v1"/"v2"` sends [`header_for`] first on each new
+//! origin connection (`upstream::connect`); such a connection names one client, so instead of
+//! the shared pool it is kept on that client's connection ([`take_private`]).
+//!
 //! Parsing is the `ppp` crate's; this module only decides how much to read and what to do.
 //! Exactly the header's bytes are read (see [`read_header`]), so TLS and HTTP start on the
 //! first byte after it with no buffer to hand over. TLVs are ignored.
@@ -23,6 +27,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use crate::metrics::ListenerMetrics;
+use crate::upstream::pool::Conn;
 use keymaster_config::ProxyProtocol;
 
 /// Largest accepted header (v2 with TLVs); v1 is at most 107 bytes by its spec.
@@ -244,6 +249,22 @@ pub(crate) fn header_for(
         .build()
         .ok(),
         ProxyProtocol::Off | ProxyProtocol::Any => None,
+    }
+}
+
+/// This client connection's own upstream connection to `server`, if it has a ready one.
+pub(crate) fn take_private(
+    cx: &crate::downstream::ConnCtx,
+    server: &crate::upstream::OriginServer,
+) -> Option<Conn> {
+    let mut slot = cx.private_upstream.borrow_mut();
+    match slot.take() {
+        Some(c) if c.server.state.id == server.state.id && c.sender.is_ready() => Some(c),
+        Some(c) if !c.sender.is_closed() => {
+            *slot = Some(c); // busy or another server's: keep it, open a new one
+            None
+        }
+        _ => None,
     }
 }
 
