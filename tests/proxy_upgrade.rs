@@ -326,6 +326,16 @@ upgrade = { websocket = false, protocols = ["my-proto"] }
     drop(s);
     let custom = "keymaster_tunnels_total{route=\"custom\"}";
     assert_eq!(m(&g, custom), 1.0);
+    // The tunnel's origin connection was never offered back to the pool.
+    let idle = "keymaster_upstream_idle_connections{cluster=\"origin\"}";
+    assert!(
+        eventually(Duration::from_secs(5), || m(
+            &g,
+            "keymaster_tunnels_active{route=\"custom\"}"
+        ) == 0.0)
+        .await
+    );
+    assert_eq!(m(&g, idle), 0.0);
 
     // Not configured on this route: WebSocket is forwarded as a plain request, Upgrade removed.
     let (out, _) = raw_exchange(
