@@ -1,6 +1,7 @@
 //! The PROXY protocol on listeners, over raw sockets against the real gateway and the stub
 //! origin: v1 TCP4/TCP6/UNKNOWN, v2 PROXY/LOCAL with TLVs, the header split across writes,
-//! before TLS, the carried address in X-Forwarded-For and the IP filter, and refusals
+//! before TLS, the carried address in X-Forwarded-For, the IP filter, rate-limit keys and the
+//! access log, PROXY headers sent to origins per cluster, and refusals
 //! (malformed, truncated, wrong version, slow, untrusted peer) closing the connection with no
 //! HTTP response, counted by reason.
 mod support;
@@ -169,6 +170,64 @@ deny = ["192.0.2.0/24"]
     let fwd = tls_support::inspected(&out[body_at..], "forwarded");
     assert_eq!(fwd.len(), 1);
     assert!(fwd[0].starts_with("for=198.51.100.9;"), "{fwd:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn carried_address_keys_rate_limits_and_the_access_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let extra = format!(
+        r#"
+[access_log]
+enabled = true
+format = "json"
+path = "{}"
+
+[[filters]]
+name = "per-ip"
+type = "rate_limit"
+requests = 1
+period = "1h"
+"#,
+        log.display()
+    );
+    let (g, _s) = pp_gateway("v1", "\"127.0.0.1\"", "", &extra);
+    let ask = |ip: &str| {
+        let h = format!("PROXY TCP4 {ip} 10.0.0.1 5555 443\r\n");
+        [h.as_bytes(), INSPECT].concat()
+    };
+    let wait = Duration::from_secs(5);
+    // Every connection comes from 127.0.0.1; the bucket is per carried client address.
+    assert_eq!(
+        status_of(&raw_exchange(g.addr, &ask("192.0.2.1"), wait).await.0),
+        Some(200)
+    );
+    assert_eq!(
+        status_of(&raw_exchange(g.addr, &ask("192.0.2.1"), wait).await.0),
+        Some(429)
+    );
+    assert_eq!(
+        status_of(&raw_exchange(g.addr, &ask("192.0.2.2"), wait).await.0),
+        Some(200)
+    );
+    let mut lines = Vec::new();
+    for _ in 0..500 {
+        let t = std::fs::read_to_string(&log).unwrap_or_default();
+        lines = t.lines().map(str::to_string).collect();
+        if lines.len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let clients: Vec<String> = lines
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["client"].to_string())
+        .collect();
+    assert_eq!(
+        clients,
+        vec!["\"192.0.2.1\"", "\"192.0.2.1\"", "\"192.0.2.2\""],
+        "{lines:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
