@@ -1,6 +1,6 @@
 //! HTTP/2 conformance: h2spec (github.com/summerwind/h2spec) against the real gateway's inbound
 //! h2 listeners — cleartext prior knowledge (`protocol = "h2c"` and `"auto"`) and TLS with
-//! ALPN h2 — and every case must pass.
+//! ALPN h2 — and every case must pass, in h2spec's strict mode.
 //!
 //! h2spec is found through `$H2SPEC`, `PATH`, `$GOBIN`, `$GOPATH/bin` or `~/go/bin` (`.ci/run`
 //! installs it). A missing h2spec FAILS the test; set `KEYMASTER_SKIP_H2SPEC=1` to skip it
@@ -56,7 +56,9 @@ async fn run_h2spec(bin: PathBuf, addr: SocketAddr, tls: bool, what: &str, allow
     let what = what.to_string();
     let out = tokio::task::spawn_blocking(move || {
         let mut cmd = Command::new(bin);
-        cmd.args(["-h", "127.0.0.1", "-p", &addr.port().to_string(), "-o", "5"]);
+        // -S: strict mode, the cases h2spec skips by default included.
+        let port = addr.port().to_string();
+        cmd.args(["-S", "-h", "127.0.0.1", "-p", &port, "-o", "5"]);
         if tls {
             cmd.args(["-t", "-k"]);
         }
