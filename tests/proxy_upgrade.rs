@@ -1,7 +1,7 @@
 //! WebSocket and other upgrades through the real gateway: a real tokio-tungstenite client and
 //! server (echo), text, binary and large messages, the close handshake, a pre filter refusing
 //! the handshake, an origin refusing the upgrade, the tunnel idle timeout, configured
-//! non-WebSocket upgrades, and the tunnel metrics.
+//! non-WebSocket upgrades, WebSocket over HTTP/2 (RFC 8441), and the tunnel metrics.
 mod support;
 
 use futures_util::{SinkExt, StreamExt};
@@ -360,4 +360,69 @@ upgrade = { websocket = false, protocols = ["my-proto"] }
         .contains("upgrade:"));
     assert_eq!(m(&g, custom), 1.0);
     assert_eq!(m(&g, TOTAL), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_over_h2_extended_connect() {
+    use http_body_util::Empty;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio_tungstenite::tungstenite::protocol::Role;
+    let o = ws_origin().await;
+    let extra = "protocol = \"h2c\"";
+    let g = start_gateway(&config_text(o.addr, extra, ""));
+    let tcp = TcpStream::connect(g.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake::<_, Empty<bytes::Bytes>>(TokioIo::new(tcp))
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    // A plain request first, so the gateway's SETTINGS (ENABLE_CONNECT_PROTOCOL) are in.
+    let warm = http::Request::get(format!("http://{}/", g.addr))
+        .body(Empty::new())
+        .unwrap();
+    let _ = sender.send_request(warm).await;
+
+    let req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(format!("http://{}/chat", g.addr))
+        .header("sec-websocket-version", "13")
+        .extension(hyper::ext::Protocol::from_static("websocket"))
+        .body(Empty::new())
+        .unwrap();
+    sender.ready().await.unwrap();
+    let resp = sender.send_request(req).await.expect("CONNECT answered");
+    assert_eq!(resp.status(), 200, "RFC 8441: 2xx opens the tunnel");
+    assert!(!resp.headers().contains_key("sec-websocket-accept"));
+    assert!(!resp.headers().contains_key("upgrade"));
+    let upgraded = hyper::upgrade::on(resp).await.expect("h2 stream upgraded");
+    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        TokioIo::new(upgraded),
+        Role::Client,
+        None,
+    )
+    .await;
+    ws.send(Message::text("over h2")).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .expect("echo within 10 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, Message::text("over h2"));
+    let big = vec![7u8; 1024 * 1024];
+    ws.send(Message::binary(big.clone())).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), ws.next())
+        .await
+        .expect("echo within 30 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.into_data().as_ref(), &big[..]);
+    assert_eq!(m(&g, TOTAL), 1.0);
+
+    // The origin saw an HTTP/1.1 WebSocket handshake the gateway made up.
+    let hs = o.handshakes.lock().unwrap().clone();
+    assert_eq!(hs.len(), 1);
+    assert_eq!(hs[0]["upgrade"], "websocket");
+    assert_eq!(hs[0]["sec-websocket-version"], "13");
+    assert!(hs[0].contains_key("sec-websocket-key"));
+    ws.close(None).await.unwrap();
 }

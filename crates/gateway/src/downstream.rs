@@ -629,6 +629,8 @@ where
 {
     let conn = hyper::server::conn::http2::Builder::new(LocalExec)
         .max_header_list_size((listener.limits.max_header_bytes as u32).max(1024))
+        // RFC 8441: WebSocket over HTTP/2 (`upgrade.rs`).
+        .enable_connect_protocol()
         .serve_connection(io, svc);
     serve_until_shutdown!(conn, shutdown);
 }

@@ -421,13 +421,7 @@ async fn proxy(
         // `handle` hands the request's in-flight count to us; the tunnel ends it.
         let inflight = InFlight(Some(cx.state.clone()));
         let metrics = route.metrics.tunnel.clone();
-        switch.start(
-            &mut rparts.headers,
-            cx.clone(),
-            &route.upgrade,
-            metrics,
-            inflight,
-        );
+        switch.start(&mut rparts, cx.clone(), &route.upgrade, metrics, inflight);
         return Ok(Response::from_parts(rparts, ResponseBody::Local(None)));
     }
 

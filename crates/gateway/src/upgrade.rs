@@ -17,10 +17,15 @@
 //! the tunnel and closes with it. The tunnel keeps its client connection counted (in flight on
 //! the connection, open on the listener) until it ends, and has its own metrics
 //! (`keymaster_tunnels_active`, `_tunnels_total`, `_tunnel_bytes_total`,
-//! `_tunnel_idle_timeouts_total`). HTTP/2 extended CONNECT (RFC 8441) is not supported.
+//! `_tunnel_idle_timeouts_total`).
+//!
+//! HTTP/2 clients use extended CONNECT (RFC 8441: `CONNECT` with `:protocol = websocket`, the
+//! listener advertises SETTINGS_ENABLE_CONNECT_PROTOCOL): the gateway sends the origin an
+//! HTTP/1.1 `GET` upgrade (with a fresh `Sec-WebSocket-Key`), answers the client's stream with
+//! `200` on the origin's `101`, and tunnels the h2 stream to the origin socket.
 
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{request, response, StatusCode, Version};
+use http::{request, response, Method, StatusCode, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use std::cell::Cell;
@@ -84,6 +89,9 @@ fn has_token(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool
 pub(crate) struct UpgradeRequest {
     upgrade: HeaderValue,
     client: OnUpgrade,
+    /// HTTP/2 extended CONNECT (RFC 8441): sent upstream as an HTTP/1.1 upgrade, answered
+    /// to the client with 200 instead of 101.
+    h2: bool,
 }
 
 /// If this request asks to upgrade (HTTP/1.1, `Connection: upgrade`, `Upgrade`, no body) and
@@ -95,6 +103,9 @@ pub(crate) fn take_request(
     scan: &HeadScan,
     bodyless: bool,
 ) -> Option<UpgradeRequest> {
+    if parts.version == Version::HTTP_2 && parts.method == Method::CONNECT {
+        return take_extended_connect(policy, parts);
+    }
     if !scan.connection || parts.version != Version::HTTP_11 || !bodyless {
         return None;
     }
@@ -118,13 +129,46 @@ pub(crate) fn take_request(
         return None;
     }
     let client = parts.extensions.remove::<OnUpgrade>()?;
-    Some(UpgradeRequest { upgrade, client })
+    Some(UpgradeRequest {
+        upgrade,
+        client,
+        h2: false,
+    })
 }
 
-/// Put back what hop-by-hop removal took from an allowed upgrade request.
+/// RFC 8441: an HTTP/2 `CONNECT` with `:protocol` (e.g. `websocket`) the route allows becomes
+/// an HTTP/1.1 `GET` with `Upgrade` to the origin.
+fn take_extended_connect(
+    policy: &UpgradePolicy,
+    parts: &mut request::Parts,
+) -> Option<UpgradeRequest> {
+    let protocol = parts.extensions.get::<hyper::ext::Protocol>()?.as_str();
+    if !policy.allows(protocol) {
+        return None;
+    }
+    let upgrade = HeaderValue::from_str(protocol).ok()?;
+    let client = parts.extensions.remove::<OnUpgrade>()?;
+    parts.method = Method::GET;
+    Some(UpgradeRequest {
+        upgrade,
+        client,
+        h2: true,
+    })
+}
+
+/// Put back what hop-by-hop removal took from an allowed upgrade request (for an RFC 8441
+/// WebSocket, the HTTP/1.1 handshake's key that HTTP/2 does without).
 pub(crate) fn restore_request(headers: &mut HeaderMap, up: &UpgradeRequest) {
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     headers.insert(header::UPGRADE, up.upgrade.clone());
+    if up.h2 && up.upgrade.as_bytes().eq_ignore_ascii_case(b"websocket") {
+        use base64::Engine;
+        let key =
+            base64::engine::general_purpose::STANDARD.encode(fastrand::u128(..).to_le_bytes());
+        if let Ok(v) = HeaderValue::from_str(&key) {
+            headers.insert(header::SEC_WEBSOCKET_KEY, v);
+        }
+    }
 }
 
 /// An origin's `101 Switching Protocols`, ready to become a tunnel.
@@ -132,6 +176,7 @@ pub(crate) struct Switch {
     upgrade: HeaderValue,
     client: OnUpgrade,
     origin: OnUpgrade,
+    h2: bool,
 }
 
 /// Look at the origin's response head (before hop-by-hop removal). A `101` to an upgrade
@@ -161,6 +206,7 @@ pub(crate) fn accept_response(
         upgrade,
         client: up.client,
         origin,
+        h2: up.h2,
     }))
 }
 
@@ -170,14 +216,22 @@ impl Switch {
     /// until the tunnel ends; `cx` keeps the connection counted on its listener.
     pub(crate) fn start(
         self,
-        headers: &mut HeaderMap,
+        head: &mut response::Parts,
         cx: Rc<ConnCtx>,
         idle: &UpgradePolicy,
         metrics: TunnelMetrics,
         inflight: InFlight,
     ) {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, self.upgrade);
+        if self.h2 {
+            // RFC 8441 §5: a 2xx opens the stream as the tunnel; the HTTP/1.1 key check
+            // was the gateway's business with the origin.
+            head.status = StatusCode::OK;
+            head.headers.remove(header::SEC_WEBSOCKET_ACCEPT);
+        } else {
+            let headers = &mut head.headers;
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(header::UPGRADE, self.upgrade);
+        }
         let idle_timeout = idle.idle_timeout;
         // Counted from the 101 on, so a client that has its 101 sees the tunnel counted.
         metrics.total.inc();
