@@ -369,7 +369,14 @@ async fn websocket_over_h2_extended_connect() {
     use tokio_tungstenite::tungstenite::protocol::Role;
     let o = ws_origin().await;
     let extra = "protocol = \"h2c\"";
-    let g = start_gateway(&config_text(o.addr, extra, ""));
+    let routes = r#"
+[[routes]]
+name = "no-ws"
+cluster = "origin"
+match = { path_prefix = "/no-ws" }
+upgrade = { websocket = false }
+"#;
+    let g = start_gateway(&config_text(o.addr, extra, routes));
     let tcp = TcpStream::connect(g.addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .handshake::<_, Empty<bytes::Bytes>>(TokioIo::new(tcp))
@@ -425,4 +432,19 @@ async fn websocket_over_h2_extended_connect() {
     assert_eq!(hs[0]["sec-websocket-version"], "13");
     assert!(hs[0].contains_key("sec-websocket-key"));
     ws.close(None).await.unwrap();
+
+    // A route that does not allow WebSocket refuses the extended CONNECT (400, the origin
+    // is not asked); no tunnel.
+    let req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(format!("http://{}/no-ws", g.addr))
+        .header("sec-websocket-version", "13")
+        .extension(hyper::ext::Protocol::from_static("websocket"))
+        .body(Empty::new())
+        .unwrap();
+    sender.ready().await.unwrap();
+    let resp = sender.send_request(req).await.expect("CONNECT answered");
+    assert_eq!(resp.status(), 400);
+    assert_eq!(m(&g, TOTAL), 1.0);
+    assert_eq!(o.handshakes.lock().unwrap().len(), 1);
 }

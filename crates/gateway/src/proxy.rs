@@ -275,7 +275,7 @@ async fn proxy(
     };
 
     // An upgrade the route allows (WebSocket): keep the client's handle for the tunnel.
-    let upgrade = upgrade::take_request(&route.upgrade, &mut parts, &scan, body_state.is_none());
+    let upgrade = upgrade::take_request(&route.upgrade, &mut parts, &scan, body_state.is_none())?;
 
     // Request header duties.
     let trailers = hdr::strip_hop_by_hop(&mut parts.headers, &scan);

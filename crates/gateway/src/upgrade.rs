@@ -96,16 +96,34 @@ pub(crate) struct UpgradeRequest {
 
 /// If this request asks to upgrade (HTTP/1.1, `Connection: upgrade`, `Upgrade`, no body) and
 /// the route allows every offered protocol, take the client's upgrade handle. Otherwise the
-/// request goes on as a plain one and hop-by-hop removal drops its `Upgrade`.
+/// request goes on as a plain one and hop-by-hop removal drops its `Upgrade`. An HTTP/2
+/// `CONNECT` is accepted only as an extended CONNECT the route allows (the gateway is no
+/// forward proxy): anything else is a 400.
 pub(crate) fn take_request(
     policy: &UpgradePolicy,
     parts: &mut request::Parts,
     scan: &HeadScan,
     bodyless: bool,
-) -> Option<UpgradeRequest> {
+) -> Result<Option<UpgradeRequest>, Error> {
     if parts.version == Version::HTTP_2 && parts.method == Method::CONNECT {
-        return take_extended_connect(policy, parts);
+        return take_extended_connect(policy, parts)
+            .map(Some)
+            .ok_or_else(|| {
+                Error::new(
+                    Kind::BadRequest,
+                    "CONNECT is accepted only as an extended CONNECT the route allows",
+                )
+            });
     }
+    Ok(take_http1(policy, parts, scan, bodyless))
+}
+
+fn take_http1(
+    policy: &UpgradePolicy,
+    parts: &mut request::Parts,
+    scan: &HeadScan,
+    bodyless: bool,
+) -> Option<UpgradeRequest> {
     if !scan.connection || parts.version != Version::HTTP_11 || !bodyless {
         return None;
     }
