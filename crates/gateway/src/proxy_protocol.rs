@@ -330,6 +330,49 @@ mod tests {
         assert_eq!(parse(&h, ProxyProtocol::V1), Parsed::Malformed);
     }
 
+    /// A header that stops half-way times out at the listener's header_read_timeout (paused
+    /// time: the 10 s pass at once), and one from outside `proxy_protocol_from` is refused
+    /// unread; the whole header is consumed and nothing after it.
+    #[tokio::test(start_paused = true)]
+    async fn slow_untrusted_and_exact_reads() {
+        use tokio::io::AsyncWriteExt;
+        let metrics = crate::metrics::Metrics::new().listener("t");
+        let settings = Settings::new(ProxyProtocol::Any, &["127.0.0.1".into()]).unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = Duration::from_secs(10);
+
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let (mut s, peer) = l.accept().await.unwrap();
+        c.write_all(b"PROXY TCP4 192.0.2.1 ").await.unwrap();
+        let started = tokio::time::Instant::now();
+        let r = accept(&settings, &mut s, peer, t, &metrics).await;
+        assert_eq!(r, Err(Refused::Timeout));
+        assert!(started.elapsed() >= t);
+        assert_eq!(metrics.proxy_timeout.get(), 1);
+
+        let other = Settings::new(ProxyProtocol::Any, &["10.0.0.0/8".into()]).unwrap();
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let (mut s, peer) = l.accept().await.unwrap();
+        c.write_all(b"PROXY TCP4 192.0.2.1 10.0.0.1 1 2\r\n")
+            .await
+            .unwrap();
+        let r = accept(&other, &mut s, peer, t, &metrics).await;
+        assert_eq!(r, Err(Refused::Untrusted));
+        assert_eq!(metrics.proxy_untrusted.get(), 1);
+
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let (mut s, peer) = l.accept().await.unwrap();
+        c.write_all(b"PROXY TCP4 192.0.2.1 10.0.0.1 1 2\r\nGET")
+            .await
+            .unwrap();
+        let r = accept(&settings, &mut s, peer, t, &metrics).await;
+        assert_eq!(r, Ok("192.0.2.1:1".parse().unwrap()));
+        let mut rest = [0u8; 3];
+        s.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"GET");
+    }
+
     #[test]
     fn headers_sent_to_origins_parse_back() {
         let c: SocketAddr = "192.0.2.1:5555".parse().unwrap();
