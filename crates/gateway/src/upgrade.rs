@@ -268,26 +268,31 @@ impl Switch {
                     return;
                 }
             };
-            tunnel(client, origin, idle_timeout, &metrics).await;
+            tunnel(
+                TokioIo::new(client),
+                TokioIo::new(origin),
+                idle_timeout,
+                &metrics,
+            )
+            .await;
         });
     }
 }
 
 /// Copy both ways until both sides close, an error, or `idle_timeout` with no bytes.
-async fn tunnel(
-    client: hyper::upgrade::Upgraded,
-    origin: hyper::upgrade::Upgraded,
-    idle_timeout: Duration,
-    m: &TunnelMetrics,
-) {
+async fn tunnel<C, O>(client: C, origin: O, idle_timeout: Duration, m: &TunnelMetrics)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    O: AsyncRead + AsyncWrite + Unpin,
+{
     let last = Rc::new(Cell::new(Instant::now()));
     let mut client = Counted {
-        io: TokioIo::new(client),
+        io: client,
         bytes: m.bytes_upstream.clone(),
         last: last.clone(),
     };
     let mut origin = Counted {
-        io: TokioIo::new(origin),
+        io: origin,
         bytes: m.bytes_downstream.clone(),
         last: last.clone(),
     };
@@ -366,6 +371,43 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes pass both ways and are counted; activity pushes the idle deadline back; with
+    /// nothing sent for `idle_timeout` both sides are closed (paused time: exact).
+    #[tokio::test(start_paused = true)]
+    async fn tunnel_copies_counts_and_closes_when_idle() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let m = crate::metrics::Metrics::new().route("r").tunnel;
+        let (mut client, client_end) = tokio::io::duplex(64);
+        let (mut origin, origin_end) = tokio::io::duplex(64);
+        let idle = Duration::from_secs(30);
+        let started = Instant::now();
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let metrics = m.clone();
+                let t = tokio::task::spawn_local(async move {
+                    tunnel(client_end, origin_end, idle, &metrics).await;
+                });
+                let mut buf = [0u8; 5];
+                client.write_all(b"hello").await.unwrap();
+                origin.read_exact(&mut buf).await.unwrap();
+                assert_eq!(&buf, b"hello");
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                origin.write_all(b"world").await.unwrap();
+                client.read_exact(&mut buf).await.unwrap();
+                assert_eq!(&buf, b"world");
+                // Idle from here on: closed 30 s after the last bytes (t = 20 s), not before.
+                t.await.unwrap();
+                assert_eq!(started.elapsed(), Duration::from_secs(50));
+                assert_eq!(client.read(&mut buf).await.unwrap(), 0);
+                assert_eq!(origin.read(&mut buf).await.unwrap(), 0);
+            })
+            .await;
+        assert_eq!(m.bytes_upstream.get(), 5);
+        assert_eq!(m.bytes_downstream.get(), 5);
+        assert_eq!(m.idle_timeouts.get(), 1);
+    }
 
     #[test]
     fn policy_allows_websocket_by_default_and_configured_protocols() {
