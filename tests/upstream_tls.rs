@@ -269,6 +269,16 @@ fn config_errors_name_the_key() {
 
     let text = config_with_cluster(
         PREAMBLE,
+        "protocol = \"h2\"\nproxy_protocol = \"v2\"\nservers = [{ address = \"127.0.0.1:9\" }]",
+        "",
+    );
+    let e = keymaster_config::load_str(&text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("clusters[0].proxy_protocol"), "{e}");
+
+    let text = config_with_cluster(
+        PREAMBLE,
         "servers = [{ address = \"127.0.0.1:9\" }]\ntls = { sni = \"bad name!\", min_version = \"1.3\", max_version = \"1.2\" }\npool = { max_streams = 0 }",
         "",
     );

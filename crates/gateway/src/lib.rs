@@ -7,6 +7,7 @@
 //! | [`gateway`] | start, reload (atomic config swap), graceful shutdown, signals |
 //! | `worker` | worker threads: one current-thread runtime + `LocalSet` each |
 //! | `downstream` | listeners, accept loop, client connections, slowloris/idle timeouts |
+//! | `proxy_protocol` | the PROXY protocol header (v1/v2) on listeners behind L4 balancers |
 //! | [`filter`] | the Zuul filter chain: stages, native filter trait, built-in filters |
 //! | `proxy` | the proxy stage: route → upstream → response, the `Exchange` |
 //! | `headers` | head validation, hop-by-hop, `Via`, `X-Forwarded-*`, request ids |
@@ -17,6 +18,7 @@
 //! | `snapshot` | a compiled config version |
 //! | `tls` | inbound TLS: certificates by SNI, ALPN, mTLS, swapped on reload |
 //! | `grpc` | recognising gRPC calls, `grpc-timeout` as the request deadline |
+//! | `upgrade` | WebSocket and other `Upgrade`s: handshake hooks and the two-way tunnel |
 //! | [`metrics`], `admin`, [`access_log`] | observability |
 
 pub mod access_log;
@@ -30,10 +32,12 @@ mod grpc;
 mod headers;
 pub mod metrics;
 mod proxy;
+mod proxy_protocol;
 mod respond;
 mod route;
 mod snapshot;
 mod tls;
+mod upgrade;
 mod upstream;
 mod worker;
 

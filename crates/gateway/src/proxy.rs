@@ -30,8 +30,10 @@ use crate::headers::{self as hdr, parse_content_length};
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
+use crate::upgrade;
 use crate::upstream::pool::{checkout, Conn};
 use crate::upstream::{Cluster, OriginServer};
+use keymaster_config::ProxyProtocol;
 
 /// Serve one request. Never fails: errors become responses here.
 pub(crate) async fn handle(
@@ -101,7 +103,7 @@ pub(crate) async fn handle(
 /// Finishes the request on its connection if the handler is dropped before a response (an
 /// HTTP/2 stream reset by the client); otherwise the connection would count it in flight
 /// forever and never idle out.
-struct InFlight(Option<Rc<crate::downstream::ConnState>>);
+pub(crate) struct InFlight(pub(crate) Option<Arc<crate::downstream::ConnState>>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -280,8 +282,14 @@ async fn proxy(
         (stream, Some(state))
     };
 
+    // An upgrade the route allows (WebSocket): keep the client's handle for the tunnel.
+    let upgrade = upgrade::take_request(&route.upgrade, &mut parts, &scan, body_state.is_none())?;
+
     // Request header duties.
     let trailers = hdr::strip_hop_by_hop(&mut parts.headers, &scan);
+    if let Some(up) = &upgrade {
+        upgrade::restore_request(&mut parts.headers, up);
+    }
     if trailers {
         parts
             .headers
@@ -377,6 +385,7 @@ async fn proxy(
     let (mut rparts, rbody) = resp.into_parts();
     let rscan = hdr::HeadScan::of(&rparts.headers);
     hdr::validate_response_head(&rparts.headers, &rscan)?;
+    let switch = upgrade::accept_response(upgrade, &mut rparts)?;
     let origin_close = rscan.connection
         && rparts
             .headers
@@ -411,6 +420,23 @@ async fn proxy(
         }
     }
     rparts.version = client_version;
+    if let Some(switch) = switch {
+        // 101: the origin connection now belongs to the tunnel, never to the pool.
+        drop(conn);
+        let finished = Finished {
+            status: 101,
+            category: "success",
+            side: Side::Origin,
+            elapsed: start.elapsed(),
+            bytes_out: 0,
+        };
+        record(cx, Some(&route), info.log.take(), finished);
+        // `handle` hands the request's in-flight count to us; the tunnel ends it.
+        let inflight = InFlight(Some(cx.state.clone()));
+        let metrics = route.metrics.tunnel.clone();
+        switch.start(&mut rparts, cx.clone(), &route.upgrade, metrics, inflight);
+        return Ok(Response::from_parts(rparts, ResponseBody::Local(None)));
+    }
 
     let max_requests = cluster.config.pool.max_requests_per_connection;
     let reusable =
@@ -466,8 +492,19 @@ async fn send(
     deadline: Option<Instant>,
     body_state: Option<&RequestBodyState>,
 ) -> Result<(Response<Incoming>, Conn, u32), Error> {
-    let (mut conn, is_reused) =
-        checkout_within(cx, cluster, server, route.connect_timeout, deadline, true).await?;
+    // A cluster that sends PROXY headers keeps connections per client connection, not pooled.
+    let proxy_header =
+        crate::proxy_protocol::header_for(cluster.config.proxy_protocol, cx.peer, cx.local);
+    let proxy_header = proxy_header.as_deref();
+    let private = match proxy_header {
+        Some(_) => crate::proxy_protocol::take_private(cx, server),
+        None => None,
+    };
+    let t = route.connect_timeout;
+    let (mut conn, is_reused) = match private {
+        Some(c) => (c, true),
+        None => checkout_within(cx, cluster, server, t, deadline, true, proxy_header).await?,
+    };
     cluster.metrics.requests.inc();
     if is_reused {
         cluster.metrics.reused.inc();
@@ -519,8 +556,9 @@ async fn send(
     // Retry once on a fresh connection.
     cluster.metrics.retries.inc();
     drop(conn);
+    let t = route.connect_timeout;
     let (mut conn, _) =
-        checkout_within(cx, cluster, server, route.connect_timeout, deadline, false).await?;
+        checkout_within(cx, cluster, server, t, deadline, false, proxy_header).await?;
     cluster.metrics.requests.inc();
     conn.requests += 1;
     // The retry gets what is left of the deadline, not a fresh one.
@@ -540,12 +578,13 @@ async fn checkout_within(
     connect_timeout: std::time::Duration,
     deadline: Option<Instant>,
     reuse: bool,
+    proxy_header: Option<&[u8]>,
 ) -> Result<(Conn, bool), Error> {
     let t = match deadline {
         Some(d) => connect_timeout.min(d.saturating_duration_since(Instant::now())),
         None => connect_timeout,
     };
-    checkout(&cx.worker.pools, cluster, server, t, reuse).await
+    checkout(&cx.worker.pools, cluster, server, t, reuse, proxy_header).await
 }
 
 /// The failure looks like the origin closed an idle connection under us.
@@ -634,7 +673,11 @@ impl Drop for Exchange {
         let now = Instant::now();
         if let Some(conn) = self.conn.take() {
             let body_sent = self.body_state.as_ref().is_none_or(|s| s.finished.get());
-            if complete && self.reusable && body_sent {
+            let private = self.cluster.config.proxy_protocol != ProxyProtocol::Off;
+            if complete && self.reusable && body_sent && private {
+                // Names this client in its PROXY header: reused by this client connection only.
+                *self.cx.private_upstream.borrow_mut() = Some(conn);
+            } else if complete && self.reusable && body_sent {
                 let pool = &self.cluster.config.pool;
                 self.cluster.metrics.idle_connections.inc();
                 self.cx

@@ -29,12 +29,14 @@ pub(crate) enum Connected {
 
 /// Connect to `server`, honouring the cluster's per-server connection cap. `timeout`
 /// covers TCP and TLS. `h2_streams`: the stream limit assumed for a new HTTP/2 connection
-/// until the origin's SETTINGS arrive.
+/// until the origin's SETTINGS arrive. `proxy_header`: a PROXY protocol header to send
+/// first, before any TLS (the cluster's `proxy_protocol`).
 pub(crate) async fn connect(
     cluster: &Cluster,
     server: &Arc<OriginServer>,
     timeout: Duration,
     h2_streams: usize,
+    proxy_header: Option<&[u8]>,
 ) -> Result<Connected, Error> {
     let state = &server.state;
     let cap = cluster.config.pool.max_connections;
@@ -46,13 +48,14 @@ pub(crate) async fn connect(
     }
     let slot = OpenSlot(Some(state.clone()));
     cluster.metrics.connect_attempts.inc();
-    let opened = match tokio::time::timeout(timeout, open_transport(cluster, server)).await {
-        Ok(r) => r,
-        Err(_) => Err(Error::new(
-            Kind::ConnectTimeout,
-            "connect to origin timed out",
-        )),
-    };
+    let opened =
+        match tokio::time::timeout(timeout, open_transport(cluster, server, proxy_header)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(
+                Kind::ConnectTimeout,
+                "connect to origin timed out",
+            )),
+        };
     let transport = opened.inspect_err(|_| cluster.metrics.connect_failures.inc())?;
     match transport {
         Transport::Plain(tcp) => {
@@ -82,12 +85,22 @@ enum Transport {
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>, bool),
 }
 
-/// TCP, then TLS when the cluster has it.
-async fn open_transport(cluster: &Cluster, server: &OriginServer) -> Result<Transport, Error> {
-    let tcp = TcpStream::connect(server.state.addr)
+/// TCP, the PROXY header if any, then TLS when the cluster has it.
+async fn open_transport(
+    cluster: &Cluster,
+    server: &OriginServer,
+    proxy_header: Option<&[u8]>,
+) -> Result<Transport, Error> {
+    let mut tcp = TcpStream::connect(server.state.addr)
         .await
         .map_err(|e| Error::new(Kind::Connect, "connect to origin failed").with_source(e))?;
     let _ = tcp.set_nodelay(true);
+    if let Some(h) = proxy_header {
+        use tokio::io::AsyncWriteExt;
+        tcp.write_all(h).await.map_err(|e| {
+            Error::new(Kind::Connect, "sending the PROXY header failed").with_source(e)
+        })?;
+    }
     let Some((tls, name)) = &server.tls else {
         return Ok(Transport::Plain(tcp));
     };
@@ -109,7 +122,7 @@ async fn handshake<T>(
     slot: OpenSlot,
 ) -> Result<Connected, Error>
 where
-    T: AsyncRead + AsyncWrite + Unpin + 'static,
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let open_gauge = cluster.metrics.open_connections.clone();
     if h2 {
@@ -143,7 +156,7 @@ where
     open_gauge.inc();
     tokio::task::spawn_local(async move {
         let _slot = slot; // released when the connection ends
-        let _ = driver.await;
+        let _ = driver.with_upgrades().await; // a 101 hands the socket to a tunnel
         open_gauge.dec();
     });
     Ok(Connected::H1(Conn::new(sender, server.clone())))

@@ -20,7 +20,7 @@ use super::connect::{connect, Connected};
 use super::h2::{H2Pools, Lease};
 use super::{Cluster, OriginServer};
 use crate::body::RequestBody;
-use crate::error::Error;
+use crate::error::{Error, Kind};
 
 /// How many idle connections a checkout looks at before opening a new one.
 const CHECKOUT_SCAN: usize = 8;
@@ -40,7 +40,7 @@ impl Sender {
             Sender::H2(s) => s.is_closed(),
         }
     }
-    fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         match self {
             Sender::H1(s) => s.is_ready(),
             Sender::H2(s) => s.is_ready(),
@@ -87,14 +87,27 @@ impl Conn {
 
 /// A connection for one request to `server`: for HTTP/2 a stream on a shared connection;
 /// for HTTP/1.1 a pooled idle connection (when `reuse`) or a new one. Returns whether the
-/// connection was used before (a failure on it may be the keep-alive race).
+/// connection was used before (a failure on it may be the keep-alive race). With a PROXY
+/// protocol header the connection is new and HTTP/1.1, never from the shared pools (it
+/// belongs to one client connection; validation keeps such clusters on `http1`).
 pub(crate) async fn checkout(
     pools: &Pools,
     cluster: &Cluster,
     server: &Arc<OriginServer>,
     timeout: Duration,
     reuse: bool,
+    proxy_header: Option<&[u8]>,
 ) -> Result<(Conn, bool), Error> {
+    let streams = cluster.config.pool.max_streams;
+    if let Some(h) = proxy_header {
+        return match connect(cluster, server, timeout, streams, Some(h)).await? {
+            Connected::H1(c) => Ok((c, false)),
+            Connected::H2(_) => Err(Error::new(
+                Kind::OriginProtocol,
+                "HTTP/2 connections are shared and cannot carry one client's PROXY header",
+            )),
+        };
+    }
     if pools.h2.wants_h2(server) {
         return pools.h2.checkout(cluster, server, timeout).await;
     }
@@ -104,8 +117,7 @@ pub(crate) async fn checkout(
             return Ok((c, true));
         }
     }
-    let streams = cluster.config.pool.max_streams;
-    match connect(cluster, server, timeout, streams).await? {
+    match connect(cluster, server, timeout, streams, None).await? {
         Connected::H1(c) => Ok((c, false)),
         Connected::H2(c) => {
             // An `auto` origin negotiated h2 on its first connection: share it from now on.
