@@ -8,9 +8,11 @@
 pub mod error;
 mod locate;
 pub mod model;
+mod resilience;
 pub mod units;
 mod validate;
 mod validate_filters;
+mod validate_resilience;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use model::*;

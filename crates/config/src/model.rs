@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+pub use crate::resilience::*;
 pub use crate::units::{ByteSize, Duration};
 
 /// The whole file.
@@ -29,6 +30,8 @@ pub struct Config {
     pub filters: Vec<FilterConfig>,
     /// `[filter_debug]`: per-request filter traces for requests carrying a secret.
     pub filter_debug: FilterDebugConfig,
+    /// `[load_shedding]`: shed low-priority routes first when the gateway is overloaded.
+    pub load_shedding: LoadSheddingConfig,
 }
 
 /// Filter debug mode: a request whose `header` equals `secret` gets a response header
@@ -390,6 +393,10 @@ pub struct RouteConfig {
     pub request_timeout: Option<Duration>,
     /// Largest request body → 413 past it.
     pub max_body_size: ByteSize,
+    /// `retry`: retry policy (default: one attempt, no retries).
+    pub retry: RetryConfig,
+    /// `"low"`, `"normal"` or `"high"`: lower priorities are shed first under overload.
+    pub shed_priority: ShedPriority,
 }
 
 impl Default for RouteConfig {
@@ -408,6 +415,8 @@ impl Default for RouteConfig {
             response_header_timeout: None,
             request_timeout: None,
             max_body_size: ByteSize(64 * 1024 * 1024),
+            retry: RetryConfig::default(),
+            shed_priority: ShedPriority::Normal,
         }
     }
 }
@@ -483,6 +492,16 @@ pub struct ClusterConfig {
     pub response_header_timeout: Duration,
     /// Total deadline for the whole exchange including the body (absent = none).
     pub request_timeout: Option<Duration>,
+    /// `health_check`: active HTTP checks of every server (absent = none).
+    pub health_check: Option<HealthCheckConfig>,
+    /// `outlier_detection`: passive ejection of failing servers.
+    pub outlier_detection: OutlierConfig,
+    /// `"fail_open"` or `"fail_closed"`: what to do when no server is healthy.
+    pub all_unhealthy: AllUnhealthy,
+    /// `retry_budget`: cap on retries in flight, a share of active requests.
+    pub retry_budget: RetryBudgetConfig,
+    /// `limits`: caps on requests in flight and waiting.
+    pub limits: ClusterLimits,
 }
 
 impl Default for ClusterConfig {
@@ -495,6 +514,11 @@ impl Default for ClusterConfig {
             connect_timeout: Duration::from_secs(2),
             response_header_timeout: Duration::from_secs(30),
             request_timeout: None,
+            health_check: None,
+            outlier_detection: OutlierConfig::default(),
+            all_unhealthy: AllUnhealthy::FailOpen,
+            retry_budget: RetryBudgetConfig::default(),
+            limits: ClusterLimits::default(),
         }
     }
 }
