@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     pub(crate) access_log: Option<AccessLog>,
     pub(crate) draining: AtomicBool,
     pub(crate) source: ConfigSource,
+    /// Requests in flight in this gateway (load shedding).
+    pub(crate) load: Arc<crate::overload::Load>,
     next_version: AtomicU64,
     reload_lock: Mutex<()>,
     /// TLS listeners by name: their certificates are re-read on every reload.
@@ -109,6 +111,12 @@ impl Shared {
                 Err(e)
             }
         }
+    }
+
+    /// The Prometheus text of every metric, health gauges refreshed first.
+    pub(crate) fn render_metrics(&self) -> String {
+        crate::upstream::health::export_gauges(&self.metrics, &self.snapshot.load());
+        self.metrics.render()
     }
 
     /// Re-read the config source and apply it.
@@ -222,6 +230,7 @@ impl Gateway {
             access_log,
             draining: AtomicBool::new(false),
             source,
+            load: Arc::default(),
             next_version: AtomicU64::new(2),
             reload_lock: Mutex::new(()),
             listener_tls,
@@ -238,6 +247,11 @@ impl Gateway {
                 .map_err(|e| format!("cannot start worker thread: {e}"))?;
             threads.push(t);
         }
+        // Active health checks: their own thread, stopped with the workers.
+        threads.push(
+            crate::upstream::checker::start(shared.clone(), rx.clone())
+                .map_err(|e| format!("cannot start the health-check thread: {e}"))?,
+        );
         if let Some(sock) = admin_socket {
             let shared = shared.clone();
             let rx = admin_rx;
@@ -311,7 +325,7 @@ impl Gateway {
 
     /// The Prometheus text of every metric.
     pub fn metrics_text(&self) -> String {
-        self.shared.metrics.render()
+        self.shared.render_metrics()
     }
 
     /// Stop accepting, drain in-flight requests (up to `server.drain_timeout`), and join

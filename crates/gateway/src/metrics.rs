@@ -29,6 +29,13 @@ pub struct Metrics {
     filter_skips: IntCounterVec,
     filter_errors: IntCounterVec,
     filter_duration: HistogramVec,
+    upstream_ejections: IntCounterVec,
+    upstream_budget_exhausted: IntCounterVec,
+    upstream_overflow: IntCounterVec,
+    /// 1 when a server is available (healthy and not ejected), by cluster and server;
+    /// refreshed from the health state whenever metrics are rendered.
+    pub(crate) upstream_server_healthy: IntGaugeVec,
+    shed: IntCounterVec,
 }
 
 /// Handles for one filter of the filter chain.
@@ -65,6 +72,9 @@ pub(crate) struct ClusterMetrics {
     pub(crate) retries: IntCounter,
     pub(crate) open_connections: IntGauge,
     pub(crate) idle_connections: IntGauge,
+    pub(crate) ejections: IntCounter,
+    pub(crate) budget_exhausted: IntCounter,
+    pub(crate) overflow: IntCounter,
 }
 
 /// Handles for one listener.
@@ -169,7 +179,7 @@ impl Metrics {
             upstream_retries: counter_vec(
                 &r,
                 "upstream_retries_total",
-                "Requests retried on a fresh connection after a stale pooled one failed",
+                "Retries: the route's retry policy, and requests resent on a fresh connection after a stale pooled one failed",
                 &["cluster"],
             ),
             upstream_open: gauge_vec(
@@ -232,6 +242,36 @@ impl Metrics {
                 "Filter failures (error or panic)",
                 &["filter"],
             ),
+            upstream_ejections: counter_vec(
+                &r,
+                "upstream_ejections_total",
+                "Origin servers ejected by passive outlier detection",
+                &["cluster"],
+            ),
+            upstream_budget_exhausted: counter_vec(
+                &r,
+                "upstream_retry_budget_exhausted_total",
+                "Retries not made because the cluster's retry budget was used up",
+                &["cluster"],
+            ),
+            upstream_overflow: counter_vec(
+                &r,
+                "upstream_overflow_total",
+                "Requests answered 503 because the cluster was at its request cap and queue",
+                &["cluster"],
+            ),
+            upstream_server_healthy: gauge_vec(
+                &r,
+                "upstream_server_healthy",
+                "1 when an origin server is available (healthy and not ejected), else 0",
+                &["cluster", "server"],
+            ),
+            shed: counter_vec(
+                &r,
+                "shed_total",
+                "Requests shed with 503 because the gateway was overloaded, by route priority",
+                &["priority"],
+            ),
             filter_duration,
             config_version,
             latency,
@@ -256,6 +296,9 @@ impl Metrics {
             retries: self.upstream_retries.with_label_values(&[name]),
             open_connections: self.upstream_open.with_label_values(&[name]),
             idle_connections: self.upstream_idle.with_label_values(&[name]),
+            ejections: self.upstream_ejections.with_label_values(&[name]),
+            budget_exhausted: self.upstream_budget_exhausted.with_label_values(&[name]),
+            overflow: self.upstream_overflow.with_label_values(&[name]),
         }
     }
 
@@ -275,6 +318,11 @@ impl Metrics {
             errors: self.filter_errors.with_label_values(&[name]),
             duration: self.filter_duration.with_label_values(&[name]),
         }
+    }
+
+    /// The shed counter of one route priority.
+    pub(crate) fn shed(&self, priority: &str) -> IntCounter {
+        self.shed.with_label_values(&[priority])
     }
 
     pub(crate) fn error(&self, category: &str, side: &str) {

@@ -63,6 +63,10 @@ pub struct Route {
     pub(crate) request_timeout: Option<std::time::Duration>,
     pub(crate) max_body_size: u64,
     pub(crate) metrics: RouteMetrics,
+    /// Retry policy (`attempts = 1`: none beyond the keep-alive race resend).
+    pub(crate) retry: keymaster_config::RetryConfig,
+    /// Under overload, lower priorities are shed first.
+    pub(crate) shed_priority: keymaster_config::ShedPriority,
 }
 
 impl Route {
@@ -152,6 +156,8 @@ impl Route {
             max_body_size: cfg.max_body_size.get(),
             cluster,
             metrics,
+            retry: cfg.retry.clone(),
+            shed_priority: cfg.shed_priority,
         })
     }
 

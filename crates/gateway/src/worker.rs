@@ -18,6 +18,8 @@ pub(crate) struct Worker {
     pub(crate) pools: Pools,
     pub(crate) active_connections: Cell<usize>,
     pub(crate) drained: Notify,
+    /// This worker's event-loop lag (load shedding).
+    pub(crate) lag: crate::overload::LoopLag,
 }
 
 /// Sockets handed to a worker: one per listener.
@@ -51,7 +53,9 @@ pub(crate) fn run(
             pools: Pools::default(),
             active_connections: Cell::new(0),
             drained: Notify::new(),
+            lag: Default::default(),
         });
+        let lag_probe = tokio::task::spawn_local(crate::overload::measure_lag(worker.clone()));
         for (ctx, std_socket) in sockets.sockets {
             match tokio::net::TcpListener::from_std(std_socket) {
                 Ok(socket) => {
@@ -98,6 +102,7 @@ pub(crate) fn run(
             }
         }
         sweeper.abort();
+        lag_probe.abort();
         worker.pools.clear();
     });
 }
