@@ -1,6 +1,10 @@
 //! Prometheus metrics. Label lookups happen when a config version is built; the request
 //! path only touches pre-resolved counter and histogram handles (atomics, no locks).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::upstream::limits::ClusterState;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -36,6 +40,9 @@ pub struct Metrics {
     /// refreshed from the health state whenever metrics are rendered.
     pub(crate) upstream_server_healthy: IntGaugeVec,
     shed: IntCounterVec,
+    /// Live per-cluster counts (caps, queue, retry budget) by cluster name: one per gateway,
+    /// shared by every config version.
+    cluster_states: Mutex<HashMap<String, Arc<ClusterState>>>,
 }
 
 /// Handles for one filter of the filter chain.
@@ -75,6 +82,8 @@ pub(crate) struct ClusterMetrics {
     pub(crate) ejections: IntCounter,
     pub(crate) budget_exhausted: IntCounter,
     pub(crate) overflow: IntCounter,
+    /// The cluster's live counts (not a metric; kept here because it has the same lifetime).
+    pub(crate) limits: Arc<ClusterState>,
 }
 
 /// Handles for one listener.
@@ -272,6 +281,7 @@ impl Metrics {
                 "Requests shed with 503 because the gateway was overloaded, by route priority",
                 &["priority"],
             ),
+            cluster_states: Mutex::default(),
             filter_duration,
             config_version,
             latency,
@@ -299,6 +309,13 @@ impl Metrics {
             ejections: self.upstream_ejections.with_label_values(&[name]),
             budget_exhausted: self.upstream_budget_exhausted.with_label_values(&[name]),
             overflow: self.upstream_overflow.with_label_values(&[name]),
+            limits: self
+                .cluster_states
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(name.to_owned())
+                .or_default()
+                .clone(),
         }
     }
 

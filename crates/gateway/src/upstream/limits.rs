@@ -1,5 +1,6 @@
-//! Per-cluster protection state, interned by cluster name so that every config version and
-//! every worker share it (a reload never resets a cap's count):
+//! Per-cluster protection state, one per cluster name and gateway (kept next to the
+//! cluster's metric handles, see `Metrics::cluster`), so that every config version and every
+//! worker share it (a reload never resets a cap's count):
 //!
 //! - requests in flight ([`Slot`], held from admission until the response body ends), capped
 //!   by `limits.max_requests`, with a bounded queue of waiters (`max_pending`) that gives up
@@ -7,9 +8,8 @@
 //! - retries in flight ([`RetryToken`]), capped by the retry budget: at most `percent` of the
 //!   active requests, but always `min_retries` (Envoy's retry budget).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -23,16 +23,6 @@ pub(crate) struct ClusterState {
     pending: AtomicUsize,
     retries: AtomicUsize,
     released: Notify,
-}
-
-pub(crate) fn intern_cluster(name: &str) -> Arc<ClusterState> {
-    static REG: OnceLock<Mutex<HashMap<String, Arc<ClusterState>>>> = OnceLock::new();
-    // Only called while building a config version, never on the request path.
-    let mut reg = REG
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    reg.entry(name.to_owned()).or_default().clone()
 }
 
 /// One admitted request; releases its place (and wakes a waiter) on drop.

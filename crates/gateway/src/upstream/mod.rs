@@ -123,8 +123,8 @@ impl Cluster {
             balancer: balance::Balancer::new(cfg.balance, &servers),
             config: cfg.clone(),
             servers,
+            limits: metrics.limits.clone(),
             metrics,
-            limits: limits::intern_cluster(&cfg.name),
         })
     }
 
