@@ -1,9 +1,9 @@
 //! The proxy stage: one downstream request in, one response out.
 //!
 //! ```text
-//! handle ─► validate head ─► route ─► [pre, route filters] ─► body cap ─► request headers ─► pick server
-//!        ─► pool checkout | connect ─► send (response-header timeout)
-//!             └─ stale pooled connection failed before a response? retry once, fresh
+//! handle ─► validate head ─► route ─► shed? ─► [pre, route filters] ─► body cap ─► request headers
+//!        ─► cluster cap (queue) ─► attempt::send (choose server, pool | connect, send;
+//!             retries and the keep-alive race resend: see `attempt`)
 //!        ─► validate response ─► response headers ─► [post filters] ─► stream body (Exchange)
 //!  any Err ─► respond::error_response (the one place errors become responses)
 //! ```
