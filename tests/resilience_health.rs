@@ -141,7 +141,7 @@ async fn a_killed_origin_is_ejected_and_readmitted_without_failed_requests() {
     let a = Origin::start("a", 200).await;
     let mut b = Origin::start("b", 200).await;
     let c = Origin::start("c", 200).await;
-    let g = start_gateway(&format!(
+    let toml = format!(
         r#"{PREAMBLE}
 [[routes]]
 name = "default"
@@ -158,7 +158,8 @@ outlier_detection = {{ consecutive_failures = {CONSECUTIVE_FAILURES}, base_eject
 retry_budget = {{ percent = 100, min_retries = {CLIENTS} }}
 "#,
         a.addr, b.addr, c.addr
-    ));
+    );
+    let g = start_gateway(&toml);
     assert!(wait_available(&g, b.addr, true, Duration::from_secs(5)).await);
 
     // Continuous, bounded load: CLIENTS keep-alive clients in a loop.
@@ -216,6 +217,15 @@ retry_budget = {{ percent = 100, min_retries = {CLIENTS} }}
         b.addr
     );
     assert!(metrics.contains(&gauge), "{gauge} in\n{metrics}");
+
+    // A reload keeps the verdict: health lives on the origin identity, not the version.
+    let config = keymaster_config::load_str(&toml, "<test>").unwrap();
+    let before = server_health(&g, b.addr).await;
+    g.gateway().reload(config).expect("reload");
+    let after = server_health(&g, b.addr).await;
+    assert_eq!(after["available"], false, "{after}");
+    assert_eq!(after["ejections"], before["ejections"]);
+    assert_eq!(after["active_healthy"], before["active_healthy"]);
 
     b.restart().await;
     assert!(

@@ -332,3 +332,39 @@ outlier_detection = {{ consecutive_failures = 0 }}
     assert_eq!(post.status, 503);
     assert_eq!((bad.arrived(), good.arrived()), (3, 2));
 }
+
+/// A hanging attempt is cut by the per-try timeout and retried on another server, well
+/// inside the response header timeout.
+#[tokio::test]
+async fn the_per_try_timeout_moves_a_hanging_request_to_another_server() {
+    let hang = Gated::start(1, "/", 200).await; // never opened
+    let good = Gated::start(1, "/never-held", 200).await;
+    let g = start_gateway(&format!(
+        r#"{PREAMBLE}
+[[routes]]
+name = "default"
+cluster = "origin"
+response_header_timeout = "60s"
+retry = {{ attempts = 2, per_try_timeout = "200ms", backoff_base = "1ms", backoff_max = "1ms" }}
+
+[[clusters]]
+name = "origin"
+servers = [{{ address = "{}" }}, {{ address = "{}" }}]
+balance = "round_robin"
+"#,
+        hang.addrs[0], good.addrs[0]
+    ));
+    let start = std::time::Instant::now();
+    let r = send(g.addr, "GET", "/x", b"").await;
+    assert_eq!(r.status, 200);
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!((hang.arrived(), good.arrived()), (1, 1));
+    // Without retries left the per-try timeout is the answer: 504.
+    let r = send(g.addr, "POST", "/x", b"").await;
+    assert_eq!(r.status, 504, "POST is not retried after a timeout");
+    assert_eq!(hang.arrived(), 2);
+}
