@@ -2,8 +2,8 @@
 //! get a 503 (with `Retry-After`) before any work is done for them.
 //!
 //! Two signals, each compared with its `[load_shedding]` limit as a percentage:
-//! - requests in flight in the whole gateway ([`Load`], one atomic per gateway; each request
-//!   holds an [`InFlightLoad`] until its response ends);
+//! - requests in flight in the whole gateway ([`Load`], one atomic per gateway; while
+//!   `max_in_flight` is set, each request holds an [`InFlightLoad`] until its response ends);
 //! - the event-loop lag of the worker serving the request ([`LoopLag`]: how late a 50 ms
 //!   timer fires, measured by a task on every worker).
 //!

@@ -45,8 +45,11 @@ pub(crate) async fn handle(
     cx.state.request_started();
     let mut inflight = InFlight(Some(cx.state.clone()));
     let snapshot = cx.worker.shared.snapshot.load_full();
+    // Counted only while load shedding is on (a reload turning it on mid-flight misses the
+    // requests already running, briefly).
+    let shedding = &snapshot.config.load_shedding;
     let mut info = RequestInfo {
-        load: Some(cx.worker.shared.load.enter()),
+        load: (shedding.max_in_flight != 0).then(|| cx.worker.shared.load.enter()),
         ..Default::default()
     };
     if cx.worker.shared.access_log.is_some() {

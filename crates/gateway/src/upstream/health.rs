@@ -88,14 +88,14 @@ impl HealthState {
         }
     }
 
-    /// A request to this server succeeded.
-    pub(crate) fn record_success(&self, cfg: &OutlierConfig, now: u64) {
+    /// A request to this server succeeded (`now` is only read after an ejection).
+    pub(crate) fn record_success(&self, cfg: &OutlierConfig, now: impl FnOnce() -> u64) {
         if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
             self.consecutive_failures.store(0, Ordering::Relaxed);
         }
         if self.ejections.load(Ordering::Relaxed) != 0 {
             let until = self.ejected_until.load(Ordering::Relaxed);
-            if now >= until.saturating_add(cfg.max_ejection.get().as_millis() as u64) {
+            if now() >= until.saturating_add(cfg.max_ejection.get().as_millis() as u64) {
                 self.ejections.store(0, Ordering::Relaxed);
             }
         }
@@ -206,12 +206,12 @@ impl Cluster {
     /// Feed one attempt's outcome to passive outlier detection.
     pub(crate) fn record_outcome(&self, server: &OriginServer, success: bool) {
         let cfg = &self.config.outlier_detection;
-        let now = now_ms();
         let h = &server.state.health;
         if success {
-            h.record_success(cfg, now);
+            h.record_success(cfg, now_ms);
             return;
         }
+        let now = now_ms();
         let peers = || {
             self.servers
                 .iter()
@@ -316,7 +316,7 @@ mod tests {
         let h = HealthState::default();
         assert_eq!(h.record_failure(&cfg, 10, || 0, 3), None);
         assert_eq!(h.record_failure(&cfg, 10, || 0, 3), None);
-        h.record_success(&cfg, 10);
+        h.record_success(&cfg, || 10);
         assert_eq!(h.record_failure(&cfg, 10, || 0, 3), None);
         assert_eq!(h.record_failure(&cfg, 10, || 0, 3), None);
         assert_eq!(h.record_failure(&cfg, 10, || 0, 3), Some(100));
@@ -327,9 +327,9 @@ mod tests {
         }
         assert_eq!(h.record_failure(&cfg, 200, || 0, 3), Some(200));
         // Serving well for max_ejection after the ejection forgets the multiplier.
-        h.record_success(&cfg, 400 + 349);
+        h.record_success(&cfg, || 400 + 349);
         assert_eq!(h.view(0).ejections, 2);
-        h.record_success(&cfg, 400 + 350);
+        h.record_success(&cfg, || 400 + 350);
         assert_eq!(h.view(0).ejections, 0);
     }
 

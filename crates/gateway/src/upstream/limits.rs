@@ -25,14 +25,19 @@ pub(crate) struct ClusterState {
     released: Notify,
 }
 
-/// One admitted request; releases its place (and wakes a waiter) on drop.
+/// One admitted request; releases its place (and wakes a waiter, under a cap) on drop.
 #[derive(Debug)]
-pub(crate) struct Slot(Arc<ClusterState>);
+pub(crate) struct Slot {
+    state: Arc<ClusterState>,
+    capped: bool,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::AcqRel);
-        self.0.released.notify_one();
+        self.state.active.fetch_sub(1, Ordering::AcqRel);
+        if self.capped {
+            self.state.released.notify_one();
+        }
     }
 }
 
@@ -78,7 +83,10 @@ impl ClusterState {
     }
 
     fn try_acquire(self: &Arc<Self>, max: usize) -> Option<Slot> {
-        bounded_inc(&self.active, max).then(|| Slot(self.clone()))
+        bounded_inc(&self.active, max).then(|| Slot {
+            state: self.clone(),
+            capped: max != 0,
+        })
     }
 
     /// Admit a request: a slot at once, else a place in the queue until one frees up, the
