@@ -5,7 +5,8 @@
 //! - requests in flight in the whole gateway ([`Load`], one atomic per gateway; while
 //!   `max_in_flight` is set, each request holds an [`InFlightLoad`] until its response ends);
 //! - the event-loop lag of the worker serving the request ([`LoopLag`]: how late a 50 ms
-//!   timer fires, measured by a task on every worker).
+//!   timer fires, measured by a task each worker starts with its first request after
+//!   `max_event_loop_lag` is configured; without it no worker wakes up for this).
 //!
 //! The load is the larger percentage. `low` routes are shed from 80%, `normal` from 100%,
 //! `high` never (cluster caps still apply). The admin listener has its own thread and is
@@ -52,7 +53,7 @@ impl Drop for InFlightLoad {
 
 /// A worker's last measured event-loop lag.
 #[derive(Debug, Default)]
-pub(crate) struct LoopLag(Cell<Duration>);
+pub(crate) struct LoopLag(Cell<Duration>, Cell<bool>);
 
 impl LoopLag {
     pub(crate) fn get(&self) -> Duration {
@@ -60,9 +61,13 @@ impl LoopLag {
     }
 }
 
-/// Measure the worker's event-loop lag until the task is dropped.
-pub(crate) async fn measure_lag(worker: Rc<Worker>) {
-    sample_lag(&worker.lag).await
+/// Start measuring the worker's event-loop lag (once) if the config asks for it; the task
+/// lives as long as the worker's runtime.
+pub(crate) fn ensure_lag_probe(worker: &Rc<Worker>, cfg: &LoadSheddingConfig) {
+    if cfg.max_event_loop_lag.is_some() && !worker.lag.1.replace(true) {
+        let w = worker.clone();
+        tokio::task::spawn_local(async move { sample_lag(&w.lag).await });
+    }
 }
 
 async fn sample_lag(lag: &LoopLag) {

@@ -218,6 +218,7 @@ async fn proxy(
         .clone();
     info.route = Some(route.clone());
     // Shed by priority before doing any work for the request.
+    crate::overload::ensure_lag_probe(&cx.worker, &snapshot.config.load_shedding);
     crate::overload::check(
         &snapshot.config.load_shedding,
         &cx.worker.shared.load,

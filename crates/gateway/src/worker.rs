@@ -55,7 +55,6 @@ pub(crate) fn run(
             drained: Notify::new(),
             lag: Default::default(),
         });
-        let lag_probe = tokio::task::spawn_local(crate::overload::measure_lag(worker.clone()));
         for (ctx, std_socket) in sockets.sockets {
             match tokio::net::TcpListener::from_std(std_socket) {
                 Ok(socket) => {
@@ -102,7 +101,6 @@ pub(crate) fn run(
             }
         }
         sweeper.abort();
-        lag_probe.abort();
         worker.pools.clear();
     });
 }
