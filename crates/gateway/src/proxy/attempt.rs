@@ -219,7 +219,10 @@ pub(super) async fn send(
                     && template.is_some()
                     && policy.statuses.contains(&status);
                 if wants {
-                    if let Some(t) = may_retry(up, attempt).await {
+                    if let Some((t, pause)) = plan_retry(up, attempt) {
+                        // Nothing of this attempt is kept through the back-off.
+                        drop((resp, conn, outstanding));
+                        tokio::time::sleep(pause).await;
                         token = Some(t);
                         continue;
                     }
@@ -249,7 +252,9 @@ pub(super) async fn send(
                                 || (f.err.is_timeout() && !f.err.is_request_deadline()))
                     };
                 if wants {
-                    if let Some(t) = may_retry(up, attempt).await {
+                    if let Some((t, pause)) = plan_retry(up, attempt) {
+                        drop(outstanding);
+                        tokio::time::sleep(pause).await;
                         token = Some(t);
                         next = f.unsent;
                         continue;
@@ -288,23 +293,20 @@ fn note(log: &mut Option<&mut LogRecord>, server: &OriginServer, outcome: String
     }
 }
 
-/// The budget allows a retry and its back-off ends before the deadline: sleep it, and
-/// return the budget token held for the retry's attempt.
-async fn may_retry(up: &Upstream<'_>, attempt: u32) -> Option<RetryToken> {
+/// A retry may follow: its back-off ends before the deadline and the cluster's budget has
+/// room. Returns the budget token (held through the retry's attempt) and the back-off.
+fn plan_retry(up: &Upstream<'_>, attempt: u32) -> Option<(RetryToken, std::time::Duration)> {
     let cluster = up.cluster;
+    let pause = backoff(&up.route.retry, attempt);
+    if up.deadline.is_some_and(|d| Instant::now() + pause >= d) {
+        return None;
+    }
     let Some(token) = cluster.limits.try_retry(&cluster.config.retry_budget) else {
         cluster.metrics.budget_exhausted.inc();
         return None;
     };
-    let pause = backoff(&up.route.retry, attempt);
-    if let Some(d) = up.deadline {
-        if Instant::now() + pause >= d {
-            return None;
-        }
-    }
-    tokio::time::sleep(pause).await;
     cluster.metrics.retries.inc();
-    Some(token)
+    Some((token, pause))
 }
 
 /// The pause before retry number `retry` (1 for the first): the base doubled per retry,
