@@ -169,14 +169,19 @@ pub(super) async fn send(
     };
     let rebuildable = matches!(req.body(), RequestBody::Empty | RequestBody::Buffered(_));
     let mut next = Some(req);
-    let mut tried: Vec<usize> = Vec::with_capacity(policy.attempts as usize);
+    // Origin ids already tried (no allocation: attempts are at most 10 by validation).
+    let mut tried = [0usize; 10];
+    let mut n_tried = 0;
     let mut sends = 0;
     let mut attempt = 0;
     let mut token: Option<RetryToken> = None;
     loop {
         attempt += 1;
-        let server = cluster.choose(&tried)?;
-        tried.push(server.state.id);
+        let server = cluster.choose(&tried[..n_tried])?;
+        if let Some(slot) = tried.get_mut(n_tried) {
+            *slot = server.state.id;
+            n_tried += 1;
+        }
         let mut req = match next.take() {
             Some(r) => r,
             None => match &template {
@@ -213,7 +218,7 @@ pub(super) async fn send(
                 sends += n;
                 let status = resp.status().as_u16();
                 cluster.record_outcome(&server, status < 500);
-                note(&mut log, &server, status.to_string(), started);
+                note(&mut log, &server, || status.to_string(), started);
                 let wants = left > 0
                     && may_repeat
                     && template.is_some()
@@ -239,7 +244,7 @@ pub(super) async fn send(
                 if f.err.is_origin() {
                     cluster.record_outcome(&server, false);
                 }
-                note(&mut log, &server, f.err.category().to_string(), started);
+                note(&mut log, &server, || f.err.category().to_string(), started);
                 let wants = left > 0
                     && if f.unsent.is_some() {
                         true
@@ -283,11 +288,17 @@ fn template_of(req: &Request<RequestBody>, body: Option<bytes::Bytes>) -> Templa
     }
 }
 
-fn note(log: &mut Option<&mut LogRecord>, server: &OriginServer, outcome: String, t: Instant) {
+/// Add an attempt to the access log record (when the log is on).
+fn note(
+    log: &mut Option<&mut LogRecord>,
+    server: &OriginServer,
+    outcome: impl FnOnce() -> String,
+    t: Instant,
+) {
     if let Some(l) = log.as_deref_mut() {
         l.tries.push(TryRecord {
             origin: server.label.clone(),
-            outcome,
+            outcome: outcome(),
             duration_us: t.elapsed().as_micros() as u64,
         });
     }
