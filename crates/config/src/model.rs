@@ -32,6 +32,76 @@ pub struct Config {
     pub filter_debug: FilterDebugConfig,
     /// `[load_shedding]`: shed low-priority routes first when the gateway is overloaded.
     pub load_shedding: LoadSheddingConfig,
+    /// `[redis]`: the shared store of `rate_limit` filters with `backend = "redis"`.
+    pub redis: RedisConfig,
+    /// `[dns]`: the resolver of clusters with `discovery`.
+    pub dns: DnsConfig,
+}
+
+/// The DNS resolver used by service discovery (`[[clusters]] discovery`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DnsConfig {
+    /// Name servers, "ip" or "ip:port" (port 53 by default); empty means the system's
+    /// (`/etc/resolv.conf`, plus `/etc/hosts`).
+    pub nameservers: Vec<String>,
+    /// Longest wait for one query.
+    pub timeout: Duration,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        Self {
+            nameservers: Vec::new(),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Service discovery of one cluster: its servers are re-resolved and re-read on an interval.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    /// How often DNS names are re-resolved and `file` re-read.
+    pub interval: Duration,
+    /// A file listing more servers, one `host:port [weight]` per line (`#` comments); a
+    /// relative path is relative to the config file's directory.
+    pub file: Option<String>,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(5),
+            file: None,
+        }
+    }
+}
+
+/// The Redis server shared by every keymaster instance for cluster-wide rate limits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]` or `redis+unix:///path/to/socket`; absent
+    /// means no Redis (a `backend = "redis"` filter then fails validation).
+    pub url: Option<String>,
+    /// Longest wait for one Redis call (connecting included) before the local bucket decides.
+    pub timeout: Duration,
+    /// After a failed or slow call, Redis is left alone this long (local buckets decide).
+    pub backoff: Duration,
+    /// Prefix of every Redis key (`<prefix><filter name>:<key>`).
+    pub key_prefix: String,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            timeout: Duration::from_millis(50),
+            backoff: Duration::from_secs(2),
+            key_prefix: "keymaster:rl:".into(),
+        }
+    }
 }
 
 /// Filter debug mode: a request whose `header` equals `secret` gets a response header
@@ -502,6 +572,9 @@ pub struct ClusterConfig {
     pub retry_budget: RetryBudgetConfig,
     /// `limits`: caps on requests in flight and waiting.
     pub limits: ClusterLimits,
+    /// Service discovery: re-resolve DNS names (every address becomes a server) and watch a
+    /// server list file. Absent: names are resolved once per config version.
+    pub discovery: Option<DiscoveryConfig>,
 }
 
 impl Default for ClusterConfig {
@@ -519,6 +592,7 @@ impl Default for ClusterConfig {
             all_unhealthy: AllUnhealthy::FailOpen,
             retry_budget: RetryBudgetConfig::default(),
             limits: ClusterLimits::default(),
+            discovery: None,
         }
     }
 }
@@ -566,7 +640,7 @@ pub enum FilterType {
     IpFilter,
     /// A key in a header must be one of `keys`; 401.
     ApiKey,
-    /// Local token bucket; 429 with Retry-After.
+    /// Token bucket (per worker, or shared through Redis); 429 with Retry-After.
     RateLimit,
     /// Route stage: override the cluster, path and Host.
     Reroute,
@@ -601,6 +675,18 @@ pub enum RateLimitKey {
     Header,
     /// The matched route's name.
     Route,
+}
+
+/// Where a rate limit keeps its buckets.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RateLimitBackend {
+    /// In each worker's memory: a limit per worker thread of this process.
+    #[default]
+    Local,
+    /// In the `[redis]` server: one limit shared by every keymaster instance using it;
+    /// the local buckets decide while Redis is slow or down.
+    Redis,
 }
 
 /// Declarative filter match: all given criteria must hold; empty matches every request.
@@ -680,6 +766,8 @@ pub struct FilterConfig {
     pub burst: Option<u32>,
     /// rate_limit: `"client_ip"`, `"header"` or `"route"`.
     pub key: Option<RateLimitKey>,
+    /// rate_limit: `"local"` (default) or `"redis"` (needs `[redis] url`).
+    pub backend: Option<RateLimitBackend>,
 
     /// reroute: the cluster to send to instead of the route's.
     pub cluster: Option<String>,

@@ -43,6 +43,10 @@ pub struct Metrics {
     /// Live per-cluster counts (caps, queue, retry budget) by cluster name: one per gateway,
     /// shared by every config version.
     cluster_states: Mutex<HashMap<String, Arc<ClusterState>>>,
+    rate_limit_redis: IntCounterVec,
+    pub(crate) discovery_updates: IntCounterVec,
+    pub(crate) discovery_errors: IntCounterVec,
+    pub(crate) discovered_servers: IntGaugeVec,
 }
 
 /// Handles for one filter of the filter chain.
@@ -282,6 +286,30 @@ impl Metrics {
                 &["priority"],
             ),
             cluster_states: Mutex::default(),
+            rate_limit_redis: counter_vec(
+                &r,
+                "rate_limit_redis_total",
+                "Decisions of rate_limit filters with backend = \"redis\": by Redis (ok) or by the local bucket because Redis failed or is backed off (fallback)",
+                &["filter", "result"],
+            ),
+            discovery_updates: counter_vec(
+                &r,
+                "discovery_updates_total",
+                "Config versions built because service discovery changed a cluster's servers",
+                &["cluster"],
+            ),
+            discovery_errors: counter_vec(
+                &r,
+                "discovery_errors_total",
+                "Failed discovery rounds (the previous server list is kept), by source: dns or file",
+                &["cluster", "source"],
+            ),
+            discovered_servers: gauge_vec(
+                &r,
+                "discovered_servers",
+                "Servers of a cluster with discovery, as last resolved",
+                &["cluster"],
+            ),
             filter_duration,
             config_version,
             latency,
@@ -340,6 +368,15 @@ impl Metrics {
     /// The shed counter of one route priority.
     pub(crate) fn shed(&self, priority: &str) -> IntCounter {
         self.shed.with_label_values(&[priority])
+    }
+
+    /// A Redis-backed rate limit's (ok, fallback) decision counters.
+    pub(crate) fn rate_limit_redis(&self, filter: &str) -> (IntCounter, IntCounter) {
+        (
+            self.rate_limit_redis.with_label_values(&[filter, "ok"]),
+            self.rate_limit_redis
+                .with_label_values(&[filter, "fallback"]),
+        )
     }
 
     pub(crate) fn error(&self, category: &str, side: &str) {
