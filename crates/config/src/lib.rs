@@ -8,6 +8,7 @@
 pub mod error;
 mod locate;
 pub mod model;
+mod redact;
 mod resilience;
 mod servers_file;
 pub mod units;
@@ -17,6 +18,7 @@ mod validate_resilience;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use model::*;
+pub use redact::{url_without_credentials, REDACTED};
 pub use servers_file::parse_servers_file;
 pub use validate::MAX_WEIGHT;
 

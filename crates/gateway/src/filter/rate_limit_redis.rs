@@ -85,11 +85,15 @@ impl RedisBackend {
             .url
             .as_deref()
             .ok_or("backend = \"redis\" needs [redis] url")?;
-        let client = redis::Client::open(url)
-            .map_err(|e| format!("[redis] url {:?}: {e}", without_credentials(url)))?;
+        let client = redis::Client::open(url).map_err(|e| {
+            format!(
+                "[redis] url {:?}: {e}",
+                keymaster_config::url_without_credentials(url)
+            )
+        })?;
         let (ok, fallback) = metrics.rate_limit_redis(name);
         Ok(RedisBackend {
-            shown: without_credentials(url),
+            shown: keymaster_config::url_without_credentials(url),
             url: url.into(),
             client,
             timeout: config.timeout.get(),
@@ -219,38 +223,5 @@ impl Link {
         let c = self.client.get_multiplexed_async_connection().await?;
         *self.conn.borrow_mut() = Some(c.clone());
         Ok(c)
-    }
-}
-
-/// `scheme://user:password@host/...` → `scheme://***@host/...` (URLs go to logs).
-fn without_credentials(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***{}", &rest[at..]),
-        None => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::without_credentials;
-
-    #[test]
-    fn credentials_stay_out_of_logs() {
-        assert_eq!(
-            without_credentials("redis://user:secret@10.0.0.2:6379/0"),
-            "redis://***@10.0.0.2:6379/0"
-        );
-        assert_eq!(
-            without_credentials("redis://10.0.0.2:6379"),
-            "redis://10.0.0.2:6379"
-        );
-        assert_eq!(
-            without_credentials("redis+unix:///run/redis.sock"),
-            "redis+unix:///run/redis.sock"
-        );
     }
 }
