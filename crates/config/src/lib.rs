@@ -9,10 +9,12 @@ pub mod error;
 mod locate;
 pub mod model;
 mod redact;
+mod resilience;
 mod servers_file;
 pub mod units;
 mod validate;
 mod validate_filters;
+mod validate_resilience;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use model::*;

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+pub use crate::resilience::*;
 pub use crate::units::{ByteSize, Duration};
 
 /// The whole file.
@@ -29,6 +30,8 @@ pub struct Config {
     pub filters: Vec<FilterConfig>,
     /// `[filter_debug]`: per-request filter traces for requests carrying a secret.
     pub filter_debug: FilterDebugConfig,
+    /// `[load_shedding]`: shed low-priority routes first when the gateway is overloaded.
+    pub load_shedding: LoadSheddingConfig,
     /// `[redis]`: the shared store of `rate_limit` filters with `backend = "redis"`.
     pub redis: RedisConfig,
     /// `[dns]`: the resolver of clusters with `discovery`.
@@ -484,6 +487,10 @@ pub struct RouteConfig {
     pub max_body_size: ByteSize,
     /// `upgrade`: which HTTP/1.1 `Upgrade` protocols become two-way tunnels.
     pub upgrade: UpgradeConfig,
+    /// `retry`: retry policy (default: one attempt, no retries).
+    pub retry: RetryConfig,
+    /// `"low"`, `"normal"` or `"high"`: lower priorities are shed first under overload.
+    pub shed_priority: ShedPriority,
 }
 
 /// Protocol upgrades (`Connection: upgrade` + `Upgrade: <protocol>`) on a route. An allowed
@@ -528,6 +535,8 @@ impl Default for RouteConfig {
             request_timeout: None,
             max_body_size: ByteSize(64 * 1024 * 1024),
             upgrade: UpgradeConfig::default(),
+            retry: RetryConfig::default(),
+            shed_priority: ShedPriority::Normal,
         }
     }
 }
@@ -606,6 +615,16 @@ pub struct ClusterConfig {
     /// Send a PROXY protocol header (`"v1"` or `"v2"`) naming the client on each new
     /// connection; such connections are reused only by the same client connection.
     pub proxy_protocol: ProxyProtocol,
+    /// `health_check`: active HTTP checks of every server (absent = none).
+    pub health_check: Option<HealthCheckConfig>,
+    /// `outlier_detection`: passive ejection of failing servers.
+    pub outlier_detection: OutlierConfig,
+    /// `"fail_open"` or `"fail_closed"`: what to do when no server is healthy.
+    pub all_unhealthy: AllUnhealthy,
+    /// `retry_budget`: cap on retries in flight, a share of active requests.
+    pub retry_budget: RetryBudgetConfig,
+    /// `limits`: caps on requests in flight and waiting.
+    pub limits: ClusterLimits,
     /// Service discovery: re-resolve DNS names (every address becomes a server) and watch a
     /// server list file. Absent: names are resolved once per config version.
     pub discovery: Option<DiscoveryConfig>,
@@ -622,6 +641,11 @@ impl Default for ClusterConfig {
             response_header_timeout: Duration::from_secs(30),
             request_timeout: None,
             proxy_protocol: ProxyProtocol::Off,
+            health_check: None,
+            outlier_detection: OutlierConfig::default(),
+            all_unhealthy: AllUnhealthy::FailOpen,
+            retry_budget: RetryBudgetConfig::default(),
+            limits: ClusterLimits::default(),
             discovery: None,
         }
     }

@@ -91,7 +91,13 @@ jwt_keys = [{ alg = "HS256", secret = "hmac-secret-0123456789" }]
 "#;
         let cfg = crate::load_str(text, "t.toml").expect("valid config");
         let shown = serde_json::to_string(&cfg.redacted()).expect("serializes");
-        for secret in ["debug-secret-0123456789", "p4ss", "k1", "k2", "hmac-secret-0123456789"] {
+        for secret in [
+            "debug-secret-0123456789",
+            "p4ss",
+            "k1",
+            "k2",
+            "hmac-secret-0123456789",
+        ] {
             assert!(!shown.contains(secret), "{secret} leaked: {shown}");
         }
         assert!(shown.contains(REDACTED));

@@ -31,6 +31,9 @@ pub(crate) struct RequestBodyState {
 pub enum RequestBody {
     /// No body (or a replayed bodyless request).
     Empty,
+    /// A body read whole into the replay buffer, so a retry can send it again; `None` once
+    /// sent.
+    Buffered(Option<Bytes>),
     /// The client's body, streamed with a size cap.
     Stream {
         inner: Incoming,
@@ -61,6 +64,7 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             RequestBody::Empty => Poll::Ready(None),
+            RequestBody::Buffered(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             RequestBody::Stream {
                 inner,
                 limit,
@@ -101,6 +105,7 @@ impl Body for RequestBody {
     fn is_end_stream(&self) -> bool {
         match self {
             RequestBody::Empty => true,
+            RequestBody::Buffered(b) => b.is_none(),
             RequestBody::Stream { inner, .. } => inner.is_end_stream(),
         }
     }
@@ -108,6 +113,9 @@ impl Body for RequestBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             RequestBody::Empty => SizeHint::with_exact(0),
+            RequestBody::Buffered(b) => {
+                SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64))
+            }
             RequestBody::Stream { inner, .. } => inner.size_hint(),
         }
     }

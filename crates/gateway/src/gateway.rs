@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     pub(crate) access_log: Option<AccessLog>,
     pub(crate) draining: AtomicBool,
     pub(crate) source: ConfigSource,
+    /// Requests in flight in this gateway (load shedding).
+    pub(crate) load: Arc<crate::overload::Load>,
     next_version: AtomicU64,
     reload_lock: Mutex<()>,
     /// TLS listeners by name: their certificates are re-read on every reload.
@@ -129,6 +131,12 @@ impl Shared {
                 Err(e)
             }
         }
+    }
+
+    /// The Prometheus text of every metric, health gauges refreshed first.
+    pub(crate) fn render_metrics(&self) -> String {
+        crate::upstream::health::export_gauges(&self.metrics, &self.snapshot.load());
+        self.metrics.render()
     }
 
     /// Service discovery resolved `cluster` (as configured with `dns`) to `endpoints`: when
@@ -309,6 +317,7 @@ impl Gateway {
             access_log,
             draining: AtomicBool::new(false),
             source,
+            load: Arc::default(),
             next_version: AtomicU64::new(2),
             reload_lock: Mutex::new(()),
             listener_tls,
@@ -327,6 +336,11 @@ impl Gateway {
                 .map_err(|e| format!("cannot start worker thread: {e}"))?;
             threads.push(t);
         }
+        // Active health checks: their own thread, stopped with the workers.
+        threads.push(
+            crate::upstream::checker::start(shared.clone(), rx.clone())
+                .map_err(|e| format!("cannot start the health-check thread: {e}"))?,
+        );
         threads.push(
             discovery::spawn(shared.clone(), rx.clone())
                 .map_err(|e| format!("cannot start the discovery thread: {e}"))?,
@@ -404,7 +418,7 @@ impl Gateway {
 
     /// The Prometheus text of every metric.
     pub fn metrics_text(&self) -> String {
-        self.shared.metrics.render()
+        self.shared.render_metrics()
     }
 
     /// Stop accepting, drain in-flight requests (up to `server.drain_timeout`), and join
@@ -422,17 +436,20 @@ impl Gateway {
     }
 
     /// Serve until SIGTERM or SIGINT (then drain and return); SIGHUP reloads the config
-    /// source. `on_ready` runs once the signal handlers are installed (print the banner there,
-    /// so nobody signals the process before it can drain). Blocks the calling thread.
-    pub fn run_until_signal(self, on_ready: impl FnOnce(&Gateway)) -> std::io::Result<()> {
-        use tokio::signal::unix::{signal, SignalKind};
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+    /// source. `signals` were installed before the gateway started (see [`Signals`]);
+    /// `on_ready` runs first (print the banner there). Blocks the calling thread.
+    pub fn run_until_signal(
+        self,
+        signals: Signals,
+        on_ready: impl FnOnce(&Gateway),
+    ) -> std::io::Result<()> {
+        let Signals {
+            rt,
+            mut term,
+            mut int,
+            mut hup,
+        } = signals;
         rt.block_on(async {
-            let mut term = signal(SignalKind::terminate())?;
-            let mut int = signal(SignalKind::interrupt())?;
-            let mut hup = signal(SignalKind::hangup())?;
             on_ready(&self);
             loop {
                 tokio::select! {
@@ -453,5 +470,33 @@ impl Gateway {
         eprintln!("keymaster: shutting down, draining in-flight requests");
         self.shutdown();
         Ok(())
+    }
+}
+
+/// SIGTERM, SIGINT and SIGHUP, taken over from their default actions. Install them before
+/// [`Gateway::start`]: the workers serve as soon as they start, and a SIGTERM that arrived
+/// before the handlers would kill the process instead of draining it.
+pub struct Signals {
+    rt: tokio::runtime::Runtime,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (term, int, hup) = {
+            let _in_runtime = rt.enter();
+            (
+                signal(SignalKind::terminate())?,
+                signal(SignalKind::interrupt())?,
+                signal(SignalKind::hangup())?,
+            )
+        };
+        Ok(Signals { rt, term, int, hup })
     }
 }

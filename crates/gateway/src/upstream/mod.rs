@@ -5,11 +5,18 @@
 //! - [`balance`]: picks a server (random, round robin, least outstanding).
 //! - [`pool`]: idle keep-alive connections per origin server, per worker thread; no locks.
 //! - [`connect`]: opening a connection within the connect timeout.
+//! - [`health`]: per-server health (active verdicts, passive outlier ejection) and
+//!   health-aware server choice; [`checker`]: the active health-check thread.
+//! - [`limits`]: per-cluster state shared by every config version and worker (request
+//!   caps with a queue, the retry budget).
 //! - [`discovery`]: service discovery (DNS re-resolution, server list files).
 
 pub(crate) mod balance;
+pub(crate) mod checker;
 pub(crate) mod connect;
 pub(crate) mod discovery;
+pub(crate) mod health;
+pub(crate) mod limits;
 pub(crate) mod pool;
 
 use http::HeaderValue;
@@ -32,6 +39,8 @@ pub struct OriginState {
     pub outstanding: AtomicUsize,
     /// Open connections to this server across all workers (the pool cap).
     pub open_connections: AtomicUsize,
+    /// Active check verdicts and passive ejection (shared by every cluster naming it).
+    pub health: health::HealthState,
 }
 
 /// The origin identity registry: the same address always gets the same [`OriginState`].
@@ -51,6 +60,7 @@ pub(crate) fn intern_origin(addr: SocketAddr) -> Arc<OriginState> {
                 addr,
                 outstanding: AtomicUsize::new(0),
                 open_connections: AtomicUsize::new(0),
+                health: health::HealthState::default(),
             })
         })
         .clone()
@@ -78,6 +88,8 @@ pub struct Cluster {
     pub servers: Vec<Arc<OriginServer>>,
     pub(crate) balancer: balance::Balancer,
     pub(crate) metrics: ClusterMetrics,
+    /// Caps, queue and retry budget, shared by every version of the cluster (by name).
+    pub(crate) limits: Arc<limits::ClusterState>,
 }
 
 impl Cluster {
@@ -131,6 +143,7 @@ impl Cluster {
             balancer: balance::Balancer::new(cfg.balance, &servers),
             config: cfg.clone(),
             servers,
+            limits: metrics.limits.clone(),
             metrics,
         })
     }
