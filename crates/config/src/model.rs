@@ -29,6 +29,46 @@ pub struct Config {
     pub filters: Vec<FilterConfig>,
     /// `[filter_debug]`: per-request filter traces for requests carrying a secret.
     pub filter_debug: FilterDebugConfig,
+    /// `[lua]`: Lua filters loaded from a directory (see `docs/filters.md`).
+    pub lua: LuaConfig,
+}
+
+/// Lua filters: one `.lua` file per filter in `dir`, compiled into a filter set on start and
+/// on every reload (and when a file in `dir` changes, if `watch` is on).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LuaConfig {
+    /// The filters directory (relative paths are taken from the working directory);
+    /// absent means no Lua filters.
+    pub dir: Option<String>,
+    /// Reload when a `.lua` file in `dir` is added, changed or removed.
+    pub watch: bool,
+    /// How often the watcher looks at the directory's files (mtime and size).
+    pub poll_interval: Duration,
+    /// Lua VM instructions one `should_filter` or `run` call may execute before it is
+    /// stopped (it then fails: the error stage runs).
+    pub instruction_budget: u64,
+    /// Memory cap of each worker's Lua VM; past it an allocation fails (the call fails)
+    /// and the VM is rebuilt.
+    pub memory_limit: ByteSize,
+    /// Default timeout of `ctx.http.get`/`post` when the call gives none.
+    pub http_timeout: Duration,
+    /// Largest response body `ctx.http` reads; a longer one fails the call.
+    pub http_max_body: ByteSize,
+}
+
+impl Default for LuaConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            watch: true,
+            poll_interval: Duration::from_secs(1),
+            instruction_budget: 1_000_000,
+            memory_limit: ByteSize(64 * 1024 * 1024),
+            http_timeout: Duration::from_secs(1),
+            http_max_body: ByteSize(1024 * 1024),
+        }
+    }
 }
 
 /// Filter debug mode: a request whose `header` equals `secret` gets a response header

@@ -92,6 +92,7 @@ pub(crate) fn check_filters(config: &Config, p: &mut Problems) {
     for (i, f) in config.filters.iter().enumerate() {
         check_filter(f, &base.index(i), &routes, &clusters, p);
     }
+    check_lua(config, p);
     let d = &config.filter_debug;
     let at = KeyPath::root().key("filter_debug");
     check_header_name(&d.header, at.key("header"), p);
@@ -104,6 +105,49 @@ pub(crate) fn check_filters(config: &Config, p: &mut Problems) {
         } else {
             check_header_value(s, at.key("secret"), p);
         }
+    }
+}
+
+/// `[lua]`: the directory is checked for form here; whether it exists and its files
+/// compile is checked when the filter set is built (start, reload).
+fn check_lua(config: &Config, p: &mut Problems) {
+    let l = &config.lua;
+    let at = KeyPath::root().key("lua");
+    if l.dir.as_deref().is_some_and(|d| d.trim().is_empty()) {
+        p.push(
+            at.key("dir"),
+            "must not be empty; expected a directory path like \"filters\" (or leave it out)",
+        );
+    }
+    if l.poll_interval.get() < std::time::Duration::from_millis(10) {
+        p.push(
+            at.key("poll_interval"),
+            "too short; expected at least \"10ms\", like \"1s\"",
+        );
+    }
+    if l.instruction_budget < 1000 {
+        p.push(
+            at.key("instruction_budget"),
+            "too small; expected at least 1000 instructions, like 1000000",
+        );
+    }
+    if l.memory_limit.0 < 1024 * 1024 {
+        p.push(
+            at.key("memory_limit"),
+            "too small; expected at least \"1MiB\", like \"64MiB\"",
+        );
+    }
+    if l.http_timeout.get().is_zero() {
+        p.push(
+            at.key("http_timeout"),
+            "must be greater than zero; expected a duration like \"1s\"",
+        );
+    }
+    if l.http_max_body.0 == 0 {
+        p.push(
+            at.key("http_max_body"),
+            "must be greater than zero; expected a size like \"1MiB\"",
+        );
     }
 }
 

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
 use crate::downstream::{bind_reuseport, ListenerCtx};
-use crate::filter::FilterSpec;
+use crate::filter::{FilterSource, FilterSpec, Reloader};
 use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use crate::tls::ListenerTls;
@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     listener_tls: Vec<(String, Arc<ListenerTls>)>,
     /// Filters registered in code, part of every config version's chain.
     natives: Vec<FilterSpec>,
+    /// Filter sets built per version (Lua): asked again on every reload.
+    sources: Vec<Arc<dyn FilterSource>>,
 }
 
 impl Shared {
@@ -91,7 +93,9 @@ impl Shared {
         }
         // Serialised by `reload_lock`: a rejected config does not use up a version number.
         let version = self.next_version.load(Ordering::Acquire);
-        match Snapshot::build(config, version, &self.metrics, &self.natives) {
+        let built = crate::filter::collect_sources(&config, &self.natives, &self.sources)
+            .and_then(|filters| Snapshot::build(config, version, &self.metrics, &filters));
+        match built {
             Ok(snap) => {
                 self.next_version.store(version + 1, Ordering::Release);
                 self.snapshot.store(Arc::new(snap));
@@ -155,6 +159,17 @@ impl Gateway {
         source: ConfigSource,
         natives: Vec<FilterSpec>,
     ) -> Result<Gateway, String> {
+        Self::start_with_sources(config, source, natives, Vec::new())
+    }
+
+    /// [`Gateway::start_with_filters`] plus filter sources (the Lua host): each is asked for
+    /// its filters whenever a config version is built (now and on every reload).
+    pub fn start_with_sources(
+        config: Config,
+        source: ConfigSource,
+        natives: Vec<FilterSpec>,
+        sources: Vec<Arc<dyn FilterSource>>,
+    ) -> Result<Gateway, String> {
         let metrics = Metrics::new();
         let workers = match config.server.workers {
             0 => std::thread::available_parallelism()
@@ -214,7 +229,8 @@ impl Gateway {
         let (admin_shutdown, admin_rx) = watch::channel(false);
         let mut admin_thread = None;
 
-        let snapshot = Snapshot::build(config, 1, &metrics, &natives)?;
+        let filters = crate::filter::collect_sources(&config, &natives, &sources)?;
+        let snapshot = Snapshot::build(config, 1, &metrics, &filters)?;
         metrics.config_version.set(1);
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -226,6 +242,7 @@ impl Gateway {
             reload_lock: Mutex::new(()),
             listener_tls,
             natives,
+            sources,
         });
         let (shutdown, rx) = watch::channel(false);
         let mut threads = Vec::new();
@@ -302,6 +319,11 @@ impl Gateway {
     /// Re-read the config source (the file given at start) and swap it in.
     pub fn reload_from_source(&self) -> Result<u64, String> {
         self.shared.reload_from_source()
+    }
+
+    /// A handle that reloads from another thread (a filter directory watcher).
+    pub fn reloader(&self) -> Reloader {
+        Reloader(Arc::downgrade(&self.shared))
     }
 
     /// The active config version.

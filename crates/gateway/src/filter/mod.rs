@@ -10,6 +10,10 @@
 
 mod builtin;
 mod jwt;
+mod source;
+
+pub use source::{FilterSource, Reloader};
+pub(crate) use source::collect as collect_sources;
 
 use futures_util::FutureExt;
 use http::header::{HeaderName, HeaderValue};
@@ -198,6 +202,32 @@ impl FilterCtx {
         *req.uri_mut() = uri.parse().expect("valid uri");
         let (parts, ()) = req.into_parts();
         FilterCtx::new(&parts, headers, client, "test".into())
+    }
+
+    /// Move the whole context out, leaving an empty one in its place (no allocation beyond
+    /// a shared route name). A scripting host owns the context while a script runs (scripts
+    /// need `'static` values) and moves it back with `*ctx = taken` afterwards.
+    pub fn take(&mut self) -> FilterCtx {
+        thread_local! {
+            static NONE: Arc<str> = Arc::from("");
+        }
+        let placeholder = FilterCtx {
+            stage: self.stage,
+            method: Method::GET,
+            uri: Uri::default(),
+            headers: HeaderMap::new(),
+            client: SocketAddr::from(([0, 0, 0, 0], 0)),
+            route: NONE.with(|r| r.clone()),
+            meta: HashMap::new(),
+            cluster: None,
+            path: None,
+            host: None,
+            local: None,
+            response: None,
+            failure: None,
+            debug: None,
+        };
+        std::mem::replace(self, placeholder)
     }
 
     /// The stage now running.
