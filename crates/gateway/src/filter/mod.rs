@@ -12,8 +12,8 @@ mod builtin;
 mod jwt;
 mod source;
 
-pub use source::{FilterSource, Reloader};
 pub(crate) use source::collect as collect_sources;
+pub use source::{FilterSource, Reloader};
 
 use futures_util::FutureExt;
 use http::header::{HeaderName, HeaderValue};

@@ -1,0 +1,176 @@
+//! The `ctx` a Lua filter receives: [`FilterCtx`] registered as a Lua userdata type, with
+//! methods mirroring the native API (`ctx:method()`, `ctx:set_header(n, v)`, ...). In
+//! `should_filter` it is a read-only borrow (mutating methods raise an error); in `run` the
+//! script owns it for the call and the host moves it back afterwards. `ctx.http` is the
+//! non-blocking HTTP client (see `api`).
+
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, StatusCode};
+use keymaster_gateway::filter::FilterCtx;
+use mlua::{Lua, Table, UserDataFields, UserDataMethods, UserDataRegistry, Value};
+
+fn name(n: &str) -> mlua::Result<HeaderName> {
+    HeaderName::from_bytes(n.as_bytes())
+        .map_err(|_| mlua::Error::runtime(format!("invalid header name {n:?}")))
+}
+
+fn value(v: &str) -> mlua::Result<HeaderValue> {
+    HeaderValue::from_str(v)
+        .map_err(|_| mlua::Error::runtime(format!("invalid header value {v:?}")))
+}
+
+fn status(n: u16) -> mlua::Result<StatusCode> {
+    StatusCode::from_u16(n).map_err(|_| mlua::Error::runtime(format!("invalid status {n}")))
+}
+
+/// Every value of `n` in `h`, joined with ", " (nil when absent).
+fn get(h: &HeaderMap, n: &str) -> Option<String> {
+    let mut it = h.get_all(n).iter().filter_map(|v| v.to_str().ok());
+    let first = it.next()?.to_string();
+    Some(it.fold(first, |acc, v| acc + ", " + v))
+}
+
+fn to_table(lua: &Lua, h: &HeaderMap) -> mlua::Result<Table> {
+    let t = lua.create_table()?;
+    for k in h.keys() {
+        if let Some(v) = get(h, k.as_str()) {
+            t.set(k.as_str(), v)?;
+        }
+    }
+    Ok(t)
+}
+
+/// A Lua `{name = value}` table as a header map.
+pub(crate) fn from_table(t: Option<Table>) -> mlua::Result<HeaderMap> {
+    let mut h = HeaderMap::new();
+    if let Some(t) = t {
+        for pair in t.pairs::<String, String>() {
+            let (k, v) = pair?;
+            h.append(name(&k)?, value(&v)?);
+        }
+    }
+    Ok(h)
+}
+
+/// Register `FilterCtx` as a userdata type in `lua`.
+pub(crate) fn register(lua: &Lua) -> mlua::Result<()> {
+    lua.register_userdata_type::<FilterCtx>(methods)
+}
+
+fn methods(r: &mut UserDataRegistry<FilterCtx>) {
+    r.add_field_method_get("http", |lua, _| {
+        lua.named_registry_value::<Value>("keymaster.http")
+    });
+    // Request facts.
+    r.add_method("stage", |_, c, ()| Ok(c.stage().as_str()));
+    r.add_method("method", |_, c, ()| Ok(c.method().as_str().to_string()));
+    r.add_method("path", |_, c, ()| Ok(c.path().to_string()));
+    r.add_method("query", |_, c, ()| Ok(c.query().map(str::to_string)));
+    r.add_method("route", |_, c, ()| Ok(c.route().to_string()));
+    r.add_method("client_ip", |_, c, ()| Ok(c.client_ip().to_string()));
+    r.add_method("client_port", |_, c, ()| Ok(c.client_addr().port()));
+    // Request headers.
+    r.add_method("header", |_, c, n: String| Ok(get(c.request_headers(), &n)));
+    r.add_method("headers", |lua, c, ()| to_table(lua, c.request_headers()));
+    r.add_method_mut("set_header", |_, c, (n, v): (String, String)| {
+        c.request_headers_mut().insert(name(&n)?, value(&v)?);
+        Ok(())
+    });
+    r.add_method_mut("add_header", |_, c, (n, v): (String, String)| {
+        c.request_headers_mut().append(name(&n)?, value(&v)?);
+        Ok(())
+    });
+    r.add_method_mut("remove_header", |_, c, n: String| {
+        c.request_headers_mut().remove(name(&n)?);
+        Ok(())
+    });
+    // Per-request values shared by the filters of one request.
+    r.add_method("meta", |_, c, k: String| Ok(c.meta().get(&k).cloned()));
+    r.add_method_mut("set_meta", |_, c, (k, v): (String, Option<String>)| {
+        match v {
+            Some(v) => c.meta_mut().insert(k, v),
+            None => c.meta_mut().remove(&k),
+        };
+        Ok(())
+    });
+    // Routing.
+    r.add_method("cluster", |_, c, ()| {
+        Ok(c.upstream_cluster().map(str::to_string))
+    });
+    r.add_method_mut("set_cluster", |_, c, n: String| {
+        c.set_cluster(n);
+        Ok(())
+    });
+    r.add_method_mut("set_upstream_path", |_, c, p: String| {
+        if !p.starts_with('/') {
+            return Err(mlua::Error::runtime(
+                "the upstream path must start with '/'",
+            ));
+        }
+        c.set_upstream_path(p);
+        Ok(())
+    });
+    r.add_method_mut("set_upstream_host", |_, c, h: String| {
+        c.set_upstream_host(value(&h)?);
+        Ok(())
+    });
+    // Answering.
+    r.add_method_mut(
+        "respond",
+        |_, c, (s, h, body): (u16, Option<Table>, Option<mlua::LuaString>)| {
+            let body = body.map(|b| b.as_bytes().to_vec()).unwrap_or_default();
+            c.respond(status(s)?, from_table(h)?, body);
+            Ok(())
+        },
+    );
+    r.add_method("responded", |_, c, ()| Ok(c.responded()));
+    // The response (post, and error after a proxy failure).
+    r.add_method("response_status", |_, c, ()| {
+        Ok(c.response_status().map(|s| s.as_u16()))
+    });
+    r.add_method_mut("set_response_status", |_, c, s: u16| {
+        c.set_response_status(status(s)?);
+        Ok(())
+    });
+    r.add_method("response_header", |_, c, n: String| {
+        Ok(c.response_headers().and_then(|h| get(h, &n)))
+    });
+    r.add_method("response_headers", |lua, c, ()| {
+        match c.response_headers() {
+            Some(h) => to_table(lua, h).map(Some),
+            None => Ok(None),
+        }
+    });
+    r.add_method_mut("set_response_header", |_, c, (n, v): (String, String)| {
+        let (n, v) = (name(&n)?, value(&v)?);
+        if let Some(h) = c.response_headers_mut() {
+            h.insert(n, v);
+        }
+        Ok(())
+    });
+    r.add_method_mut("add_response_header", |_, c, (n, v): (String, String)| {
+        let (n, v) = (name(&n)?, value(&v)?);
+        if let Some(h) = c.response_headers_mut() {
+            h.append(n, v);
+        }
+        Ok(())
+    });
+    r.add_method_mut("remove_response_header", |_, c, n: String| {
+        let n = name(&n)?;
+        if let Some(h) = c.response_headers_mut() {
+            h.remove(n);
+        }
+        Ok(())
+    });
+    // The error stage: what failed.
+    r.add_method("failure", |lua, c, ()| match c.failure() {
+        Some(f) => {
+            let t = lua.create_table()?;
+            t.set("filter", &*f.filter)?;
+            t.set("stage", f.stage.as_str())?;
+            t.set("message", f.message.as_str())?;
+            Ok(Some(t))
+        }
+        None => Ok(None),
+    });
+}
