@@ -46,7 +46,6 @@ async fn example_chain_runs_pre_route_post_and_short_circuits() {
     assert_eq!(header(&r, "x-origin"), Some("canary"));
 
     // Short-circuit: the pre filter answers 401; the proxy stage is skipped, post still runs.
-    let before = origin.connections() + canary.connections();
     let r = get(g.addr, "/private/x").await;
     assert_eq!(r.status, 401);
     assert_eq!(header(&r, "www-authenticate"), Some("ApiKey"));
@@ -59,7 +58,7 @@ async fn example_chain_runs_pre_route_post_and_short_circuits() {
         .unwrap();
     let r = Client::connect(g.addr).await.send(req).await;
     assert_eq!(r.status, 200);
-    assert!(origin.connections() + canary.connections() > before);
+    assert!(body(&r).starts_with("GET /private/x"), "reached the origin");
     assert!(filter_metric(&g, "invocations", "api_key") >= 2.0);
     assert!(
         filter_metric(&g, "skips", "choose_cluster") >= 1.0,
