@@ -295,3 +295,58 @@ pub(crate) fn after_call(h: &Handle, limit: usize, memory_error: bool) {
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(memory_limit: usize) -> Settings {
+        Settings {
+            budget: 100_000,
+            memory_limit,
+            http_timeout: std::time::Duration::from_secs(1),
+            http_max_body: 1024,
+            dict: Default::default(),
+        }
+    }
+
+    fn sandboxed(lua: &Lua, src: &str) -> Function {
+        lua.load(src)
+            .set_environment(new_env(lua).unwrap())
+            .into_function()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_jit_is_off_and_the_budget_stops_loops() {
+        let lua = new_vm(&settings(64 << 20)).unwrap();
+        let status: bool = lua.load("return jit.status()").eval().unwrap();
+        assert!(!status, "JIT compiler off, so count hooks always fire");
+        let f = sandboxed(&lua, "local i = 0 while true do i = i + 1 end");
+        let e = with_budget(100_000, || f.call::<()>(())).unwrap_err();
+        assert!(crate::error_text(&e).contains(BUDGET_MSG), "{e}");
+        let f = sandboxed(
+            &lua,
+            "while true do pcall(function() while true do end end) end",
+        );
+        let e = with_budget(100_000, || f.call::<()>(())).unwrap_err();
+        assert!(crate::error_text(&e).contains(BUDGET_MSG), "{e}");
+        // Within budget, the same VM runs normally afterwards.
+        let f = sandboxed(&lua, "local s = 0 for i = 1, 100 do s = s + i end return s");
+        assert_eq!(with_budget(100_000, || f.call::<i64>(())).unwrap(), 5050);
+    }
+
+    #[test]
+    fn the_allocator_cap_fails_an_allocation() {
+        let lua = new_vm(&settings(4 << 20)).unwrap();
+        let f = sandboxed(
+            &lua,
+            "keep = {} for i = 1, 1e7 do keep[i] = string.rep('x', 64) .. i end",
+        );
+        let e = with_budget(u64::MAX, || f.call::<()>(())).unwrap_err();
+        assert!(
+            matches!(e, mlua::Error::MemoryError(_)) || e.to_string().contains("memory"),
+            "{e:?}"
+        );
+    }
+}
