@@ -10,7 +10,7 @@
 //! sweep, so memory is bounded by the live keys.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -68,9 +68,7 @@ impl Default for SharedDict {
 
 impl SharedDict {
     fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        let i = (h.finish() as usize) % SHARDS;
+        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
         // A panic never happens inside a critical section (plain map operations), so a
         // poisoned lock still holds consistent data.
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
