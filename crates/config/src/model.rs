@@ -31,6 +31,29 @@ pub struct Config {
     pub filter_debug: FilterDebugConfig,
     /// `[lua]`: Lua filters loaded from a directory (see `docs/filters.md`).
     pub lua: LuaConfig,
+    /// `[filter_body]`: caps for bodies buffered for filters that declare they need them.
+    pub filter_body: FilterBodyConfig,
+}
+
+/// Body opt-in: a filter that declares it needs the request or response body gets it
+/// buffered up to these caps (everyone else streams). Past the request cap the client gets
+/// 413; past the response cap, 502.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilterBodyConfig {
+    /// Largest request body buffered for a filter (the route's `max_body_size` still applies).
+    pub max_request: ByteSize,
+    /// Largest origin response body buffered for a filter.
+    pub max_response: ByteSize,
+}
+
+impl Default for FilterBodyConfig {
+    fn default() -> Self {
+        Self {
+            max_request: ByteSize(1024 * 1024),
+            max_response: ByteSize(1024 * 1024),
+        }
+    }
 }
 
 /// Lua filters: one `.lua` file per filter in `dir`, compiled into a filter set on start and

@@ -93,6 +93,19 @@ pub(crate) fn check_filters(config: &Config, p: &mut Problems) {
         check_filter(f, &base.index(i), &routes, &clusters, p);
     }
     check_lua(config, p);
+    let b = &config.filter_body;
+    let at = KeyPath::root().key("filter_body");
+    for (key, v) in [
+        ("max_request", b.max_request),
+        ("max_response", b.max_response),
+    ] {
+        if v.0 == 0 || v.0 > 1 << 30 {
+            p.push(
+                at.key(key),
+                "must be between 1 byte and \"1GiB\"; expected a size like \"1MiB\"",
+            );
+        }
+    }
     let d = &config.filter_debug;
     let at = KeyPath::root().key("filter_debug");
     check_header_name(&d.header, at.key("header"), p);

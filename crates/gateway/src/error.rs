@@ -64,6 +64,8 @@ pub(crate) enum Kind {
     OriginProtocol,
     /// A filter of the filter chain failed (500) and no error filter answered.
     FilterFailed,
+    /// The origin's body is larger than a body-reading filter may buffer (502).
+    ResponseBodyTooLarge,
 }
 
 /// Whether the request may be sent again.
@@ -102,9 +104,10 @@ impl Error {
             Kind::PoolFull => (Side::Internal, Retry::Safe),
             Kind::Connect | Kind::ConnectTimeout => (Side::Origin, Retry::Safe),
             Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
-            Kind::ResponseHeaderTimeout | Kind::RequestTimeout | Kind::OriginProtocol => {
-                (Side::Origin, Retry::Unsafe)
-            }
+            Kind::ResponseHeaderTimeout
+            | Kind::RequestTimeout
+            | Kind::OriginProtocol
+            | Kind::ResponseBodyTooLarge => (Side::Origin, Retry::Unsafe),
         };
         Error {
             inner: Box::new(Inner {
@@ -170,9 +173,11 @@ impl Error {
             Kind::NoRoute => StatusCode::NOT_FOUND,
             // Nobody reads it, but the access log records 499 as nginx does.
             Kind::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            Kind::Connect | Kind::ConnectTimeout | Kind::OriginReset | Kind::OriginProtocol => {
-                StatusCode::BAD_GATEWAY
-            }
+            Kind::Connect
+            | Kind::ConnectTimeout
+            | Kind::OriginReset
+            | Kind::OriginProtocol
+            | Kind::ResponseBodyTooLarge => StatusCode::BAD_GATEWAY,
             Kind::PoolFull => StatusCode::SERVICE_UNAVAILABLE,
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
             Kind::FilterFailed => StatusCode::INTERNAL_SERVER_ERROR,
@@ -194,6 +199,7 @@ impl Error {
             Kind::OriginReset => "origin_reset",
             Kind::OriginProtocol => "origin_bad_response",
             Kind::FilterFailed => "local_filter_error",
+            Kind::ResponseBodyTooLarge => "origin_body_too_large",
         }
     }
 

@@ -162,6 +162,23 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
         }
         Ok(())
     });
+    // Bodies (only when the file declares request_body / response_body = true).
+    r.add_method("request_body", |lua, c, ()| match c.request_body() {
+        Some(b) => lua.create_string(b).map(Some),
+        None => Ok(None),
+    });
+    r.add_method_mut("set_request_body", |_, c, b: mlua::LuaString| {
+        c.set_request_body(b.as_bytes().to_vec());
+        Ok(())
+    });
+    r.add_method("response_body", |lua, c, ()| match c.response_body() {
+        Some(b) => lua.create_string(b).map(Some),
+        None => Ok(None),
+    });
+    r.add_method_mut("set_response_body", |_, c, b: mlua::LuaString| {
+        c.set_response_body(b.as_bytes().to_vec());
+        Ok(())
+    });
     // The error stage: what failed.
     r.add_method("failure", |lua, c, ()| match c.failure() {
         Some(f) => {

@@ -155,6 +155,14 @@ impl Filter for LuaFilter {
     fn needs_request_headers(&self) -> bool {
         self.set.files[self.index].needs_request_headers
     }
+
+    fn needs_request_body(&self) -> bool {
+        self.set.files[self.index].request_body
+    }
+
+    fn needs_response_body(&self) -> bool {
+        self.set.files[self.index].response_body
+    }
 }
 
 fn should_filter(set: &Arc<LuaSet>, index: usize, ctx: &FilterCtx) -> Result<bool, String> {

@@ -54,6 +54,9 @@ pub(crate) struct LuaFile {
     pub matches: FilterMatch,
     pub has_should: bool,
     pub needs_request_headers: bool,
+    /// Body opt-in: `request_body = true` / `response_body = true`.
+    pub request_body: bool,
+    pub response_body: bool,
 }
 
 /// One version of the directory's filters.
@@ -169,11 +172,20 @@ fn compile_file(lua: &mlua::Lua, path: &Path, budget: u64) -> Result<LuaFile, St
             ))
         }
     };
-    let needs_request_headers = match t.get::<Value>("needs_request_headers") {
-        Ok(Value::Nil) => false,
-        Ok(Value::Boolean(b)) => b,
-        _ => return Err(bad("needs_request_headers", "must be true or false")),
+    let flag = |key: &str| match t.get::<Value>(key) {
+        Ok(Value::Nil) => Ok(false),
+        Ok(Value::Boolean(b)) => Ok(b),
+        _ => Err(bad(key, "must be true or false")),
     };
+    let needs_request_headers = flag("needs_request_headers")?;
+    let request_body = flag("request_body")?;
+    let response_body = flag("response_body")?;
+    if request_body && !matches!(stage, FilterStage::Pre | FilterStage::Route) {
+        return Err(bad("request_body", "is for pre and route filters"));
+    }
+    if response_body && stage != FilterStage::Post {
+        return Err(bad("response_body", "is for post filters"));
+    }
     let matches = match t.get::<Value>("match") {
         Ok(Value::Nil) => FilterMatch::default(),
         Ok(Value::Table(m)) => read_match(&m).map_err(|e| bad("match", &e))?,
@@ -188,6 +200,8 @@ fn compile_file(lua: &mlua::Lua, path: &Path, budget: u64) -> Result<LuaFile, St
         matches,
         has_should,
         needs_request_headers,
+        request_body,
+        response_body,
     })
 }
 

@@ -8,10 +8,15 @@
 //! thread-local and await coroutines there). Mutable per-filter state (rate-limit buckets) is
 //! per worker, in thread-locals: no lock on the request path.
 
+mod body;
 mod builtin;
 mod jwt;
 mod source;
 
+pub(crate) use body::{
+    read_request as read_request_body, read_response as read_response_body,
+    set_length as set_body_length,
+};
 pub(crate) use source::collect as collect_sources;
 pub use source::{FilterSource, Reloader};
 
@@ -91,6 +96,18 @@ pub trait Filter: Send + Sync + 'static {
     fn needs_request_headers(&self) -> bool {
         false
     }
+    /// A `pre` or `route` filter that reads or replaces the request body says so: for requests
+    /// it matches (declaratively), the body is buffered before the `pre` stage, up to
+    /// `[filter_body] max_request` (413 past it). See [`FilterCtx::request_body`].
+    fn needs_request_body(&self) -> bool {
+        false
+    }
+    /// A `post` filter that reads or replaces the response body says so: for requests it
+    /// matches, the origin's body is buffered before the `post` stage, up to
+    /// `[filter_body] max_response` (502 past it). See [`FilterCtx::response_body`].
+    fn needs_response_body(&self) -> bool {
+        false
+    }
 }
 
 /// A finished [`FilterFuture`] for filters that do not await anything (no allocation).
@@ -166,6 +183,9 @@ pub struct FilterCtx {
     failure: Option<Failure>,
     /// Debug mode: one entry per filter considered.
     debug: Option<Vec<String>>,
+    /// Bodies buffered for filters that declared they need them (`filter::body`).
+    request_body: Option<bytes::Bytes>,
+    response_body: Option<bytes::Bytes>,
 }
 
 impl FilterCtx {
@@ -192,6 +212,8 @@ impl FilterCtx {
             response: None,
             failure: None,
             debug: None,
+            request_body: None,
+            response_body: None,
         }
     }
 
@@ -226,6 +248,8 @@ impl FilterCtx {
             response: None,
             failure: None,
             debug: None,
+            request_body: None,
+            response_body: None,
         };
         std::mem::replace(self, placeholder)
     }
@@ -386,6 +410,9 @@ pub(crate) struct FilterChain {
     empty: bool,
     /// Post or error filters read request headers: they get a copy.
     outbound: bool,
+    /// Some pre/route filter reads the request body; some post filter the response body.
+    request_body: bool,
+    response_body: bool,
 }
 
 fn idx(stage: FilterStage) -> usize {
@@ -444,7 +471,14 @@ impl FilterChain {
             .iter()
             .flatten()
             .any(|e| e.filter.needs_request_headers() || !e.matcher.headers.is_empty());
+        let request_body = stages[..2]
+            .iter()
+            .flatten()
+            .any(|e| e.filter.needs_request_body());
+        let response_body = stages[2].iter().any(|e| e.filter.needs_response_body());
         Ok(FilterChain {
+            request_body,
+            response_body,
             debug,
             empty: stages.iter().all(|s| s.is_empty()),
             outbound,
