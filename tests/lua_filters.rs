@@ -5,6 +5,7 @@
 //! `ctx.http` suspending only its own request; compile errors naming file and line.
 mod lua_support;
 mod support;
+mod tls_support;
 
 use lua_support::*;
 use std::time::Duration;
@@ -394,10 +395,93 @@ async fn a_compile_error_names_file_and_line_and_keeps_the_running_set() {
     let err = g.gateway().reload_from_source().expect_err("bad stage");
     assert!(err.contains("broken.lua") && err.contains("stage"), "{err}");
 
+    // A match on a route the config does not have is refused too.
+    write(
+        dir.path(),
+        "broken.lua",
+        "return { stage = 'pre', match = { routes = { 'nope' } }, run = function() end }\n",
+    );
+    let err = g.gateway().reload_from_source().expect_err("unknown route");
+    assert!(
+        err.contains("broken.lua") && err.contains("\"nope\""),
+        "{err}"
+    );
+
     // Starting on a broken directory fails with the same report.
     let err = match try_start(&lua_config(origin.addr, canary.addr, dir.path(), "")) {
         Ok(_) => panic!("a broken set must not start"),
         Err(e) => e,
     };
     assert!(err.contains("broken.lua"), "{err}");
+}
+
+const TLS_FACTS: &str = r#"
+return {
+  stage = "post",
+  run = function(ctx)
+    local t = ctx:tls()
+    if t == nil then
+      ctx:set_response_header("x-tls", "no")
+    else
+      ctx:set_response_header("x-tls", "yes:" .. (t.client_identity or "anonymous"))
+    end
+  end,
+}
+"#;
+
+/// `ctx:tls()` carries the TLS facts: nil on a plain listener, the mTLS identity on a TLS one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctx_tls_reports_the_listener_and_client_identity() {
+    use tls_support::*;
+    let (origin, canary) = (echo_origin("main").await, echo_origin("canary").await);
+    let pki = Pki::new();
+    let server = pki.issue("gw", &["gw.test"], "gw", false);
+    let alice = pki.issue("alice", &[], "alice", true);
+    let dir = filters_dir(false, &[("tls_facts.lua", TLS_FACTS)]);
+    let listener = tls_keys(
+        &[&server],
+        &format!(
+            "client_auth = {{ ca = \"{}\", required = false }}",
+            pki.ca_path().display()
+        ),
+    );
+    let toml = lua_config(origin.addr, canary.addr, dir.path(), "").replacen(
+        "address = \"127.0.0.1:0\"\n",
+        &format!("address = \"127.0.0.1:0\"\n{listener}\n"),
+        1,
+    );
+    let g = start(&toml);
+    let opts = ClientOpts {
+        client_cert: Some((alice.der.clone(), alice.key_der.clone_key())),
+        ..Default::default()
+    };
+    let s = connect(g.addr, "gw.test", client_config(&pki, &opts))
+        .await
+        .expect("tls connect");
+    let r = H1::handshake(s)
+        .await
+        .expect("h1")
+        .get("/", &[])
+        .await
+        .expect("get");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers.get("x-tls").unwrap(), "yes:alice");
+    let s = connect(
+        g.addr,
+        "gw.test",
+        client_config(&pki, &ClientOpts::default()),
+    )
+    .await
+    .expect("tls connect");
+    let r = H1::handshake(s)
+        .await
+        .expect("h1")
+        .get("/", &[])
+        .await
+        .expect("get");
+    assert_eq!(r.headers.get("x-tls").unwrap(), "yes:anonymous");
+
+    let plain = filters_dir(false, &[("tls_facts.lua", TLS_FACTS)]);
+    let g = start(&lua_config(origin.addr, canary.addr, plain.path(), ""));
+    assert_eq!(header(&get(g.addr, "/").await, "x-tls"), Some("no"));
 }

@@ -214,7 +214,14 @@ async fn proxy(
     // The filter chain's pre and route stages (docs/filters.md).
     if !snapshot.filters.is_empty() {
         let headers = std::mem::take(&mut parts.headers);
-        let mut ctx = Box::new(FilterCtx::new(&parts, headers, cx.peer, route.name.clone()));
+        let tls = cx.client.tls.as_ref();
+        let mut ctx = Box::new(FilterCtx::new(
+            &parts,
+            headers,
+            cx.peer,
+            tls,
+            route.name.clone(),
+        ));
         snapshot.filters.start_debug(&mut ctx);
         if snapshot.filters.wants_request_body(&ctx) {
             let cap = snapshot

@@ -69,6 +69,14 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
     r.add_method("route", |_, c, ()| Ok(c.route().to_string()));
     r.add_method("client_ip", |_, c, ()| Ok(c.client_ip().to_string()));
     r.add_method("client_port", |_, c, ()| Ok(c.client_addr().port()));
+    r.add_method("tls", |lua, c, ()| {
+        if !c.is_tls() {
+            return Ok(None);
+        }
+        let t = lua.create_table()?;
+        t.set("client_identity", c.tls_client_identity())?;
+        Ok(Some(t))
+    });
     // Request headers.
     r.add_method("header", |_, c, n: String| Ok(get(c.request_headers(), &n)));
     r.add_method("headers", |lua, c, ()| to_table(lua, c.request_headers()));

@@ -77,6 +77,17 @@ impl FilterSource for LuaFilters {
         watch::record(&self.inner.watch, Some(&dir), l);
         let settings = set::Settings::from_config(l, self.inner.dict.clone());
         let set = Arc::new(set::compile(&dir, settings)?);
+        for f in &set.files {
+            if let Some(r) = f
+                .matches
+                .routes
+                .iter()
+                .find(|r| !config.routes.iter().any(|c| &c.name == *r))
+            {
+                let file = f.chunk_name.trim_start_matches('@');
+                return Err(format!("{file}: `match.routes` names unknown route {r:?}"));
+            }
+        }
         Ok((0..set.files.len())
             .map(|index| {
                 let f = &set.files[index];

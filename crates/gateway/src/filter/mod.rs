@@ -173,6 +173,8 @@ pub struct FilterCtx {
     uri: Uri,
     headers: HeaderMap,
     client: SocketAddr,
+    /// TLS listeners: the verified client certificate identity (mTLS), if any.
+    tls: Option<Option<String>>,
     route: Arc<str>,
     meta: HashMap<String, String>,
     pub(crate) cluster: Option<String>,
@@ -195,6 +197,7 @@ impl FilterCtx {
         parts: &http::request::Parts,
         headers: HeaderMap,
         client: SocketAddr,
+        tls: Option<&crate::tls::TlsFacts>,
         route: Arc<str>,
     ) -> FilterCtx {
         FilterCtx {
@@ -203,6 +206,7 @@ impl FilterCtx {
             uri: parts.uri.clone(),
             headers,
             client,
+            tls: tls.map(|t| t.client_identity.clone()),
             route,
             meta: HashMap::new(),
             cluster: None,
@@ -223,7 +227,7 @@ impl FilterCtx {
         *req.method_mut() = method;
         *req.uri_mut() = uri.parse().expect("valid uri");
         let (parts, ()) = req.into_parts();
-        FilterCtx::new(&parts, headers, client, "test".into())
+        FilterCtx::new(&parts, headers, client, None, "test".into())
     }
 
     /// Move the whole context out, leaving an empty one in its place (no allocation beyond
@@ -239,6 +243,7 @@ impl FilterCtx {
             uri: Uri::default(),
             headers: HeaderMap::new(),
             client: SocketAddr::from(([0, 0, 0, 0], 0)),
+            tls: None,
             route: NONE.with(|r| r.clone()),
             meta: HashMap::new(),
             cluster: None,
@@ -283,6 +288,15 @@ impl FilterCtx {
     }
     pub fn client_ip(&self) -> IpAddr {
         self.client.ip()
+    }
+    /// Whether the request came over a TLS listener.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+    /// TLS listeners with client certificates: the verified client identity (subject CN,
+    /// else the first DNS name).
+    pub fn tls_client_identity(&self) -> Option<&str> {
+        self.tls.as_ref().and_then(|i| i.as_deref())
     }
     /// The matched route's name.
     pub fn route(&self) -> &str {
