@@ -359,52 +359,14 @@ async fn serve_connection(
     listener: Arc<ListenerCtx>,
     stream: TcpStream,
     peer: SocketAddr,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     _guard: OpenGuard,
 ) {
     let _ = stream.set_nodelay(true);
-    if let Some(tls) = &listener.tls {
-        // The handshake shares the header-read budget; the request clock starts after it.
-        let settings = tls.current.load_full();
-        let acceptor = tokio_rustls::TlsAcceptor::from(settings.server_config.clone());
-        let handshake = tokio::time::timeout(listener.header_read_timeout, acceptor.accept(stream));
-        let handshake = tokio::select! {
-            r = handshake => r,
-            _ = shutdown.changed() => return, // draining: no new sessions
-        };
-        let stream = match handshake {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                listener.metrics.tls_handshake_failures.inc();
-                tracing::debug!(listener = %listener.name, %peer, error = %e, "TLS handshake failed");
-                return;
-            }
-            Err(_) => {
-                listener.metrics.tls_handshake_failures.inc();
-                tracing::debug!(listener = %listener.name, %peer, "TLS handshake timed out");
-                return;
-            }
-        };
-        let conn = stream.get_ref().1;
-        let h2 = conn.alpn_protocol() == Some(b"h2");
-        let facts = TlsFacts {
-            client_identity: conn
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(crate::tls::client_identity),
-            identity_header: settings.identity_header.clone(),
-        };
-        let client = client_facts(&listener, peer, "https", Some(facts));
-        serve_io(
-            worker,
-            listener,
-            TokioIo::new(stream),
-            h2,
-            client,
-            peer,
-            shutdown,
-        )
-        .await;
+    if listener.tls.is_some() {
+        // Boxed, like HTTP/2 in `serve_io`: a task's size is its largest state, and a
+        // cleartext HTTP/1 connection should not carry the TLS session's.
+        Box::pin(serve_tls(worker, listener, stream, peer, shutdown)).await;
         return;
     }
     let h2 = match listener.protocol {
@@ -423,6 +385,58 @@ async fn serve_connection(
         }
     };
     let client = client_facts(&listener, peer, "http", None);
+    serve_io(
+        worker,
+        listener,
+        TokioIo::new(stream),
+        h2,
+        client,
+        peer,
+        shutdown,
+    )
+    .await;
+}
+
+/// The TLS handshake, then HTTP on the session.
+async fn serve_tls(
+    worker: Rc<Worker>,
+    listener: Arc<ListenerCtx>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Some(tls) = &listener.tls else { return };
+    // The handshake shares the header-read budget; the request clock starts after it.
+    let settings = tls.current.load_full();
+    let acceptor = tokio_rustls::TlsAcceptor::from(settings.server_config.clone());
+    let handshake = tokio::time::timeout(listener.header_read_timeout, acceptor.accept(stream));
+    let handshake = tokio::select! {
+        r = handshake => r,
+        _ = shutdown.changed() => return, // draining: no new sessions
+    };
+    let stream = match handshake {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            listener.metrics.tls_handshake_failures.inc();
+            tracing::debug!(listener = %listener.name, %peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            listener.metrics.tls_handshake_failures.inc();
+            tracing::debug!(listener = %listener.name, %peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let conn = stream.get_ref().1;
+    let h2 = conn.alpn_protocol() == Some(b"h2");
+    let facts = TlsFacts {
+        client_identity: conn
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(crate::tls::client_identity),
+        identity_header: settings.identity_header.clone(),
+    };
+    let client = client_facts(&listener, peer, "https", Some(facts));
     serve_io(
         worker,
         listener,
@@ -489,10 +503,8 @@ async fn serve_io<S>(
     };
     let svc = service_fn(move |req| crate::proxy::handle(cx.clone(), req));
     if h2 {
-        let conn = hyper::server::conn::http2::Builder::new(LocalExec)
-            .max_header_list_size((listener.limits.max_header_bytes as u32).max(1024))
-            .serve_connection(io, svc);
-        serve_until_shutdown!(conn, shutdown);
+        // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state size.
+        Box::pin(serve_h2(&listener, io, svc, shutdown)).await;
     } else {
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
@@ -509,4 +521,17 @@ async fn serve_io<S>(
         let conn = builder.serve_connection(io, svc);
         serve_until_shutdown!(conn, shutdown);
     }
+}
+
+async fn serve_h2<I, S>(listener: &ListenerCtx, io: I, svc: S, mut shutdown: watch::Receiver<bool>)
+where
+    I: Read + Write + Unpin + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming> + 'static,
+    S::ResBody: 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = hyper::server::conn::http2::Builder::new(LocalExec)
+        .max_header_list_size((listener.limits.max_header_bytes as u32).max(1024))
+        .serve_connection(io, svc);
+    serve_until_shutdown!(conn, shutdown);
 }

@@ -110,7 +110,7 @@ impl<T, U> Sender<T, U> {
         }
         let (tx, rx) = oneshot::channel();
         self.inner
-            .send(Envelope(Some((val, Callback::Retry(Some(tx))))))
+            .send(Envelope(Some(Box::new((val, Callback::Retry(Some(tx)))))))
             .map(move |()| rx)
             .map_err(|mut e| (e.0).0.take().expect("envelope not dropped").0)
     }
@@ -122,7 +122,7 @@ impl<T, U> Sender<T, U> {
         }
         let (tx, rx) = oneshot::channel();
         self.inner
-            .send(Envelope(Some((val, Callback::NoRetry(Some(tx))))))
+            .send(Envelope(Some(Box::new((val, Callback::NoRetry(Some(tx)))))))
             .map(move |()| rx)
             .map_err(|mut e| (e.0).0.take().expect("envelope not dropped").0)
     }
@@ -149,7 +149,7 @@ impl<T, U> UnboundedSender<T, U> {
     pub(crate) fn try_send(&mut self, val: T) -> Result<RetryPromise<T, U>, T> {
         let (tx, rx) = oneshot::channel();
         self.inner
-            .send(Envelope(Some((val, Callback::Retry(Some(tx))))))
+            .send(Envelope(Some(Box::new((val, Callback::Retry(Some(tx)))))))
             .map(move |()| rx)
             .map_err(|mut e| (e.0).0.take().expect("envelope not dropped").0)
     }
@@ -157,7 +157,7 @@ impl<T, U> UnboundedSender<T, U> {
     pub(crate) fn send(&mut self, val: T) -> Result<Promise<U>, T> {
         let (tx, rx) = oneshot::channel();
         self.inner
-            .send(Envelope(Some((val, Callback::NoRetry(Some(tx))))))
+            .send(Envelope(Some(Box::new((val, Callback::NoRetry(Some(tx)))))))
             .map(move |()| rx)
             .map_err(|mut e| (e.0).0.take().expect("envelope not dropped").0)
     }
@@ -188,7 +188,7 @@ impl<T, U> Receiver<T, U> {
                 // Withdraw it, or the Sender reports this connection as ready
                 // while it is still serving this message.
                 self.taker.unwant();
-                Poll::Ready(item.map(|mut env| env.0.take().expect("envelope not dropped")))
+                Poll::Ready(item.map(|mut env| *env.0.take().expect("envelope not dropped")))
             }
             Poll::Pending => {
                 self.taker.want();
@@ -206,7 +206,7 @@ impl<T, U> Receiver<T, U> {
     #[cfg(feature = "http1")]
     pub(crate) fn try_recv(&mut self) -> Option<(T, Callback<T, U>)> {
         match crate::common::task::now_or_never(self.inner.recv()) {
-            Some(Some(mut env)) => env.0.take(),
+            Some(Some(mut env)) => env.0.take().map(|b| *b),
             _ => None,
         }
     }
@@ -220,11 +220,16 @@ impl<T, U> Drop for Receiver<T, U> {
     }
 }
 
-struct Envelope<T, U>(Option<(T, Callback<T, U>)>);
+// keymaster patch (vendor/PATCHES.md #3): the request and its callback are boxed, so a queue
+// slot is one pointer. tokio's unbounded channel allocates its slots in blocks of 32; with the
+// ~600-byte request inline, every client connection held a ~20 KiB block for a queue that never
+// holds more than one request on HTTP/1.
+struct Envelope<T, U>(Option<Box<(T, Callback<T, U>)>>);
 
 impl<T, U> Drop for Envelope<T, U> {
     fn drop(&mut self) {
-        if let Some((val, cb)) = self.0.take() {
+        if let Some(b) = self.0.take() {
+            let (val, cb) = *b;
             cb.send(Err(TrySendError {
                 error: crate::Error::new_canceled().with("connection closed"),
                 message: Some(val),

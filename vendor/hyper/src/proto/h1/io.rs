@@ -12,11 +12,11 @@ use super::{Http1Transaction, ParseContext, ParsedMessage};
 use crate::common::buf::BufList;
 
 /// The initial buffer size allocated before trying to read from IO.
-// keymaster patch (vendor/PATCHES.md #2): start read buffers at 4 KiB (they still grow
+// keymaster patch (vendor/PATCHES.md #2): start read buffers at 2 KiB (they still grow
 // adaptively up to max_buf_size) and head-write buffers at 1 KiB. An edge gateway holds two
 // sockets per proxied request; 16 KiB reserved up front on each dominated its memory at
 // thousands of connections.
-pub(crate) const INIT_BUFFER_SIZE: usize = 4096;
+pub(crate) const INIT_BUFFER_SIZE: usize = 2048;
 const INIT_HEAD_WRITE_SIZE: usize = 1024;
 
 /// The minimum value that can be set to max buffer size.
@@ -243,7 +243,12 @@ where
                 .max()
                 .saturating_sub(self.read_buf.len()),
         );
-        if self.read_buf_remaining_mut() < next {
+        // keymaster patch (vendor/PATCHES.md #4): keep reading into the current buffer while
+        // at least half of the wanted read fits. Upstream reserves a whole `next` whenever less
+        // than `next` is free; after a request head is split off, its header values still
+        // point into the old allocation, so the read that watches for client EOF while the
+        // request is proxied allocated a second buffer on every in-flight connection.
+        if self.read_buf_remaining_mut() < cmp::max(next / 2, 1) {
             self.read_buf.reserve(next);
         }
 
