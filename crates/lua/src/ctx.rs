@@ -7,7 +7,10 @@
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
 use keymaster_gateway::filter::FilterCtx;
-use mlua::{Lua, Table, UserDataFields, UserDataMethods, UserDataRegistry, Value};
+use mlua::{
+    FromLuaMulti, IntoLuaMulti, Lua, Table, UserDataFields, UserDataMethods, UserDataRegistry,
+    Value,
+};
 
 fn name(n: &str) -> mlua::Result<HeaderName> {
     HeaderName::from_bytes(n.as_bytes())
@@ -52,6 +55,35 @@ pub(crate) fn from_table(t: Option<Table>) -> mlua::Result<HeaderMap> {
     Ok(h)
 }
 
+/// A method that reads the context. Every method first checks that `ctx` is the context of
+/// the call running now ([`crate::vm::owns`]): a `ctx` a script kept in a global from an
+/// earlier call fails instead of reaching another request's context (worker VMs reuse the
+/// userdata that carries contexts).
+fn reader<A, R, F>(r: &mut UserDataRegistry<FilterCtx>, name: &str, f: F)
+where
+    A: FromLuaMulti,
+    R: IntoLuaMulti,
+    F: Fn(&Lua, &FilterCtx, A) -> mlua::Result<R> + 'static,
+{
+    r.add_method(name, move |lua, c, a| {
+        crate::vm::owns(c)?;
+        f(lua, c, a)
+    });
+}
+
+/// A method that changes the context (an error in `should_filter`, where it is read-only).
+fn writer<A, R, F>(r: &mut UserDataRegistry<FilterCtx>, name: &str, f: F)
+where
+    A: FromLuaMulti,
+    R: IntoLuaMulti,
+    F: Fn(&Lua, &mut FilterCtx, A) -> mlua::Result<R> + 'static,
+{
+    r.add_method_mut(name, move |lua, c, a| {
+        crate::vm::owns(c)?;
+        f(lua, c, a)
+    });
+}
+
 /// Register `FilterCtx` as a userdata type in `lua`.
 pub(crate) fn register(lua: &Lua) -> mlua::Result<()> {
     lua.register_userdata_type::<FilterCtx>(methods)
@@ -62,14 +94,14 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
         lua.named_registry_value::<Value>("keymaster.http")
     });
     // Request facts.
-    r.add_method("stage", |_, c, ()| Ok(c.stage().as_str()));
-    r.add_method("method", |_, c, ()| Ok(c.method().as_str().to_string()));
-    r.add_method("path", |_, c, ()| Ok(c.path().to_string()));
-    r.add_method("query", |_, c, ()| Ok(c.query().map(str::to_string)));
-    r.add_method("route", |_, c, ()| Ok(c.route().to_string()));
-    r.add_method("client_ip", |_, c, ()| Ok(c.client_ip().to_string()));
-    r.add_method("client_port", |_, c, ()| Ok(c.client_addr().port()));
-    r.add_method("tls", |lua, c, ()| {
+    reader(r, "stage", |_, c, ()| Ok(c.stage().as_str()));
+    reader(r, "method", |_, c, ()| Ok(c.method().as_str().to_string()));
+    reader(r, "path", |_, c, ()| Ok(c.path().to_string()));
+    reader(r, "query", |_, c, ()| Ok(c.query().map(str::to_string)));
+    reader(r, "route", |_, c, ()| Ok(c.route().to_string()));
+    reader(r, "client_ip", |_, c, ()| Ok(c.client_ip().to_string()));
+    reader(r, "client_port", |_, c, ()| Ok(c.client_addr().port()));
+    reader(r, "tls", |lua, c, ()| {
         if !c.is_tls() {
             return Ok(None);
         }
@@ -78,23 +110,27 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
         Ok(Some(t))
     });
     // Request headers.
-    r.add_method("header", |_, c, n: String| Ok(get(c.request_headers(), &n)));
-    r.add_method("headers", |lua, c, ()| to_table(lua, c.request_headers()));
-    r.add_method_mut("set_header", |_, c, (n, v): (String, String)| {
+    reader(r, "header", |_, c, n: String| {
+        Ok(get(c.request_headers(), &n))
+    });
+    reader(r, "headers", |lua, c, ()| {
+        to_table(lua, c.request_headers())
+    });
+    writer(r, "set_header", |_, c, (n, v): (String, String)| {
         c.request_headers_mut().insert(name(&n)?, value(&v)?);
         Ok(())
     });
-    r.add_method_mut("add_header", |_, c, (n, v): (String, String)| {
+    writer(r, "add_header", |_, c, (n, v): (String, String)| {
         c.request_headers_mut().append(name(&n)?, value(&v)?);
         Ok(())
     });
-    r.add_method_mut("remove_header", |_, c, n: String| {
+    writer(r, "remove_header", |_, c, n: String| {
         c.request_headers_mut().remove(name(&n)?);
         Ok(())
     });
     // Per-request values shared by the filters of one request.
-    r.add_method("meta", |_, c, k: String| Ok(c.meta().get(&k).cloned()));
-    r.add_method_mut("set_meta", |_, c, (k, v): (String, Option<String>)| {
+    reader(r, "meta", |_, c, k: String| Ok(c.meta().get(&k).cloned()));
+    writer(r, "set_meta", |_, c, (k, v): (String, Option<String>)| {
         match v {
             Some(v) => c.meta_mut().insert(k, v),
             None => c.meta_mut().remove(&k),
@@ -102,14 +138,14 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
         Ok(())
     });
     // Routing.
-    r.add_method("cluster", |_, c, ()| {
+    reader(r, "cluster", |_, c, ()| {
         Ok(c.upstream_cluster().map(str::to_string))
     });
-    r.add_method_mut("set_cluster", |_, c, n: String| {
+    writer(r, "set_cluster", |_, c, n: String| {
         c.set_cluster(n);
         Ok(())
     });
-    r.add_method_mut("set_upstream_path", |_, c, p: String| {
+    writer(r, "set_upstream_path", |_, c, p: String| {
         if !p.starts_with('/') {
             return Err(mlua::Error::runtime(
                 "the upstream path must start with '/'",
@@ -118,12 +154,13 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
         c.set_upstream_path(p);
         Ok(())
     });
-    r.add_method_mut("set_upstream_host", |_, c, h: String| {
+    writer(r, "set_upstream_host", |_, c, h: String| {
         c.set_upstream_host(value(&h)?);
         Ok(())
     });
     // Answering.
-    r.add_method_mut(
+    writer(
+        r,
         "respond",
         |_, c, (s, h, body): (u16, Option<Table>, Option<mlua::LuaString>)| {
             let body = body.map(|b| b.as_bytes().to_vec()).unwrap_or_default();
@@ -131,39 +168,47 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
             Ok(())
         },
     );
-    r.add_method("responded", |_, c, ()| Ok(c.responded()));
+    reader(r, "responded", |_, c, ()| Ok(c.responded()));
     // The response (post, and error after a proxy failure).
-    r.add_method("response_status", |_, c, ()| {
+    reader(r, "response_status", |_, c, ()| {
         Ok(c.response_status().map(|s| s.as_u16()))
     });
-    r.add_method_mut("set_response_status", |_, c, s: u16| {
+    writer(r, "set_response_status", |_, c, s: u16| {
         c.set_response_status(status(s)?);
         Ok(())
     });
-    r.add_method("response_header", |_, c, n: String| {
+    reader(r, "response_header", |_, c, n: String| {
         Ok(c.response_headers().and_then(|h| get(h, &n)))
     });
-    r.add_method("response_headers", |lua, c, ()| {
+    reader(r, "response_headers", |lua, c, ()| {
         match c.response_headers() {
             Some(h) => to_table(lua, h).map(Some),
             None => Ok(None),
         }
     });
-    r.add_method_mut("set_response_header", |_, c, (n, v): (String, String)| {
-        let (n, v) = (name(&n)?, value(&v)?);
-        if let Some(h) = c.response_headers_mut() {
-            h.insert(n, v);
-        }
-        Ok(())
-    });
-    r.add_method_mut("add_response_header", |_, c, (n, v): (String, String)| {
-        let (n, v) = (name(&n)?, value(&v)?);
-        if let Some(h) = c.response_headers_mut() {
-            h.append(n, v);
-        }
-        Ok(())
-    });
-    r.add_method_mut("remove_response_header", |_, c, n: String| {
+    writer(
+        r,
+        "set_response_header",
+        |_, c, (n, v): (String, String)| {
+            let (n, v) = (name(&n)?, value(&v)?);
+            if let Some(h) = c.response_headers_mut() {
+                h.insert(n, v);
+            }
+            Ok(())
+        },
+    );
+    writer(
+        r,
+        "add_response_header",
+        |_, c, (n, v): (String, String)| {
+            let (n, v) = (name(&n)?, value(&v)?);
+            if let Some(h) = c.response_headers_mut() {
+                h.append(n, v);
+            }
+            Ok(())
+        },
+    );
+    writer(r, "remove_response_header", |_, c, n: String| {
         let n = name(&n)?;
         if let Some(h) = c.response_headers_mut() {
             h.remove(n);
@@ -171,24 +216,24 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
         Ok(())
     });
     // Bodies (only when the file declares request_body / response_body = true).
-    r.add_method("request_body", |lua, c, ()| match c.request_body() {
+    reader(r, "request_body", |lua, c, ()| match c.request_body() {
         Some(b) => lua.create_string(b).map(Some),
         None => Ok(None),
     });
-    r.add_method_mut("set_request_body", |_, c, b: mlua::LuaString| {
+    writer(r, "set_request_body", |_, c, b: mlua::LuaString| {
         c.set_request_body(b.as_bytes().to_vec());
         Ok(())
     });
-    r.add_method("response_body", |lua, c, ()| match c.response_body() {
+    reader(r, "response_body", |lua, c, ()| match c.response_body() {
         Some(b) => lua.create_string(b).map(Some),
         None => Ok(None),
     });
-    r.add_method_mut("set_response_body", |_, c, b: mlua::LuaString| {
+    writer(r, "set_response_body", |_, c, b: mlua::LuaString| {
         c.set_response_body(b.as_bytes().to_vec());
         Ok(())
     });
     // The error stage: what failed.
-    r.add_method("failure", |lua, c, ()| match c.failure() {
+    reader(r, "failure", |lua, c, ()| match c.failure() {
         Some(f) => {
             let t = lua.create_table()?;
             t.set("filter", &*f.filter)?;

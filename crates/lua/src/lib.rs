@@ -181,9 +181,12 @@ fn should_filter(set: &Arc<LuaSet>, index: usize, ctx: &FilterCtx) -> Result<boo
     let Some(should) = h.fns.should.as_ref() else {
         return Ok(true);
     };
+    let owned: *const FilterCtx = ctx;
     let r = h.lua.scope(|scope| {
         let ud = scope.create_any_userdata_ref(ctx)?;
-        vm::with_budget(set.settings.budget, || should.call::<mlua::Value>(ud))
+        vm::with_budget_ctx(set.settings.budget, owned, || {
+            should.call::<mlua::Value>(ud)
+        })
     });
     vm::after_call(&h, set.settings.memory_limit, is_memory(&r));
     match r {
@@ -198,16 +201,31 @@ async fn run(
     ctx: &mut FilterCtx,
 ) -> Result<(), keymaster_gateway::filter::FilterError> {
     let h = vm::handle(&set, index)?;
-    let ud = h
-        .lua
-        .create_any_userdata(ctx.take())
-        .map_err(|e| error_text(&e))?;
-    let r = vm::Budgeted::new(h.fns.run.call_async::<()>(ud.clone()), set.settings.budget).await;
-    // The context goes back whatever happened; a script that kept `ctx` finds it gone.
-    match ud.take::<FilterCtx>() {
-        Ok(c) => *ctx = c,
+    // The context moves into a (reused) userdata for the call and back afterwards.
+    let ud = match vm::take_slot(&h) {
+        Some(ud) => {
+            let mut slot = ud.borrow_mut::<FilterCtx>().map_err(|e| error_text(&e))?;
+            std::mem::swap(&mut *slot, ctx);
+            drop(slot);
+            ud
+        }
+        None => h
+            .lua
+            .create_any_userdata(ctx.take())
+            .map_err(|e| error_text(&e))?,
+    };
+    let owned: *const FilterCtx = match ud.borrow::<FilterCtx>() {
+        Ok(c) => &*c,
+        Err(e) => return Err(error_text(&e).into()),
+    };
+    let call = h.fns.run.call_async::<()>(&ud);
+    let r = vm::Budgeted::new(call, set.settings.budget, owned).await;
+    // The context goes back whatever happened; the carrier is reused with an empty one.
+    match ud.borrow_mut::<FilterCtx>() {
+        Ok(mut slot) => std::mem::swap(&mut *slot, ctx),
         Err(e) => return Err(format!("the request context was lost: {e}").into()),
     }
+    vm::put_slot(&h, ud);
     vm::after_call(&h, set.settings.memory_limit, is_memory(&r));
     r.map_err(|e| error_text(&e).into())
 }

@@ -23,8 +23,9 @@
 //! after a memory error, the worker's VM is dropped and rebuilt on its next use (calls still
 //! suspended on the old VM finish on it).
 
+use keymaster_gateway::filter::FilterCtx;
 use mlua::chunk::ChunkMode;
-use mlua::{Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
+use mlua::{AnyUserData, Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
@@ -43,6 +44,19 @@ thread_local! {
     /// Instructions left for the Lua call running on this thread, if any.
     static BUDGET: Cell<Option<i64>> = const { Cell::new(None) };
     static GENERATION: Cell<u64> = const { Cell::new(0) };
+    /// The request context of the Lua call running on this thread (compared, never read).
+    static CURRENT_CTX: Cell<*const FilterCtx> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Whether `c` is the context of the call running now (see `ctx::reader`).
+pub(crate) fn owns(c: &FilterCtx) -> mlua::Result<()> {
+    if std::ptr::eq(c, CURRENT_CTX.with(Cell::get)) {
+        Ok(())
+    } else {
+        Err(mlua::Error::runtime(
+            "ctx used outside the filter call it was passed to",
+        ))
+    }
 }
 
 /// A new sandboxed VM for `settings` (JIT off, budget hook, memory cap, keymaster's API).
@@ -93,6 +107,8 @@ for _, lib in ipairs({"string", "table", "math", "bit"}) do
   for k, v in pairs(G[lib]) do copy[k] = v end
   base[lib] = copy
 end
+-- Filters make a little garbage per call; collect less often (the memory cap still holds).
+G.collectgarbage("setpause", 400)
 -- Scripts must not reach the real string library through a string's metatable.
 getmetatable("").__metatable = false
 local raw_pcall, raw_xpcall, raise = G.pcall, G.xpcall, G.error
@@ -137,9 +153,16 @@ fn spent() -> bool {
 
 /// Run `f` (synchronous Lua code) with `budget` instructions.
 pub(crate) fn with_budget<R>(budget: u64, f: impl FnOnce() -> R) -> R {
+    with_budget_ctx(budget, std::ptr::null(), f)
+}
+
+/// [`with_budget`] with `ctx` as the context the running call owns.
+pub(crate) fn with_budget_ctx<R>(budget: u64, ctx: *const FilterCtx, f: impl FnOnce() -> R) -> R {
     let prev = BUDGET.with(|b| b.replace(Some(budget.min(i64::MAX as u64) as i64)));
+    let prev_ctx = CURRENT_CTX.with(|c| c.replace(ctx));
     let r = f();
     BUDGET.with(|b| b.set(prev));
+    CURRENT_CTX.with(|c| c.set(prev_ctx));
     r
 }
 
@@ -148,13 +171,16 @@ pub(crate) fn with_budget<R>(budget: u64, f: impl FnOnce() -> R) -> R {
 pub(crate) struct Budgeted<F> {
     inner: Pin<Box<F>>,
     left: i64,
+    /// The context this call owns (installed for each poll like the budget).
+    ctx: *const FilterCtx,
 }
 
 impl<F> Budgeted<F> {
-    pub(crate) fn new(inner: F, budget: u64) -> Self {
+    pub(crate) fn new(inner: F, budget: u64, ctx: *const FilterCtx) -> Self {
         Budgeted {
             inner: Box::pin(inner),
             left: budget.min(i64::MAX as u64) as i64,
+            ctx,
         }
     }
 }
@@ -164,8 +190,10 @@ impl<F: Future> Future for Budgeted<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         let prev = BUDGET.with(|b| b.replace(Some(this.left)));
+        let prev_ctx = CURRENT_CTX.with(|c| c.replace(this.ctx));
         let r = this.inner.as_mut().poll(cx);
         this.left = BUDGET.with(|b| b.replace(prev)).unwrap_or(0);
+        CURRENT_CTX.with(|c| c.set(prev_ctx));
         r
     }
 }
@@ -184,7 +212,13 @@ pub(crate) struct Handle {
     generation: u64,
 }
 
+/// Most idle context carriers a worker VM keeps for reuse.
+const MAX_SLOTS: usize = 64;
+
 struct WorkerVm {
+    /// Idle userdata that carry a request context into a `run` call (creating one per call
+    /// costs about 4,000 instructions; swapping a context in and out costs a few dozen).
+    slots: Vec<AnyUserData>,
     lua: Lua,
     settings: Settings,
     generation: u64,
@@ -236,6 +270,7 @@ pub(crate) fn handle(set: &Arc<LuaSet>, index: usize) -> Result<Handle, String> 
                 g.get()
             });
             *w = Some(WorkerVm {
+                slots: Vec::new(),
                 lua,
                 settings: set.settings.clone(),
                 generation,
@@ -267,6 +302,28 @@ pub(crate) fn handle(set: &Arc<LuaSet>, index: usize) -> Result<Handle, String> 
             fns: one,
             generation: vm.generation,
         })
+    })
+}
+
+/// An idle context carrier of the handle's VM, if any.
+pub(crate) fn take_slot(h: &Handle) -> Option<AnyUserData> {
+    WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        w.as_mut()
+            .filter(|vm| vm.generation == h.generation)
+            .and_then(|vm| vm.slots.pop())
+    })
+}
+
+/// Return a context carrier (holding an empty context) for reuse.
+pub(crate) fn put_slot(h: &Handle, ud: AnyUserData) {
+    WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        if let Some(vm) = w.as_mut().filter(|vm| vm.generation == h.generation) {
+            if vm.slots.len() < MAX_SLOTS {
+                vm.slots.push(ud);
+            }
+        }
     })
 }
 
