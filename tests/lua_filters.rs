@@ -289,6 +289,11 @@ return {{
   stage = "pre",
   match = {{ path_prefix = "/lookup" }},
   run = function(ctx)
+    if ctx:path() == "/lookup/use-stash" then
+      ctx:set_header("x-other-path", kept:path())
+      return
+    end
+    if ctx:path() == "/lookup/stash" then kept = ctx end
     local timeout = ctx:path() == "/lookup/fast-timeout" and 0.2 or 30
     local r, err = ctx.http.get("http://{service}/user?id=7", {{ timeout = timeout }})
     if not r then
