@@ -160,6 +160,11 @@ return {
     ctx:set_meta("seen", #seen == 0 and "none" or table.concat(seen, ","))
     if ctx:path() == "/os" then os.execute("true") end
     if ctx:path() == "/io" then io.open("/etc/passwd") end
+    if ctx:path() == "/computed-client" then
+      -- This file never names the client, so it runs as a plain call that cannot suspend:
+      -- reaching the client by a computed name fails the filter instead of blocking.
+      ctx["ht" .. "tp"].get("ht" .. "tp://127.0.0.1:9/")
+    end
     if ctx:path() == "/string-mt" then
       local mt = getmetatable("")
       mt.__index.upper = nil
@@ -190,11 +195,11 @@ async fn the_sandbox_refuses_os_io_and_loaders() {
         Some("none"),
         "no unsafe global is reachable"
     );
-    for path in ["/os", "/io", "/string-mt"] {
+    for path in ["/os", "/io", "/string-mt", "/computed-client"] {
         let r = get(g.addr, path).await;
         assert_eq!(r.status, 500, "{path} fails the filter");
     }
-    assert_eq!(filter_metric(&g, "errors", "sandbox"), 3.0);
+    assert_eq!(filter_metric(&g, "errors", "sandbox"), 4.0);
     assert_eq!(get(g.addr, "/plain").await.status, 200);
 }
 

@@ -23,6 +23,7 @@ mod watch;
 use keymaster_config::Config;
 use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSource, FilterSpec};
 use keymaster_gateway::{ConfigSource, Gateway};
+use mlua::AnyUserData;
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -160,6 +161,9 @@ impl Filter for LuaFilter {
         if let Some(e) = pending {
             return done(Err(format!("should_filter: {e}").into()));
         }
+        if !self.set.files[self.index].may_suspend {
+            return done(run_sync(&self.set, self.index, ctx));
+        }
         FilterFuture::new(run(self.set.clone(), self.index, ctx))
     }
 
@@ -195,14 +199,12 @@ fn should_filter(set: &Arc<LuaSet>, index: usize, ctx: &FilterCtx) -> Result<boo
     }
 }
 
-async fn run(
-    set: Arc<LuaSet>,
-    index: usize,
-    ctx: &mut FilterCtx,
-) -> Result<(), keymaster_gateway::filter::FilterError> {
-    let h = vm::handle(&set, index)?;
-    // The context moves into a (reused) userdata for the call and back afterwards.
-    let ud = match vm::take_slot(&h) {
+type FilterResult = Result<(), keymaster_gateway::filter::FilterError>;
+
+/// Move the request context into a (reused) userdata for a call: the userdata and the
+/// address the call owns.
+fn lend(h: &vm::Handle, ctx: &mut FilterCtx) -> Result<(AnyUserData, *const FilterCtx), String> {
+    let ud = match vm::take_slot(h) {
         Some(ud) => {
             let mut slot = ud.borrow_mut::<FilterCtx>().map_err(|e| error_text(&e))?;
             std::mem::swap(&mut *slot, ctx);
@@ -216,18 +218,44 @@ async fn run(
     };
     let owned: *const FilterCtx = match ud.borrow::<FilterCtx>() {
         Ok(c) => &*c,
-        Err(e) => return Err(error_text(&e).into()),
+        Err(e) => return Err(error_text(&e)),
     };
-    let call = h.fns.run.call_async::<()>(&ud);
-    let r = vm::Budgeted::new(call, set.settings.budget, owned).await;
-    // The context goes back whatever happened; the carrier is reused with an empty one.
+    Ok((ud, owned))
+}
+
+/// After the call: the context goes back whatever happened, and the carrier is kept for
+/// reuse (it now holds the empty context).
+fn give_back(
+    set: &LuaSet,
+    h: &vm::Handle,
+    ud: AnyUserData,
+    ctx: &mut FilterCtx,
+    r: mlua::Result<()>,
+) -> FilterResult {
     match ud.borrow_mut::<FilterCtx>() {
         Ok(mut slot) => std::mem::swap(&mut *slot, ctx),
         Err(e) => return Err(format!("the request context was lost: {e}").into()),
     }
-    vm::put_slot(&h, ud);
-    vm::after_call(&h, set.settings.memory_limit, is_memory(&r));
+    vm::put_slot(h, ud);
+    vm::after_call(h, set.settings.memory_limit, is_memory(&r));
     r.map_err(|e| error_text(&e).into())
+}
+
+/// A file that never names `http` cannot suspend: a plain protected call, no coroutine.
+fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResult {
+    let h = vm::handle(set, index)?;
+    let (ud, owned) = lend(&h, ctx)?;
+    let r = vm::with_budget_ctx(set.settings.budget, owned, || h.fns.run.call::<()>(&ud));
+    give_back(set, &h, ud, ctx, r)
+}
+
+/// A file that may call `http`: the call runs as a coroutine the worker can suspend.
+async fn run(set: Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResult {
+    let h = vm::handle(&set, index)?;
+    let (ud, owned) = lend(&h, ctx)?;
+    let call = h.fns.run.call_async::<()>(&ud);
+    let r = vm::Budgeted::new(call, set.settings.budget, owned).await;
+    give_back(&set, &h, ud, ctx, r)
 }
 
 fn is_memory(r: &mlua::Result<impl Sized>) -> bool {

@@ -53,6 +53,9 @@ pub(crate) struct LuaFile {
     pub order: i32,
     pub matches: FilterMatch,
     pub has_should: bool,
+    /// The source names `http`, so `run` may suspend (runs as a coroutine); otherwise
+    /// `run` is a plain call (no coroutine to create and resume).
+    pub may_suspend: bool,
     pub needs_request_headers: bool,
     /// Body opt-in: `request_body = true` / `response_body = true`.
     pub request_body: bool,
@@ -199,6 +202,7 @@ fn compile_file(lua: &mlua::Lua, path: &Path, budget: u64) -> Result<LuaFile, St
         order,
         matches,
         has_should,
+        may_suspend: source.windows(4).any(|w| w == b"http"),
         needs_request_headers,
         request_body,
         response_body,
