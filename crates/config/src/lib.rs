@@ -8,12 +8,16 @@
 pub mod error;
 mod locate;
 pub mod model;
+mod redact;
+mod servers_file;
 pub mod units;
 mod validate;
 mod validate_filters;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use model::*;
+pub use redact::{url_without_credentials, REDACTED};
+pub use servers_file::parse_servers_file;
 pub use validate::MAX_WEIGHT;
 
 use locate::Locator;
@@ -79,6 +83,13 @@ pub fn load_file(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
             for l in &mut config.listeners {
                 if let Some(tls) = &mut l.tls {
                     tls.resolve_paths(dir);
+                }
+            }
+            for c in &mut config.clusters {
+                if let Some(f) = c.discovery.as_mut().and_then(|d| d.file.as_mut()) {
+                    if !f.is_empty() && Path::new(f.as_str()).is_relative() {
+                        *f = dir.join(f.as_str()).display().to_string();
+                    }
                 }
             }
             config

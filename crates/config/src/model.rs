@@ -29,10 +29,80 @@ pub struct Config {
     pub filters: Vec<FilterConfig>,
     /// `[filter_debug]`: per-request filter traces for requests carrying a secret.
     pub filter_debug: FilterDebugConfig,
+    /// `[redis]`: the shared store of `rate_limit` filters with `backend = "redis"`.
+    pub redis: RedisConfig,
+    /// `[dns]`: the resolver of clusters with `discovery`.
+    pub dns: DnsConfig,
     /// `[lua]`: Lua filters loaded from a directory (see `docs/filters.md`).
     pub lua: LuaConfig,
     /// `[filter_body]`: caps for bodies buffered for filters that declare they need them.
     pub filter_body: FilterBodyConfig,
+}
+
+/// The DNS resolver used by service discovery (`[[clusters]] discovery`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DnsConfig {
+    /// Name servers, "ip" or "ip:port" (port 53 by default); empty means the system's
+    /// (`/etc/resolv.conf`, plus `/etc/hosts`).
+    pub nameservers: Vec<String>,
+    /// Longest wait for one query.
+    pub timeout: Duration,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        Self {
+            nameservers: Vec::new(),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Service discovery of one cluster: its servers are re-resolved and re-read on an interval.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    /// How often DNS names are re-resolved and `file` re-read.
+    pub interval: Duration,
+    /// A file listing more servers, one `host:port [weight]` per line (`#` comments); a
+    /// relative path is relative to the config file's directory.
+    pub file: Option<String>,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(5),
+            file: None,
+        }
+    }
+}
+
+/// The Redis server shared by every keymaster instance for cluster-wide rate limits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]` or `redis+unix:///path/to/socket`; absent
+    /// means no Redis (a `backend = "redis"` filter then fails validation).
+    pub url: Option<String>,
+    /// Longest wait for one Redis call (connecting included) before the local bucket decides.
+    pub timeout: Duration,
+    /// After a failed or slow call, Redis is left alone this long (local buckets decide).
+    pub backoff: Duration,
+    /// Prefix of every Redis key (`<prefix><filter name>:<key>`).
+    pub key_prefix: String,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            timeout: Duration::from_millis(50),
+            backoff: Duration::from_secs(2),
+            key_prefix: "keymaster:rl:".into(),
+        }
+    }
 }
 
 /// Body opt-in: a filter that declares it needs the request or response body gets it
@@ -546,6 +616,9 @@ pub struct ClusterConfig {
     pub response_header_timeout: Duration,
     /// Total deadline for the whole exchange including the body (absent = none).
     pub request_timeout: Option<Duration>,
+    /// Service discovery: re-resolve DNS names (every address becomes a server) and watch a
+    /// server list file. Absent: names are resolved once per config version.
+    pub discovery: Option<DiscoveryConfig>,
 }
 
 impl Default for ClusterConfig {
@@ -558,6 +631,7 @@ impl Default for ClusterConfig {
             connect_timeout: Duration::from_secs(2),
             response_header_timeout: Duration::from_secs(30),
             request_timeout: None,
+            discovery: None,
         }
     }
 }
@@ -605,7 +679,7 @@ pub enum FilterType {
     IpFilter,
     /// A key in a header must be one of `keys`; 401.
     ApiKey,
-    /// Local token bucket; 429 with Retry-After.
+    /// Token bucket (per worker, or shared through Redis); 429 with Retry-After.
     RateLimit,
     /// Route stage: override the cluster, path and Host.
     Reroute,
@@ -640,6 +714,18 @@ pub enum RateLimitKey {
     Header,
     /// The matched route's name.
     Route,
+}
+
+/// Where a rate limit keeps its buckets.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RateLimitBackend {
+    /// In each worker's memory: a limit per worker thread of this process.
+    #[default]
+    Local,
+    /// In the `[redis]` server: one limit shared by every keymaster instance using it;
+    /// the local buckets decide while Redis is slow or down.
+    Redis,
 }
 
 /// Declarative filter match: all given criteria must hold; empty matches every request.
@@ -719,6 +805,8 @@ pub struct FilterConfig {
     pub burst: Option<u32>,
     /// rate_limit: `"client_ip"`, `"header"` or `"route"`.
     pub key: Option<RateLimitKey>,
+    /// rate_limit: `"local"` (default) or `"redis"` (needs `[redis] url`).
+    pub backend: Option<RateLimitBackend>,
 
     /// reroute: the cluster to send to instead of the route's.
     pub cluster: Option<String>,

@@ -82,7 +82,22 @@ pub(crate) fn check(config: &Config) -> Vec<Problem> {
         &mut p,
     );
     crate::validate_filters::check_filters(config, &mut p);
+    check_dns(config, &mut p);
     p.0
+}
+
+/// `[dns]`: name servers as "ip" or "ip:port", a positive timeout.
+fn check_dns(config: &Config, p: &mut Problems) {
+    let at = KeyPath::root().key("dns");
+    for (i, ns) in config.dns.nameservers.iter().enumerate() {
+        if ns.parse::<IpAddr>().is_err() && ns.parse::<std::net::SocketAddr>().is_err() {
+            p.push(
+                at.key("nameservers").index(i),
+                format!("{ns:?} is not an IP address or ip:port; expected e.g. \"10.0.0.2\" or \"127.0.0.1:5353\""),
+            );
+        }
+    }
+    p.positive(at.key("timeout"), config.dns.timeout);
 }
 
 /// Names must be non-empty and unique; the later duplicate is reported.
@@ -290,7 +305,18 @@ fn check_clusters<'a>(config: &'a Config, p: &mut Problems) -> Vec<&'a str> {
 }
 
 fn check_cluster(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
-    if c.servers.is_empty() {
+    let has_file = c.discovery.as_ref().is_some_and(|d| d.file.is_some());
+    if let Some(d) = &c.discovery {
+        let at = at.key("discovery");
+        p.positive(at.key("interval"), d.interval);
+        if d.file.as_ref().is_some_and(|f| f.trim().is_empty()) {
+            p.push(
+                at.key("file"),
+                "must not be empty; expected the path of a server list file",
+            );
+        }
+    }
+    if c.servers.is_empty() && !has_file {
         p.push(
             at.key("servers"),
             "no servers; expected at least one, e.g. servers = [{ address = \"10.0.0.5:8080\" }]",

@@ -2,7 +2,9 @@
 //! values, each problem located by its key path.
 
 use crate::locate::KeyPath;
-use crate::model::{Config, FilterConfig, FilterStage, FilterType, RateLimitKey};
+use crate::model::{
+    Config, FilterConfig, FilterStage, FilterType, RateLimitBackend, RateLimitKey, RedisConfig,
+};
 use crate::validate::{
     check_header_map, check_header_name, check_header_value, check_path, check_unique,
     is_standard_method, Problems,
@@ -38,7 +40,7 @@ fn keys_of(kind: FilterType) -> &'static [&'static str] {
         ],
         FilterType::IpFilter => &["allow", "deny"],
         FilterType::ApiKey => &["header", "keys"],
-        FilterType::RateLimit => &["requests", "period", "burst", "key", "header"],
+        FilterType::RateLimit => &["requests", "period", "burst", "key", "header", "backend"],
         FilterType::Reroute => &["cluster", "path", "host"],
         FilterType::Jwt => &[
             "header",
@@ -90,8 +92,9 @@ pub(crate) fn check_filters(config: &Config, p: &mut Problems) {
     let routes: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
     let clusters: Vec<&str> = config.clusters.iter().map(|c| c.name.as_str()).collect();
     for (i, f) in config.filters.iter().enumerate() {
-        check_filter(f, &base.index(i), &routes, &clusters, p);
+        check_filter(f, &base.index(i), &routes, &clusters, &config.redis, p);
     }
+    check_redis(&config.redis, p);
     check_lua(config, p);
     let b = &config.filter_body;
     let at = KeyPath::root().key("filter_body");
@@ -118,6 +121,44 @@ pub(crate) fn check_filters(config: &Config, p: &mut Problems) {
         } else {
             check_header_value(s, at.key("secret"), p);
         }
+    }
+}
+
+/// `[redis]`: a URL of a scheme the client speaks, positive timeouts, a usable prefix.
+fn check_redis(r: &RedisConfig, p: &mut Problems) {
+    let at = KeyPath::root().key("redis");
+    if let Some(url) = &r.url {
+        let rest = ["redis://", "redis+unix://", "unix://"]
+            .iter()
+            .find_map(|scheme| url.strip_prefix(scheme));
+        match rest {
+            None => p.push(
+                at.key("url"),
+                format!("{url:?} is not a Redis URL; expected \"redis://host:port[/db]\" or \"redis+unix:///path/to/socket\""),
+            ),
+            Some(r) if r.is_empty() || r.chars().any(|c| c.is_whitespace()) => p.push(
+                at.key("url"),
+                format!("{url:?} has no host or socket path; expected e.g. \"redis://127.0.0.1:6379\""),
+            ),
+            Some(_) => {}
+        }
+    }
+    for (key, d) in [("timeout", r.timeout), ("backoff", r.backoff)] {
+        if d.get().is_zero() {
+            p.push(
+                at.key(key),
+                "must be greater than zero; expected a duration like \"50ms\"",
+            );
+        }
+    }
+    if r.key_prefix
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control())
+    {
+        p.push(
+            at.key("key_prefix"),
+            "must not contain whitespace or control characters; expected e.g. \"keymaster:rl:\"",
+        );
     }
 }
 
@@ -203,6 +244,7 @@ fn check_filter(
     at: &KeyPath,
     routes: &[&str],
     clusters: &[&str],
+    redis: &RedisConfig,
     p: &mut Problems,
 ) {
     let kind = f.kind;
@@ -222,6 +264,7 @@ fn check_filter(
     let allowed = keys_of(kind);
     let mut set = keys_set(f).to_vec();
     set.push(("host", f.host.is_some()));
+    set.push(("backend", f.backend.is_some()));
     set.push(("jwt_keys", !f.jwt_keys.is_empty()));
     set.push(("issuer", f.issuer.is_some()));
     set.push(("audience", f.audience.is_some()));
@@ -400,6 +443,12 @@ fn check_filter(
                     "header is only used with key = \"header\"; expected key = \"header\" or no header",
                 ),
                 (_, None) => {}
+            }
+            if f.backend == Some(RateLimitBackend::Redis) && redis.url.is_none() {
+                p.push(
+                    at.key("backend"),
+                    "backend = \"redis\" needs the [redis] table's url; expected [redis] url = \"redis://127.0.0.1:6379\"",
+                );
             }
         }
         FilterType::Jwt => {

@@ -76,7 +76,7 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
             let body = serde_json::json!({
                 "version": snap.version,
                 "source": shared.source.describe(),
-                "config": snap.config,
+                "config": snap.config.redacted(),
             });
             text(
                 StatusCode::OK,

@@ -20,8 +20,9 @@ use crate::filter::{FilterSource, FilterSpec, Reloader};
 use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use crate::tls::ListenerTls;
+use crate::upstream::discovery::{self, Endpoint, Lists, Source};
 use crate::worker::{self, WorkerSockets};
-use keymaster_config::Config;
+use keymaster_config::{ClusterConfig, Config, DnsConfig};
 
 /// Where the running config came from, so reloads know what to re-read.
 #[derive(Debug, Clone)]
@@ -59,6 +60,10 @@ pub(crate) struct Shared {
     natives: Vec<FilterSpec>,
     /// Filter sets built per version (Lua): asked again on every reload.
     sources: Vec<Arc<dyn FilterSource>>,
+    /// Service discovery's current server lists (clusters with `discovery`).
+    discovered: Mutex<Lists>,
+    /// Wakes the discovery thread after a reload (new clusters, new intervals).
+    pub(crate) discovery_wake: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -91,14 +96,29 @@ impl Shared {
                 "reload: listener, worker, admin and access log changes take effect on restart"
             );
         }
+        // Discovery clusters: unchanged ones keep their current list, others resolve now.
+        let lists = {
+            let previous = self.discovered.lock().unwrap_or_else(|e| e.into_inner());
+            discovery::initial(&config, &previous)
+        };
+        let lists = match lists {
+            Ok(l) => l,
+            Err(e) => {
+                self.metrics.reloads.with_label_values(&["rejected"]).inc();
+                tracing::error!(error = %e, "reload rejected; keeping the running config");
+                return Err(e);
+            }
+        };
         // Serialised by `reload_lock`: a rejected config does not use up a version number.
         let version = self.next_version.load(Ordering::Acquire);
         let built = crate::filter::collect_sources(&config, &self.natives, &self.sources)
-            .and_then(|filters| Snapshot::build(config, version, &self.metrics, &filters));
+            .and_then(|filters| Snapshot::build(config, version, &self.metrics, &filters, &lists));
         match built {
             Ok(snap) => {
                 self.next_version.store(version + 1, Ordering::Release);
                 self.snapshot.store(Arc::new(snap));
+                *self.discovered.lock().unwrap_or_else(|e| e.into_inner()) = lists;
+                self.discovery_wake.notify_one();
                 for (listener, settings) in tls {
                     listener.current.store(Arc::new(settings));
                 }
@@ -111,6 +131,72 @@ impl Shared {
                 self.metrics.reloads.with_label_values(&["rejected"]).inc();
                 tracing::error!(error = %e, "reload rejected; keeping the running config");
                 Err(e)
+            }
+        }
+    }
+
+    /// Service discovery resolved `cluster` (as configured with `dns`) to `endpoints`: when
+    /// that differs from the running list, build a new version of the running config with it
+    /// and swap it in (like a reload; a reload that changed the cluster meanwhile wins).
+    pub(crate) fn apply_discovered(
+        &self,
+        cluster: &ClusterConfig,
+        dns: &DnsConfig,
+        endpoints: Vec<Endpoint>,
+    ) {
+        let _serial = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.snapshot.load_full();
+        let Some(source) = Source::of(cluster, dns) else {
+            return;
+        };
+        let still = current
+            .config
+            .clusters
+            .iter()
+            .find(|c| c.name == cluster.name)
+            .and_then(|c| Source::of(c, &current.config.dns));
+        if still.as_ref() != Some(&source) {
+            return;
+        }
+        let mut lists = self.discovered.lock().unwrap_or_else(|e| e.into_inner());
+        if lists
+            .get(&cluster.name)
+            .is_some_and(|d| *d.endpoints == endpoints)
+        {
+            return;
+        }
+        let previous = lists.insert(
+            cluster.name.clone(),
+            discovery::Discovered {
+                source,
+                endpoints: Arc::new(endpoints),
+            },
+        );
+        let version = self.next_version.load(Ordering::Acquire);
+        match Snapshot::build(
+            current.config.clone(),
+            version,
+            &self.metrics,
+            &self.natives,
+            &lists,
+        ) {
+            Ok(snap) => {
+                self.next_version.store(version + 1, Ordering::Release);
+                self.snapshot.store(Arc::new(snap));
+                self.metrics.config_version.set(version as i64);
+                self.metrics
+                    .discovery_updates
+                    .with_label_values(&[&cluster.name])
+                    .inc();
+                tracing::info!(cluster = %cluster.name, version, "discovery changed the servers");
+            }
+            Err(e) => {
+                // Keep the running list (and version).
+                match previous {
+                    Some(p) => lists.insert(cluster.name.clone(), p),
+                    None => lists.remove(&cluster.name),
+                };
+                tracing::error!(cluster = %cluster.name, error = %e, "discovered servers rejected");
             }
         }
     }
@@ -229,8 +315,9 @@ impl Gateway {
         let (admin_shutdown, admin_rx) = watch::channel(false);
         let mut admin_thread = None;
 
+        let lists = discovery::initial(&config, &Lists::new())?;
         let filters = crate::filter::collect_sources(&config, &natives, &sources)?;
-        let snapshot = Snapshot::build(config, 1, &metrics, &filters)?;
+        let snapshot = Snapshot::build(config, 1, &metrics, &filters, &lists)?;
         metrics.config_version.set(1);
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -243,6 +330,8 @@ impl Gateway {
             listener_tls,
             natives,
             sources,
+            discovered: Mutex::new(lists),
+            discovery_wake: tokio::sync::Notify::new(),
         });
         let (shutdown, rx) = watch::channel(false);
         let mut threads = Vec::new();
@@ -255,6 +344,10 @@ impl Gateway {
                 .map_err(|e| format!("cannot start worker thread: {e}"))?;
             threads.push(t);
         }
+        threads.push(
+            discovery::spawn(shared.clone(), rx.clone())
+                .map_err(|e| format!("cannot start the discovery thread: {e}"))?,
+        );
         if let Some(sock) = admin_socket {
             let shared = shared.clone();
             let rx = admin_rx;

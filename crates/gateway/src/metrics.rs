@@ -29,6 +29,10 @@ pub struct Metrics {
     filter_skips: IntCounterVec,
     filter_errors: IntCounterVec,
     filter_duration: HistogramVec,
+    rate_limit_redis: IntCounterVec,
+    pub(crate) discovery_updates: IntCounterVec,
+    pub(crate) discovery_errors: IntCounterVec,
+    pub(crate) discovered_servers: IntGaugeVec,
 }
 
 /// Handles for one filter of the filter chain.
@@ -232,6 +236,30 @@ impl Metrics {
                 "Filter failures (error or panic)",
                 &["filter"],
             ),
+            rate_limit_redis: counter_vec(
+                &r,
+                "rate_limit_redis_total",
+                "Decisions of rate_limit filters with backend = \"redis\": by Redis (ok) or by the local bucket because Redis failed or is backed off (fallback)",
+                &["filter", "result"],
+            ),
+            discovery_updates: counter_vec(
+                &r,
+                "discovery_updates_total",
+                "Config versions built because service discovery changed a cluster's servers",
+                &["cluster"],
+            ),
+            discovery_errors: counter_vec(
+                &r,
+                "discovery_errors_total",
+                "Failed discovery rounds (the previous server list is kept), by source: dns or file",
+                &["cluster", "source"],
+            ),
+            discovered_servers: gauge_vec(
+                &r,
+                "discovered_servers",
+                "Servers of a cluster with discovery, as last resolved",
+                &["cluster"],
+            ),
             filter_duration,
             config_version,
             latency,
@@ -275,6 +303,15 @@ impl Metrics {
             errors: self.filter_errors.with_label_values(&[name]),
             duration: self.filter_duration.with_label_values(&[name]),
         }
+    }
+
+    /// A Redis-backed rate limit's (ok, fallback) decision counters.
+    pub(crate) fn rate_limit_redis(&self, filter: &str) -> (IntCounter, IntCounter) {
+        (
+            self.rate_limit_redis.with_label_values(&[filter, "ok"]),
+            self.rate_limit_redis
+                .with_label_values(&[filter, "fallback"]),
+        )
     }
 
     pub(crate) fn error(&self, category: &str, side: &str) {

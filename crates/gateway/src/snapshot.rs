@@ -10,6 +10,7 @@ use crate::filter::{FilterChain, FilterSpec};
 use crate::headers::Stamps;
 use crate::metrics::Metrics;
 use crate::route::{Route, Router};
+use crate::upstream::discovery::Lists;
 use crate::upstream::Cluster;
 use keymaster_config::Config;
 
@@ -23,19 +24,27 @@ pub struct Snapshot {
     pub(crate) filters: FilterChain,
     /// Clusters by name, for route filters that choose one.
     pub(crate) clusters: HashMap<String, Arc<Cluster>>,
+    /// Indexed by origin id: whether a cluster of this version has that server (pools of
+    /// the others are drained by the sweeper).
+    live_origins: Vec<bool>,
 }
 
 impl Snapshot {
-    /// Compile `config`; `natives` are the filters registered in code.
+    /// Compile `config`; `natives` are the filters registered in code; clusters with
+    /// `discovery` take their servers from `discovered`.
     pub(crate) fn build(
         config: Config,
         version: u64,
         metrics: &Metrics,
         natives: &[FilterSpec],
+        discovered: &Lists,
     ) -> Result<Snapshot, String> {
         let mut clusters = HashMap::new();
         for c in &config.clusters {
-            let cluster = Cluster::build(c, metrics.cluster(&c.name))?;
+            let cluster = match discovered.get(&c.name) {
+                Some(d) => Cluster::with_endpoints(c, &d.endpoints, metrics.cluster(&c.name))?,
+                None => Cluster::build(c, metrics.cluster(&c.name))?,
+            };
             clusters.insert(c.name.clone(), Arc::new(cluster));
         }
         let mut routes = Vec::with_capacity(config.routes.len());
@@ -49,7 +58,16 @@ impl Snapshot {
             routes.push((r.priority, Arc::new(route)));
         }
         let filters = FilterChain::build(&config, natives, metrics)?;
+        let mut live_origins = Vec::new();
+        for s in clusters.values().flat_map(|c| c.servers.iter()) {
+            let id = s.state.id;
+            if live_origins.len() <= id {
+                live_origins.resize(id + 1, false);
+            }
+            live_origins[id] = true;
+        }
         Ok(Snapshot {
+            live_origins,
             version,
             filters,
             clusters,
@@ -57,5 +75,10 @@ impl Snapshot {
             router: Router::new(routes),
             config,
         })
+    }
+
+    /// Whether a cluster of this version has the origin server `id`.
+    pub(crate) fn serves(&self, origin_id: usize) -> bool {
+        self.live_origins.get(origin_id).copied().unwrap_or(false)
     }
 }

@@ -72,7 +72,10 @@ pub(crate) fn run(
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tick.tick().await;
-                    worker.pools.sweep(tokio::time::Instant::now());
+                    let snapshot = worker.shared.snapshot.load();
+                    worker
+                        .pools
+                        .sweep(tokio::time::Instant::now(), |id| snapshot.serves(id));
                 }
             })
         };

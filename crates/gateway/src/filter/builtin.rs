@@ -9,12 +9,20 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::rate_limit_redis::RedisBackend;
 use super::{done, Filter, FilterCtx, FilterFuture, FilterSpec};
 use crate::headers::HeaderEdits;
-use keymaster_config::{FilterConfig, FilterStage, FilterType, RateLimitKey};
+use crate::metrics::Metrics;
+use keymaster_config::{
+    FilterConfig, FilterStage, FilterType, RateLimitBackend, RateLimitKey, RedisConfig,
+};
 
 /// One `[[filters]]` table → chain entries (cors yields a pre and a post entry).
-pub(super) fn compile(f: &FilterConfig) -> Result<Vec<FilterSpec>, String> {
+pub(super) fn compile(
+    f: &FilterConfig,
+    redis: &RedisConfig,
+    metrics: &Metrics,
+) -> Result<Vec<FilterSpec>, String> {
     let spec = |stage: FilterStage, filter: Arc<dyn Filter>| FilterSpec {
         name: f.name.clone(),
         stage,
@@ -97,6 +105,10 @@ pub(super) fn compile(f: &FilterConfig) -> Result<Vec<FilterSpec>, String> {
                 burst: f.burst.map(f64::from).unwrap_or(requests),
                 key: f.key.unwrap_or_default(),
                 header: f.header.as_deref().map(name).transpose()?,
+                redis: match f.backend.unwrap_or_default() {
+                    RateLimitBackend::Local => None,
+                    RateLimitBackend::Redis => Some(RedisBackend::new(&f.name, redis, metrics)?),
+                },
             }))
         }
         FilterType::Jwt => one(Arc::new(super::jwt::Jwt::compile(f)?)),
@@ -338,6 +350,8 @@ struct RateLimit {
     burst: f64,
     key: RateLimitKey,
     header: Option<HeaderName>,
+    /// `backend = "redis"`: the shared bucket; the local one decides when Redis cannot.
+    redis: Option<RedisBackend>,
 }
 
 struct Bucket {
@@ -394,12 +408,27 @@ impl Filter for RateLimit {
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
                 .unwrap_or_default(),
         };
-        if let Err(wait) = self.take(key, Instant::now()) {
-            let mut h = HeaderMap::new();
-            h.insert(header::RETRY_AFTER, HeaderValue::from(wait));
-            deny(ctx, StatusCode::TOO_MANY_REQUESTS, h);
-        }
-        done(Ok(()))
+        let Some(redis) = &self.redis else {
+            limited(ctx, self.take(key, Instant::now()));
+            return done(Ok(()));
+        };
+        FilterFuture::new(async move {
+            let decision = match redis.take(&self.name, &key, self.rate, self.burst).await {
+                Some(d) => d,
+                None => self.take(key, Instant::now()),
+            };
+            limited(ctx, decision);
+            Ok(())
+        })
+    }
+}
+
+/// 429 with Retry-After when the bucket said to wait.
+fn limited(ctx: &mut FilterCtx, decision: Result<(), u64>) {
+    if let Err(wait) = decision {
+        let mut h = HeaderMap::new();
+        h.insert(header::RETRY_AFTER, HeaderValue::from(wait));
+        deny(ctx, StatusCode::TOO_MANY_REQUESTS, h);
     }
 }
 
@@ -439,6 +468,7 @@ mod tests {
             burst,
             key: RateLimitKey::ClientIp,
             header: None,
+            redis: None,
         }
     }
 

@@ -5,8 +5,8 @@
 //! exactly one chain version from its first filter to its last. Filters are `Send + Sync`
 //! trait objects shared by every worker; [`Filter::run`] returns a non-`Send` future because
 //! it runs on the worker's `LocalSet` (a Lua host can keep one VM per worker behind a
-//! thread-local and await coroutines there). Mutable per-filter state (rate-limit buckets) is
-//! per worker, in thread-locals: no lock on the request path.
+//! thread-local and await coroutines there). Mutable per-filter state (rate-limit buckets,
+//! Redis connections) is per worker, in thread-locals: no lock on the request path.
 
 mod body;
 mod builtin;
@@ -19,6 +19,7 @@ pub(crate) use body::{
 };
 pub(crate) use source::collect as collect_sources;
 pub use source::{FilterSource, Reloader};
+mod rate_limit_redis;
 
 use futures_util::FutureExt;
 use http::header::{HeaderName, HeaderValue};
@@ -447,7 +448,10 @@ impl FilterChain {
     ) -> Result<FilterChain, String> {
         let mut specs: Vec<FilterSpec> = Vec::new();
         for f in &config.filters {
-            specs.extend(builtin::compile(f).map_err(|e| format!("filter {}: {e}", f.name))?);
+            specs.extend(
+                builtin::compile(f, &config.redis, metrics)
+                    .map_err(|e| format!("filter {}: {e}", f.name))?,
+            );
         }
         for n in natives {
             if config.filters.iter().any(|f| f.name == n.name) {

@@ -5,9 +5,11 @@
 //! - [`balance`]: picks a server (random, round robin, least outstanding).
 //! - [`pool`]: idle keep-alive connections per origin server, per worker thread; no locks.
 //! - [`connect`]: opening a connection within the connect timeout.
+//! - [`discovery`]: service discovery (DNS re-resolution, server list files).
 
 pub(crate) mod balance;
 pub(crate) mod connect;
+pub(crate) mod discovery;
 pub(crate) mod pool;
 
 use http::HeaderValue;
@@ -82,7 +84,7 @@ impl Cluster {
     /// Build from config, resolving server names (DNS) now, off the request path.
     pub(crate) fn build(cfg: &ClusterConfig, metrics: ClusterMetrics) -> Result<Cluster, String> {
         use std::net::ToSocketAddrs;
-        let mut servers = Vec::with_capacity(cfg.servers.len());
+        let mut endpoints = Vec::with_capacity(cfg.servers.len());
         for s in &cfg.servers {
             let addr = s
                 .address
@@ -95,13 +97,31 @@ impl Cluster {
                         cfg.name, s.address
                     )
                 })?;
-            let label: Arc<str> = addr.to_string().into();
+            endpoints.push(discovery::Endpoint {
+                addr,
+                authority: s.address.clone(),
+                weight: s.weight,
+            });
+        }
+        Self::with_endpoints(cfg, &endpoints, metrics)
+    }
+
+    /// Build from already resolved servers (service discovery's, or [`Cluster::build`]'s).
+    pub(crate) fn with_endpoints(
+        cfg: &ClusterConfig,
+        endpoints: &[discovery::Endpoint],
+        metrics: ClusterMetrics,
+    ) -> Result<Cluster, String> {
+        let mut servers = Vec::with_capacity(endpoints.len());
+        for e in endpoints {
+            let label: Arc<str> = e.addr.to_string().into();
             servers.push(Arc::new(OriginServer {
-                state: intern_origin(addr),
-                authority: HeaderValue::from_str(&s.address)
-                    .map_err(|e| format!("cluster {}: server {}: {e}", cfg.name, s.address))?,
+                state: intern_origin(e.addr),
+                authority: HeaderValue::from_str(&e.authority).map_err(|err| {
+                    format!("cluster {}: server {}: {err}", cfg.name, e.authority)
+                })?,
                 label,
-                weight: s.weight.max(1),
+                weight: e.weight.max(1),
             }));
         }
         if servers.is_empty() {

@@ -102,10 +102,16 @@ impl Pools {
         });
     }
 
-    /// Close idle connections past their idle timeout or already closed by the origin.
-    pub(crate) fn sweep(&self, now: Instant) {
+    /// Close idle connections past their idle timeout, already closed by the origin, or to
+    /// a server the running config no longer has (`live(origin id)` is false: removed by
+    /// service discovery or a reload).
+    pub(crate) fn sweep(&self, now: Instant, live: impl Fn(usize) -> bool) {
         let mut pools = self.by_origin.borrow_mut();
-        for pool in pools.iter_mut() {
+        for (id, pool) in pools.iter_mut().enumerate() {
+            if !live(id) {
+                pool.idle.clear();
+                continue;
+            }
             pool.idle.retain(|i| {
                 now.saturating_duration_since(i.since) < i.idle_timeout
                     && !i.conn.sender.is_closed()

@@ -1,0 +1,106 @@
+//! Service discovery config: `[[clusters]] discovery`, `[dns]`, and the server list file
+//! format, as documented in docs/configuration.md.
+
+use keymaster_config::*;
+
+const DOCS: &str = include_str!("../../../docs/configuration.md");
+
+/// The first fenced block of `lang` after `marker`.
+fn docs_block(marker: &str, lang: &str) -> String {
+    let rest = &DOCS[DOCS.find(marker).expect("section")..];
+    let fence = format!("```{lang}\n");
+    let open = rest.find(&fence).expect("fence") + fence.len();
+    let close = rest[open..].find("```").expect("closing fence");
+    rest[open..open + close].to_string()
+}
+
+const BASE: &str = r#"
+[[listeners]]
+name = "main"
+address = "127.0.0.1:0"
+
+[[routes]]
+name = "api"
+cluster = "api"
+"#;
+
+fn problems(text: &str) -> Vec<(String, Option<usize>)> {
+    match load_str(text, "t.toml") {
+        Ok(_) => Vec::new(),
+        Err(e) => e.errors().iter().map(|e| (e.key.clone(), e.line)).collect(),
+    }
+}
+
+#[test]
+fn documented_examples_load_with_defaults() {
+    let cluster = docs_block("### `discovery` — service discovery", "toml");
+    let dns = docs_block("### `[dns]`", "toml");
+    let c =
+        load_str(&format!("{BASE}{cluster}\n{dns}"), "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    let d = c.clusters[0].discovery.as_ref().expect("discovery");
+    assert_eq!(d.interval, Duration::from_secs(10));
+    assert_eq!(d.file.as_deref(), Some("api-servers.txt"));
+    assert_eq!(c.dns.nameservers, ["10.0.0.2", "10.0.0.3:5353"]);
+    assert_eq!(c.dns.timeout, Duration::from_secs(1));
+
+    // The documented file parses.
+    let file = docs_block("### `discovery` — service discovery", "text");
+    let servers = parse_servers_file(&file).unwrap();
+    assert_eq!(servers.len(), 2);
+    assert_eq!(
+        (servers[1].address.as_str(), servers[1].weight),
+        ("10.0.3.8:8080", 2)
+    );
+
+    // Defaults.
+    let d = DiscoveryConfig::default();
+    assert_eq!((d.interval, d.file), (Duration::from_secs(5), None));
+    let dns = DnsConfig::default();
+    assert!(dns.nameservers.is_empty());
+    assert_eq!(dns.timeout, Duration::from_secs(2));
+    assert_eq!(ClusterConfig::default().discovery, None);
+}
+
+#[test]
+fn discovery_problems_are_located() {
+    let text = format!(
+        r#"{BASE}
+[[clusters]]
+name = "api"
+discovery = {{ interval = "0s", file = " " }}
+
+[dns]
+nameservers = ["10.0.0.2", "resolver.internal"]
+timeout = "0s"
+"#
+    );
+    assert_eq!(
+        problems(&text),
+        [
+            ("clusters[0].discovery.interval".to_string(), Some(12)),
+            ("clusters[0].discovery.file".to_string(), Some(12)),
+            ("dns.nameservers[1]".to_string(), Some(15)),
+            ("dns.timeout".to_string(), Some(16)),
+        ]
+    );
+    // A file stands in for servers.
+    let text =
+        format!("{BASE}\n[[clusters]]\nname = \"api\"\ndiscovery = {{ file = \"s.txt\" }}\n");
+    assert_eq!(problems(&text), []);
+}
+
+#[test]
+fn a_relative_file_is_relative_to_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.toml");
+    std::fs::write(
+        &path,
+        format!("{BASE}\n[[clusters]]\nname = \"api\"\ndiscovery = {{ file = \"servers.txt\" }}\n"),
+    )
+    .unwrap();
+    let c = load_file(&path).unwrap();
+    assert_eq!(
+        c.clusters[0].discovery.as_ref().unwrap().file.as_deref(),
+        Some(dir.path().join("servers.txt").to_str().unwrap())
+    );
+}
