@@ -323,6 +323,26 @@ pub struct ListenerConfig {
     pub request_id_header: String,
     /// `tls`: terminate TLS on this listener (absent = cleartext).
     pub tls: Option<TlsConfig>,
+    /// PROXY protocol header expected before TLS/HTTP: `"off"`, `"v1"`, `"v2"` or `"any"`.
+    pub proxy_protocol: ProxyProtocol,
+    /// Peers (CIDR blocks or addresses) allowed to send a PROXY header; required when
+    /// `proxy_protocol` is on. Connections from anyone else are closed.
+    pub proxy_protocol_from: Vec<String>,
+}
+
+/// Which PROXY protocol versions (HAProxy's, v1 text or v2 binary) a listener accepts.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxyProtocol {
+    /// No PROXY header: the socket's peer is the client.
+    #[default]
+    Off,
+    /// The text header (`PROXY TCP4 ...\r\n`) is required.
+    V1,
+    /// The binary header is required.
+    V2,
+    /// Either version is required.
+    Any,
 }
 
 impl Default for ListenerConfig {
@@ -341,6 +361,8 @@ impl Default for ListenerConfig {
             forwarded_header: false,
             request_id_header: "x-request-id".into(),
             tls: None,
+            proxy_protocol: ProxyProtocol::Off,
+            proxy_protocol_from: Vec::new(),
         }
     }
 }
@@ -523,6 +545,33 @@ pub struct RouteConfig {
     pub request_timeout: Option<Duration>,
     /// Largest request body → 413 past it.
     pub max_body_size: ByteSize,
+    /// `upgrade`: which HTTP/1.1 `Upgrade` protocols become two-way tunnels.
+    pub upgrade: UpgradeConfig,
+}
+
+/// Protocol upgrades (`Connection: upgrade` + `Upgrade: <protocol>`) on a route. An allowed
+/// upgrade passes the pre filters like any request, then the origin's `101` turns the two
+/// connections into a tunnel; other `Upgrade` requests are forwarded as plain requests with
+/// `Upgrade` removed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpgradeConfig {
+    /// `Upgrade: websocket` passes through.
+    pub websocket: bool,
+    /// Other upgrade protocol names that pass through (case-insensitive, e.g. `"my-proto"`).
+    pub protocols: Vec<String>,
+    /// A tunnel with no bytes in either direction for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for UpgradeConfig {
+    fn default() -> Self {
+        Self {
+            websocket: true,
+            protocols: Vec::new(),
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
 }
 
 impl Default for RouteConfig {
@@ -541,6 +590,7 @@ impl Default for RouteConfig {
             response_header_timeout: None,
             request_timeout: None,
             max_body_size: ByteSize(64 * 1024 * 1024),
+            upgrade: UpgradeConfig::default(),
         }
     }
 }
@@ -616,6 +666,9 @@ pub struct ClusterConfig {
     pub response_header_timeout: Duration,
     /// Total deadline for the whole exchange including the body (absent = none).
     pub request_timeout: Option<Duration>,
+    /// Send a PROXY protocol header (`"v1"` or `"v2"`) naming the client on each new
+    /// connection; such connections are reused only by the same client connection.
+    pub proxy_protocol: ProxyProtocol,
     /// Service discovery: re-resolve DNS names (every address becomes a server) and watch a
     /// server list file. Absent: names are resolved once per config version.
     pub discovery: Option<DiscoveryConfig>,
@@ -631,6 +684,7 @@ impl Default for ClusterConfig {
             connect_timeout: Duration::from_secs(2),
             response_header_timeout: Duration::from_secs(30),
             request_timeout: None,
+            proxy_protocol: ProxyProtocol::Off,
             discovery: None,
         }
     }

@@ -192,6 +192,21 @@ fn check_listener(l: &ListenerConfig, at: &KeyPath, p: &mut Problems) {
             );
         }
     }
+    for (j, entry) in l.proxy_protocol_from.iter().enumerate() {
+        let t = entry.trim();
+        if t.parse::<ipnet::IpNet>().is_err() && t.parse::<IpAddr>().is_err() {
+            p.push(
+                at.key("proxy_protocol_from").index(j),
+                format!("{entry:?} is not an IP address or CIDR block; expected e.g. \"10.0.0.0/8\" or \"192.0.2.7\""),
+            );
+        }
+    }
+    if l.proxy_protocol != crate::model::ProxyProtocol::Off && l.proxy_protocol_from.is_empty() {
+        p.push(
+            at.key("proxy_protocol"),
+            "a PROXY protocol listener needs proxy_protocol_from (who may send the header); expected e.g. proxy_protocol_from = [\"10.0.0.0/8\"]",
+        );
+    }
     check_header_name(&l.request_id_header, at.key("request_id_header"), p);
     if let Some(tls) = &l.tls {
         check_tls(l, tls, &at.key("tls"), p);
@@ -328,6 +343,12 @@ fn check_cluster(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
     p.positive(at.key("connect_timeout"), c.connect_timeout);
     p.positive(at.key("response_header_timeout"), c.response_header_timeout);
     p.positive_opt(at.key("request_timeout"), c.request_timeout);
+    if c.proxy_protocol == crate::model::ProxyProtocol::Any {
+        p.push(
+            at.key("proxy_protocol"),
+            "a cluster sends one PROXY protocol version; expected \"off\", \"v1\" or \"v2\"",
+        );
+    }
     p.positive(at.key("pool").key("idle_timeout"), c.pool.idle_timeout);
     if c.pool.max_connections != 0 && c.pool.max_idle > c.pool.max_connections {
         p.push(
@@ -539,6 +560,19 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
             at.key("max_body_size"),
             "must be greater than zero; expected a size like \"10MiB\"",
         );
+    }
+    let up = at.key("upgrade");
+    p.positive(up.key("idle_timeout"), r.upgrade.idle_timeout);
+    for (i, proto) in r.upgrade.protocols.iter().enumerate() {
+        let name = proto.split('/').next().unwrap_or("");
+        if name.is_empty() || http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            p.push(
+                up.key("protocols").index(i),
+                format!(
+                    "{proto:?} is not an upgrade protocol token; expected a name like \"my-proto\""
+                ),
+            );
+        }
     }
 }
 

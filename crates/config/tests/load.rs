@@ -51,8 +51,13 @@ fn documented_example_loads() {
         Ok(c) => c,
         Err(e) => panic!("documented example fails:\n{e}"),
     };
-    assert_eq!(c.listeners.len(), 3);
-    let tls = c.listeners[2].tls.as_ref().expect("tls listener");
+    assert_eq!(c.listeners.len(), 4);
+    assert_eq!(c.listeners[1].proxy_protocol, ProxyProtocol::Any);
+    assert_eq!(c.listeners[1].proxy_protocol_from, vec!["10.0.0.0/8"]);
+    let live = &c.routes[1];
+    assert_eq!(live.upgrade.idle_timeout, Duration::from_secs(90));
+    assert!(live.upgrade.websocket);
+    let tls = c.listeners[3].tls.as_ref().expect("tls listener");
     assert_eq!(tls.certificates.len(), 2);
     assert_eq!(tls.min_version, TlsVersion::Tls12);
     assert_eq!(tls.client_auth.as_ref().map(|a| a.required), Some(false));

@@ -510,3 +510,63 @@ fn lua_and_filter_body_rules() {
     ))
     .is_empty());
 }
+
+#[test]
+fn route_upgrade() {
+    assert!(errors(&format!(
+        "{BASE}upgrade = {{ websocket = false, protocols = [\"my-proto/2\"], idle_timeout = \"30s\" }}\n"
+    ))
+    .is_empty());
+    one(
+        "upgrade = { protocols = [\"ok\", \"bad proto\"] }\n",
+        "routes[0].upgrade.protocols[1]",
+        12,
+        "not an upgrade protocol token",
+    );
+    one(
+        "upgrade = { idle_timeout = \"0s\" }\n",
+        "routes[0].upgrade.idle_timeout",
+        12,
+        "greater than zero",
+    );
+    one(
+        "[routes.upgrade]\nwebsocket = true\nidle_timeout = \"0s\"\n",
+        "routes[0].upgrade.idle_timeout",
+        14,
+        "greater than zero",
+    );
+}
+
+#[test]
+fn listener_proxy_protocol() {
+    let l = "[[listeners]]\nname = \"b\"\naddress = \"127.0.0.1:8090\"\n";
+    assert!(errors(&format!(
+        "{l}proxy_protocol = \"any\"\nproxy_protocol_from = [\"10.0.0.0/8\", \"192.0.2.7\"]\n"
+    ))
+    .is_empty());
+    one(
+        &format!("{l}proxy_protocol = \"v2\"\n"),
+        "listeners[1].proxy_protocol",
+        15,
+        "needs proxy_protocol_from",
+    );
+    one(
+        &format!("{l}proxy_protocol = \"v1\"\nproxy_protocol_from = [\"10.0.0.0/33\"]\n"),
+        "listeners[1].proxy_protocol_from[0]",
+        16,
+        "not an IP address or CIDR block",
+    );
+    assert!(!errors(&format!("{l}proxy_protocol = \"v3\"\n")).is_empty());
+}
+
+#[test]
+fn cluster_proxy_protocol() {
+    let text = BASE.replace("[[routes]]", "proxy_protocol = \"any\"\n\n[[routes]]");
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].key, "clusters[0].proxy_protocol");
+    assert_eq!(errs[0].line, Some(9));
+    assert!(
+        errors(&BASE.replace("[[routes]]", "proxy_protocol = \"v2\"\n\n[[routes]]")).is_empty()
+    );
+}

@@ -11,13 +11,12 @@ use http::header::HeaderName;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -46,6 +45,8 @@ pub(crate) struct ListenerCtx {
     pub(crate) metrics: ListenerMetrics,
     /// TLS termination (swapped on reload); `None` for a cleartext listener.
     pub(crate) tls: Option<Arc<ListenerTls>>,
+    /// PROXY protocol header before TLS/HTTP (`proxy_protocol.rs`).
+    pub(crate) proxy: crate::proxy_protocol::Settings,
 }
 
 impl ListenerCtx {
@@ -81,6 +82,11 @@ impl ListenerCtx {
                 .map_err(|e| format!("listener {}: request_id_header: {e}", cfg.name))?,
             metrics,
             tls,
+            proxy: crate::proxy_protocol::Settings::new(
+                cfg.proxy_protocol,
+                &cfg.proxy_protocol_from,
+            )
+            .map_err(|e| format!("listener {}: {e}", cfg.name))?,
         })
     }
 }
@@ -99,12 +105,17 @@ pub(crate) fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListen
 }
 
 /// Per-connection state shared by the IO wrapper and the requests on the connection.
+///
+/// Atomics (all on one worker thread, so uncontended) rather than `Cell`s: hyper hands an
+/// upgraded connection (WebSocket) out as a `Send` object, so the IO wrapper that holds this
+/// state must be `Send`. Instants are stored as nanoseconds since `base`.
 pub(crate) struct ConnState {
-    inflight: Cell<u32>,
+    inflight: AtomicU32,
+    base: Instant,
     /// When a connection with no request in flight times out.
-    deadline: Cell<Instant>,
+    deadline: AtomicU64,
     /// True between requests: the next byte read starts a request head.
-    idle: Cell<bool>,
+    idle: AtomicBool,
     /// HTTP/1: bytes after an idle period start a request head (the slowloris clock). Not
     /// for HTTP/2, whose control frames (PING, WINDOW_UPDATE, SETTINGS) arrive between
     /// streams and must not turn an idle connection's timeout into the header timeout.
@@ -113,27 +124,63 @@ pub(crate) struct ConnState {
     idle_timeout: Duration,
     /// When the connection's timer is armed to fire. The timer is lazy: it is moved only when
     /// the deadline comes earlier; a later deadline is picked up when the timer fires.
-    armed: Cell<Instant>,
+    armed: AtomicU64,
     /// The connection task, parked in a read while requests were in flight: woken when the
     /// last one finishes and the idle deadline is earlier than the armed timer (only possible
     /// when `idle_timeout < header_read_timeout`).
-    reader: Cell<Option<std::task::Waker>>,
+    reader: Mutex<Option<std::task::Waker>>,
 }
 
 impl ConnState {
+    fn new(now: Instant, head_clock: bool, header_timeout: Duration, idle: Duration) -> Self {
+        let first = header_timeout.as_nanos() as u64;
+        ConnState {
+            inflight: AtomicU32::new(0),
+            base: now,
+            deadline: AtomicU64::new(first),
+            idle: AtomicBool::new(false),
+            head_clock,
+            header_timeout,
+            idle_timeout: idle,
+            armed: AtomicU64::new(first),
+            reader: Mutex::new(None),
+        }
+    }
+    fn to_nanos(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.base).as_nanos() as u64
+    }
+    fn at(&self, nanos: u64) -> Instant {
+        self.base + Duration::from_nanos(nanos)
+    }
+    fn deadline(&self) -> u64 {
+        self.deadline.load(Ordering::Relaxed)
+    }
+    fn set_deadline(&self, t: Instant) {
+        self.deadline.store(self.to_nanos(t), Ordering::Relaxed);
+    }
+    fn set_reader(&self, w: Option<std::task::Waker>) -> Option<std::task::Waker> {
+        match self.reader.lock() {
+            Ok(mut r) => std::mem::replace(&mut *r, w),
+            Err(p) => std::mem::replace(&mut *p.into_inner(), w),
+        }
+    }
     pub(crate) fn request_started(&self) {
-        self.inflight.set(self.inflight.get() + 1);
+        self.inflight.fetch_add(1, Ordering::Relaxed);
     }
     /// A request's response is done (`now` is when it finished).
     pub(crate) fn request_finished(&self, now: Instant) {
-        let n = self.inflight.get().saturating_sub(1);
-        self.inflight.set(n);
-        if n == 0 {
-            self.idle.set(true);
-            let deadline = now + self.idle_timeout;
-            self.deadline.set(deadline);
-            if deadline < self.armed.get() {
-                if let Some(w) = self.reader.take() {
+        let prev = self
+            .inflight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            })
+            .unwrap_or(0);
+        if prev <= 1 {
+            self.idle.store(true, Ordering::Relaxed);
+            let deadline = self.to_nanos(now + self.idle_timeout);
+            self.deadline.store(deadline, Ordering::Relaxed);
+            if deadline < self.armed.load(Ordering::Relaxed) {
+                if let Some(w) = self.set_reader(None) {
                     w.wake();
                 }
             }
@@ -147,13 +194,21 @@ pub(crate) struct ConnCtx {
     pub(crate) listener: Arc<ListenerCtx>,
     pub(crate) client: ClientFacts,
     pub(crate) peer: SocketAddr,
-    pub(crate) state: Rc<ConnState>,
+    pub(crate) state: Arc<ConnState>,
+    /// The address the client connected to (the destination in PROXY headers to origins).
+    pub(crate) local: SocketAddr,
+    /// The upstream connection kept for this client alone: clusters that send a PROXY
+    /// header name this client on the connection, so it is never shared through the pool.
+    pub(crate) private_upstream: std::cell::RefCell<Option<crate::upstream::pool::Conn>>,
+    /// The connection's slot on its listener: released when the last holder (the hyper
+    /// connection, a streaming response, an upgrade tunnel) lets go of the context.
+    pub(crate) _open: OpenGuard,
 }
 
 /// The client socket (plain or TLS) plus the connection-level timeouts.
 pub(crate) struct TimedIo<S> {
     inner: S,
-    state: Rc<ConnState>,
+    state: Arc<ConnState>,
     sleep: Pin<Box<Sleep>>,
 }
 
@@ -166,37 +221,38 @@ impl<S: Read + Unpin> Read for TimedIo<S> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
-                if this.state.head_clock && this.state.idle.get() && this.state.inflight.get() == 0
+                let state = &this.state;
+                if state.head_clock
+                    && state.idle.load(Ordering::Relaxed)
+                    && state.inflight.load(Ordering::Relaxed) == 0
                 {
                     // First bytes of a new request head: the slowloris clock starts.
-                    this.state.idle.set(false);
-                    this.state
-                        .deadline
-                        .set(Instant::now() + this.state.header_timeout);
+                    state.idle.store(false, Ordering::Relaxed);
+                    state.set_deadline(Instant::now() + state.header_timeout);
                 }
                 Poll::Ready(r)
             }
             Poll::Pending => {
                 let state = &this.state;
-                if state.inflight.get() == 0 {
-                    let d = state.deadline.get();
-                    if d < state.armed.get() {
-                        this.sleep.as_mut().reset(d);
-                        state.armed.set(d);
+                if state.inflight.load(Ordering::Relaxed) == 0 {
+                    let d = state.deadline();
+                    if d < state.armed.load(Ordering::Relaxed) {
+                        this.sleep.as_mut().reset(state.at(d));
+                        state.armed.store(d, Ordering::Relaxed);
                     }
                     while this.sleep.as_mut().poll(cx).is_ready() {
-                        if state.armed.get() >= d {
+                        if state.armed.load(Ordering::Relaxed) >= d {
                             return Poll::Ready(Err(io::Error::new(
                                 io::ErrorKind::TimedOut,
                                 "client connection timed out (header read or idle)",
                             )));
                         }
                         // Fired for an older, earlier deadline: move on to the current one.
-                        this.sleep.as_mut().reset(d);
-                        state.armed.set(d);
+                        this.sleep.as_mut().reset(state.at(d));
+                        state.armed.store(d, Ordering::Relaxed);
                     }
                 } else if state.idle_timeout < state.header_timeout {
-                    state.reader.set(Some(cx.waker().clone()));
+                    state.set_reader(Some(cx.waker().clone()));
                 }
                 Poll::Pending
             }
@@ -266,7 +322,6 @@ pub(crate) async fn accept_loop(
                     .active_connections
                     .set(worker.active_connections.get() + 1);
                 tokio::task::spawn_local(serve_connection(
-                    worker.clone(),
                     listener.clone(),
                     stream,
                     peer,
@@ -285,7 +340,7 @@ pub(crate) async fn accept_loop(
 }
 
 /// Releases a connection's slot in the listener and the worker's drain count.
-struct OpenGuard {
+pub(crate) struct OpenGuard {
     listener: Arc<ListenerCtx>,
     worker: Rc<Worker>,
 }
@@ -325,6 +380,24 @@ async fn starts_with_h2_preface(stream: &TcpStream) -> bool {
     }
 }
 
+/// Close a connection we refuse: send FIN, then read and discard what the client still sends
+/// (at most 64 KiB, within `wait`) so the kernel does not answer unread bytes with a reset.
+async fn lingering_close(mut stream: TcpStream, wait: Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut left = 64 * 1024usize;
+        while left > 0 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait.min(Duration::from_secs(2)), drain).await;
+}
+
 /// Runs futures on this worker's `LocalSet` (hyper's HTTP/2 spawns per-stream tasks).
 #[derive(Clone, Copy)]
 struct LocalExec;
@@ -355,30 +428,56 @@ macro_rules! serve_until_shutdown {
 }
 
 async fn serve_connection(
-    worker: Rc<Worker>,
     listener: Arc<ListenerCtx>,
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     shutdown: watch::Receiver<bool>,
-    _guard: OpenGuard,
+    guard: OpenGuard,
 ) {
     let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().unwrap_or(peer);
+    // Behind an L4 load balancer: the PROXY header names the client (or the peer is refused).
+    // Boxed like TLS below, so connections without it do not carry its state.
+    let peer = if listener.proxy.enabled() {
+        let read = Box::pin(crate::proxy_protocol::accept(
+            &listener.proxy,
+            &mut stream,
+            peer,
+            listener.header_read_timeout,
+            &listener.metrics,
+        ));
+        match read.await {
+            Ok(client) => client,
+            Err(why) => {
+                tracing::debug!(listener = %listener.name, %peer, ?why, "PROXY header refused");
+                return;
+            }
+        }
+    } else {
+        peer
+    };
     if listener.tls.is_some() {
         // Boxed, like HTTP/2 in `serve_io`: a task's size is its largest state, and a
         // cleartext HTTP/1 connection should not carry the TLS session's.
-        Box::pin(serve_tls(worker, listener, stream, peer, shutdown)).await;
+        Box::pin(serve_tls(guard, stream, (peer, local), shutdown)).await;
         return;
     }
     let h2 = match listener.protocol {
         ListenerProtocol::Http1 => false,
-        ListenerProtocol::H2c => true,
-        ListenerProtocol::Auto => {
+        ListenerProtocol::H2c | ListenerProtocol::Auto => {
             match tokio::time::timeout(
                 listener.header_read_timeout,
                 starts_with_h2_preface(&stream),
             )
             .await
             {
+                Ok(true) => true,
+                Ok(false) if listener.protocol == ListenerProtocol::H2c => {
+                    // Not HTTP/2: RFC 9113 §3.4 says terminate the connection. Close it
+                    // cleanly (FIN, not a reset from unread bytes) so the client sees why.
+                    lingering_close(stream, listener.header_read_timeout).await;
+                    return;
+                }
                 Ok(h2) => h2,
                 Err(_) => return, // said nothing within the header timeout
             }
@@ -386,12 +485,11 @@ async fn serve_connection(
     };
     let client = client_facts(&listener, peer, "http", None);
     serve_io(
-        worker,
-        listener,
+        guard,
         TokioIo::new(stream),
         h2,
         client,
-        peer,
+        (peer, local),
         shutdown,
     )
     .await;
@@ -399,12 +497,12 @@ async fn serve_connection(
 
 /// The TLS handshake, then HTTP on the session.
 async fn serve_tls(
-    worker: Rc<Worker>,
-    listener: Arc<ListenerCtx>,
+    guard: OpenGuard,
     stream: TcpStream,
-    peer: SocketAddr,
+    (peer, local): (SocketAddr, SocketAddr),
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let listener = guard.listener.clone();
     let Some(tls) = &listener.tls else { return };
     // The handshake shares the header-read budget; the request clock starts after it.
     let settings = tls.current.load_full();
@@ -438,12 +536,11 @@ async fn serve_tls(
     };
     let client = client_facts(&listener, peer, "https", Some(facts));
     serve_io(
-        worker,
-        listener,
+        guard,
         TokioIo::new(stream),
         h2,
         client,
-        peer,
+        (peer, local),
         shutdown,
     )
     .await;
@@ -467,38 +564,37 @@ fn client_facts(
 }
 
 /// Serve HTTP on an established client stream (cleartext or after the TLS handshake).
+/// `guard` is the connection's slot on its listener and carries the worker and listener.
 async fn serve_io<S>(
-    worker: Rc<Worker>,
-    listener: Arc<ListenerCtx>,
+    guard: OpenGuard,
     stream: S,
     h2: bool,
     client: ClientFacts,
-    peer: SocketAddr,
+    (peer, local): (SocketAddr, SocketAddr),
     mut shutdown: watch::Receiver<bool>,
 ) where
-    S: Read + Write + Unpin + 'static,
+    S: Read + Write + Unpin + Send + 'static,
 {
-    let now = Instant::now();
-    let state = Rc::new(ConnState {
-        inflight: Cell::new(0),
-        deadline: Cell::new(now + listener.header_read_timeout),
-        idle: Cell::new(false),
-        head_clock: !h2,
-        header_timeout: listener.header_read_timeout,
-        idle_timeout: listener.idle_timeout,
-        armed: Cell::new(now + listener.header_read_timeout),
-        reader: Cell::new(None),
-    });
+    let (worker, listener) = (guard.worker.clone(), guard.listener.clone());
+    let state = Arc::new(ConnState::new(
+        Instant::now(),
+        !h2,
+        listener.header_read_timeout,
+        listener.idle_timeout,
+    ));
     let cx = Rc::new(ConnCtx {
         worker,
         listener: listener.clone(),
         client,
         peer,
         state: state.clone(),
+        local,
+        private_upstream: std::cell::RefCell::new(None),
+        _open: guard,
     });
     let io = TimedIo {
         inner: stream,
-        sleep: Box::pin(tokio::time::sleep_until(state.deadline.get())),
+        sleep: Box::pin(tokio::time::sleep_until(state.at(state.deadline()))),
         state,
     };
     let svc = service_fn(move |req| crate::proxy::handle(cx.clone(), req));
@@ -518,7 +614,8 @@ async fn serve_io<S>(
             )
             .header_read_timeout(None)
             .timer(hyper_util::rt::TokioTimer::new());
-        let conn = builder.serve_connection(io, svc);
+        // Upgrades (WebSocket): hyper hands the socket to `upgrade` after a 101.
+        let conn = builder.serve_connection(io, svc).with_upgrades();
         serve_until_shutdown!(conn, shutdown);
     }
 }
@@ -532,6 +629,8 @@ where
 {
     let conn = hyper::server::conn::http2::Builder::new(LocalExec)
         .max_header_list_size((listener.limits.max_header_bytes as u32).max(1024))
+        // RFC 8441: WebSocket over HTTP/2 (`upgrade.rs`).
+        .enable_connect_protocol()
         .serve_connection(io, svc);
     serve_until_shutdown!(conn, shutdown);
 }

@@ -7,6 +7,7 @@
 //! | [`gateway`] | start, reload (atomic config swap), graceful shutdown, signals |
 //! | `worker` | worker threads: one current-thread runtime + `LocalSet` each |
 //! | `downstream` | listeners, accept loop, client connections, slowloris/idle timeouts |
+//! | `proxy_protocol` | the PROXY protocol header (v1/v2) on listeners behind L4 balancers |
 //! | [`filter`] | the Zuul filter chain: stages, native filter trait, built-in filters |
 //! | `proxy` | the proxy stage: route → upstream → response, the `Exchange` |
 //! | `headers` | head validation, hop-by-hop, `Via`, `X-Forwarded-*`, request ids |
@@ -16,6 +17,7 @@
 //! | [`error`] | the one error type; `respond` turns it into the client's response |
 //! | `snapshot` | a compiled config version |
 //! | `tls` | inbound TLS: certificates by SNI, ALPN, mTLS, swapped on reload |
+//! | `upgrade` | WebSocket and other `Upgrade`s: handshake hooks and the two-way tunnel |
 //! | [`metrics`], `admin`, [`access_log`] | observability |
 
 pub mod access_log;
@@ -28,10 +30,12 @@ pub mod gateway;
 mod headers;
 pub mod metrics;
 mod proxy;
+mod proxy_protocol;
 mod respond;
 mod route;
 mod snapshot;
 mod tls;
+mod upgrade;
 mod upstream;
 mod worker;
 

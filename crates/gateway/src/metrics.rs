@@ -23,12 +23,17 @@ pub struct Metrics {
     downstream_accepted: IntCounterVec,
     downstream_rejected: IntCounterVec,
     tls_handshake_failures: IntCounterVec,
+    proxy_protocol_rejected: IntCounterVec,
     pub(crate) config_version: IntGauge,
     pub(crate) reloads: IntCounterVec,
     filter_invocations: IntCounterVec,
     filter_skips: IntCounterVec,
     filter_errors: IntCounterVec,
     filter_duration: HistogramVec,
+    tunnels_active: IntGaugeVec,
+    tunnels: IntCounterVec,
+    tunnel_bytes: IntCounterVec,
+    tunnel_idle_timeouts: IntCounterVec,
     rate_limit_redis: IntCounterVec,
     pub(crate) discovery_updates: IntCounterVec,
     pub(crate) discovery_errors: IntCounterVec,
@@ -50,6 +55,19 @@ pub(crate) struct RouteMetrics {
     /// Indexed by status class: 0 = other, 1..=5 = 1xx..5xx.
     by_class: [IntCounter; 6],
     pub(crate) latency: Histogram,
+    pub(crate) tunnel: TunnelMetrics,
+}
+
+/// Handles for one route's upgrade tunnels (WebSocket and others).
+#[derive(Clone)]
+pub(crate) struct TunnelMetrics {
+    pub(crate) active: IntGauge,
+    pub(crate) total: IntCounter,
+    /// Bytes from the client to the origin.
+    pub(crate) bytes_upstream: IntCounter,
+    /// Bytes from the origin to the client.
+    pub(crate) bytes_downstream: IntCounter,
+    pub(crate) idle_timeouts: IntCounter,
 }
 
 impl RouteMetrics {
@@ -78,6 +96,10 @@ pub(crate) struct ListenerMetrics {
     pub(crate) accepted: IntCounter,
     pub(crate) rejected: IntCounter,
     pub(crate) tls_handshake_failures: IntCounter,
+    /// Connections closed at the PROXY protocol header, by reason.
+    pub(crate) proxy_malformed: IntCounter,
+    pub(crate) proxy_timeout: IntCounter,
+    pub(crate) proxy_untrusted: IntCounter,
 }
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -212,6 +234,12 @@ impl Metrics {
                 "Client TLS handshakes that failed or timed out",
                 &["listener"],
             ),
+            proxy_protocol_rejected: counter_vec(
+                &r,
+                "proxy_protocol_rejected_total",
+                "Client connections closed at the PROXY protocol header, by reason (malformed, timeout, untrusted)",
+                &["listener", "reason"],
+            ),
             reloads: counter_vec(
                 &r,
                 "config_reloads_total",
@@ -261,6 +289,30 @@ impl Metrics {
                 &["cluster"],
             ),
             filter_duration,
+            tunnels_active: gauge_vec(
+                &r,
+                "tunnels_active",
+                "Open upgrade tunnels (WebSocket and other upgrades), by route",
+                &["route"],
+            ),
+            tunnels: counter_vec(
+                &r,
+                "tunnels_total",
+                "Upgrade tunnels opened (origin answered 101), by route",
+                &["route"],
+            ),
+            tunnel_bytes: counter_vec(
+                &r,
+                "tunnel_bytes_total",
+                "Bytes carried by upgrade tunnels, by route and direction (upstream = client to origin)",
+                &["route", "direction"],
+            ),
+            tunnel_idle_timeouts: counter_vec(
+                &r,
+                "tunnel_idle_timeouts_total",
+                "Upgrade tunnels closed by the route's upgrade.idle_timeout",
+                &["route"],
+            ),
             config_version,
             latency,
             registry: r,
@@ -272,6 +324,13 @@ impl Metrics {
         RouteMetrics {
             by_class: [c("other"), c("1xx"), c("2xx"), c("3xx"), c("4xx"), c("5xx")],
             latency: self.latency.with_label_values(&[name]),
+            tunnel: TunnelMetrics {
+                active: self.tunnels_active.with_label_values(&[name]),
+                total: self.tunnels.with_label_values(&[name]),
+                bytes_upstream: self.tunnel_bytes.with_label_values(&[name, "upstream"]),
+                bytes_downstream: self.tunnel_bytes.with_label_values(&[name, "downstream"]),
+                idle_timeouts: self.tunnel_idle_timeouts.with_label_values(&[name]),
+            },
         }
     }
 
@@ -293,6 +352,15 @@ impl Metrics {
             accepted: self.downstream_accepted.with_label_values(&[name]),
             rejected: self.downstream_rejected.with_label_values(&[name]),
             tls_handshake_failures: self.tls_handshake_failures.with_label_values(&[name]),
+            proxy_malformed: self
+                .proxy_protocol_rejected
+                .with_label_values(&[name, "malformed"]),
+            proxy_timeout: self
+                .proxy_protocol_rejected
+                .with_label_values(&[name, "timeout"]),
+            proxy_untrusted: self
+                .proxy_protocol_rejected
+                .with_label_values(&[name, "untrusted"]),
         }
     }
 

@@ -30,7 +30,9 @@ use crate::headers::{self as hdr, parse_content_length};
 use crate::respond::error_response;
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
+use crate::upgrade;
 use crate::upstream::{connect::connect, pool::Conn, Cluster, OriginServer};
+use keymaster_config::ProxyProtocol;
 
 /// Serve one request. Never fails: errors become responses here.
 pub(crate) async fn handle(
@@ -96,7 +98,7 @@ pub(crate) async fn handle(
 /// Finishes the request on its connection if the handler is dropped before a response (an
 /// HTTP/2 stream reset by the client); otherwise the connection would count it in flight
 /// forever and never idle out.
-struct InFlight(Option<Rc<crate::downstream::ConnState>>);
+pub(crate) struct InFlight(pub(crate) Option<Arc<crate::downstream::ConnState>>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -298,8 +300,14 @@ async fn proxy(
         (stream, Some(state))
     };
 
+    // An upgrade the route allows (WebSocket): keep the client's handle for the tunnel.
+    let upgrade = upgrade::take_request(&route.upgrade, &mut parts, &scan, body_state.is_none())?;
+
     // Request header duties.
     let trailers = hdr::strip_hop_by_hop(&mut parts.headers, &scan);
+    if let Some(up) = &upgrade {
+        upgrade::restore_request(&mut parts.headers, up);
+    }
     if trailers {
         parts
             .headers
@@ -391,6 +399,7 @@ async fn proxy(
     let mut prefix = None; // a response body buffered for post filters (filter::body)
     let rscan = hdr::HeadScan::of(&rparts.headers);
     hdr::validate_response_head(&rparts.headers, &rscan)?;
+    let switch = upgrade::accept_response(upgrade, &mut rparts)?;
     let origin_close = rscan.connection
         && rparts
             .headers
@@ -436,6 +445,23 @@ async fn proxy(
         }
     }
     rparts.version = client_version;
+    if let Some(switch) = switch {
+        // 101: the origin connection now belongs to the tunnel, never to the pool.
+        drop(conn);
+        let finished = Finished {
+            status: 101,
+            category: "success",
+            side: Side::Origin,
+            elapsed: start.elapsed(),
+            bytes_out: 0,
+        };
+        record(cx, Some(&route), info.log.take(), finished);
+        // `handle` hands the request's in-flight count to us; the tunnel ends it.
+        let inflight = InFlight(Some(cx.state.clone()));
+        let metrics = route.metrics.tunnel.clone();
+        switch.start(&mut rparts, cx.clone(), &route.upgrade, metrics, inflight);
+        return Ok(Response::from_parts(rparts, ResponseBody::Local(None)));
+    }
 
     let max_requests = cluster.config.pool.max_requests_per_connection;
     let reusable = !origin_close && (max_requests == 0 || conn.requests < max_requests);
@@ -490,14 +516,26 @@ async fn send(
     body_state: Option<&RequestBodyState>,
 ) -> Result<(Response<Incoming>, Conn, u32), Error> {
     let pools = &cx.worker.pools;
-    let reused = pools.checkout(server.state.id, Instant::now());
-    if reused.is_some() {
-        cluster.metrics.idle_connections.dec();
-    }
+    // A cluster that sends PROXY headers keeps connections per client connection, not pooled.
+    let proxy_header =
+        crate::proxy_protocol::header_for(cluster.config.proxy_protocol, cx.peer, cx.local);
+    let reused = if proxy_header.is_some() {
+        crate::proxy_protocol::take_private(cx, server)
+    } else {
+        let reused = pools.checkout(server.state.id, Instant::now());
+        if reused.is_some() {
+            cluster.metrics.idle_connections.dec();
+        }
+        reused
+    };
+    let proxy_header = proxy_header.as_deref();
     let is_reused = reused.is_some();
     let mut conn = match reused {
         Some(c) => c,
-        None => connect_within(cluster, server, route.connect_timeout, deadline).await?,
+        None => {
+            let t = route.connect_timeout;
+            connect_within(cluster, server, t, deadline, proxy_header).await?
+        }
     };
     cluster.metrics.requests.inc();
     if is_reused {
@@ -550,7 +588,8 @@ async fn send(
     // Retry once on a fresh connection.
     cluster.metrics.retries.inc();
     drop(conn);
-    let mut conn = connect_within(cluster, server, route.connect_timeout, deadline).await?;
+    let t = route.connect_timeout;
+    let mut conn = connect_within(cluster, server, t, deadline, proxy_header).await?;
     cluster.metrics.requests.inc();
     conn.requests += 1;
     // The retry gets what is left of the deadline, not a fresh one.
@@ -567,12 +606,13 @@ async fn connect_within(
     server: &Arc<OriginServer>,
     connect_timeout: std::time::Duration,
     deadline: Option<Instant>,
+    proxy_header: Option<&[u8]>,
 ) -> Result<Conn, Error> {
     let t = match deadline {
         Some(d) => connect_timeout.min(d.saturating_duration_since(Instant::now())),
         None => connect_timeout,
     };
-    connect(cluster, server, t).await
+    connect(cluster, server, t, proxy_header).await
 }
 
 /// The failure looks like the origin closed an idle connection under us.
@@ -661,7 +701,11 @@ impl Drop for Exchange {
         let now = Instant::now();
         if let Some(conn) = self.conn.take() {
             let body_sent = self.body_state.as_ref().is_none_or(|s| s.finished.get());
-            if complete && self.reusable && body_sent {
+            let private = self.cluster.config.proxy_protocol != ProxyProtocol::Off;
+            if complete && self.reusable && body_sent && private {
+                // Names this client in its PROXY header: reused by this client connection only.
+                *self.cx.private_upstream.borrow_mut() = Some(conn);
+            } else if complete && self.reusable && body_sent {
                 let pool = &self.cluster.config.pool;
                 self.cluster.metrics.idle_connections.inc();
                 self.cx

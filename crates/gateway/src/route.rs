@@ -62,6 +62,8 @@ pub struct Route {
     pub(crate) response_header_timeout: std::time::Duration,
     pub(crate) request_timeout: Option<std::time::Duration>,
     pub(crate) max_body_size: u64,
+    /// Which `Upgrade` protocols become tunnels (`upgrade.rs`).
+    pub(crate) upgrade: crate::upgrade::UpgradePolicy,
     pub(crate) metrics: RouteMetrics,
 }
 
@@ -150,6 +152,7 @@ impl Route {
                 .get(),
             request_timeout: cfg.request_timeout.or(c.request_timeout).map(|d| d.get()),
             max_body_size: cfg.max_body_size.get(),
+            upgrade: crate::upgrade::UpgradePolicy::compile(&cfg.upgrade),
             cluster,
             metrics,
         })

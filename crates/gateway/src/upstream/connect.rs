@@ -14,10 +14,12 @@ use crate::body::RequestBody;
 use crate::error::{Error, Kind};
 
 /// Connect to `server`, honouring the cluster's per-server connection cap.
+/// `proxy_header`: a PROXY protocol header to send first (the cluster's `proxy_protocol`).
 pub(crate) async fn connect(
     cluster: &Cluster,
     server: &Arc<OriginServer>,
     timeout: Duration,
+    proxy_header: Option<&[u8]>,
 ) -> Result<Conn, Error> {
     let state = &server.state;
     let cap = cluster.config.pool.max_connections;
@@ -29,7 +31,7 @@ pub(crate) async fn connect(
     }
     let slot = OpenSlot(Some(state.clone()));
     cluster.metrics.connect_attempts.inc();
-    let tcp = match tokio::time::timeout(timeout, TcpStream::connect(state.addr)).await {
+    let mut tcp = match tokio::time::timeout(timeout, TcpStream::connect(state.addr)).await {
         Ok(Ok(tcp)) => tcp,
         Ok(Err(e)) => {
             cluster.metrics.connect_failures.inc();
@@ -44,6 +46,12 @@ pub(crate) async fn connect(
         }
     };
     let _ = tcp.set_nodelay(true);
+    if let Some(h) = proxy_header {
+        use tokio::io::AsyncWriteExt;
+        tcp.write_all(h).await.map_err(|e| {
+            Error::new(Kind::Connect, "sending the PROXY header failed").with_source(e)
+        })?;
+    }
     let (sender, driver) = http1::Builder::new()
         .max_buf_size(1024 * 1024)
         .handshake::<_, RequestBody>(TokioIo::new(tcp))
@@ -53,7 +61,7 @@ pub(crate) async fn connect(
     open_gauge.inc();
     tokio::task::spawn_local(async move {
         let _slot = slot; // released when the connection ends
-        let _ = driver.await;
+        let _ = driver.with_upgrades().await; // a 101 hands the socket to a tunnel
         open_gauge.dec();
     });
     Ok(Conn::new(sender, server.clone()))
