@@ -113,7 +113,7 @@ fn run(args: RunArgs) -> Result<(), String> {
         }
     };
     let signals = Signals::install().map_err(|e| format!("signal handlers: {e}"))?;
-    let gateway = Gateway::start(config, source.clone())?;
+    let (gateway, _lua) = keymaster_lua::start_gateway(config, source.clone())?;
     let stub_addr = stub.as_ref().map(|s| s.local_addr());
     gateway
         .run_until_signal(signals, |g| print_banner(g, &source, stub_addr))
@@ -193,7 +193,7 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
     }];
     keymaster_config::validate(&config).map_err(|e| e.to_string())?;
     let signals = Signals::install().map_err(|e| format!("signal handlers: {e}"))?;
-    let gateway = Gateway::start(config, ConfigSource::Memory)?;
+    let (gateway, _lua) = keymaster_lua::start_gateway(config, ConfigSource::Memory)?;
     gateway
         .run_until_signal(signals, |g| print_banner(g, &ConfigSource::Memory, None))
         .map_err(|e| e.to_string())

@@ -36,6 +36,10 @@ pub struct Config {
     pub redis: RedisConfig,
     /// `[dns]`: the resolver of clusters with `discovery`.
     pub dns: DnsConfig,
+    /// `[lua]`: Lua filters loaded from a directory (see `docs/filters.md`).
+    pub lua: LuaConfig,
+    /// `[filter_body]`: caps for bodies buffered for filters that declare they need them.
+    pub filter_body: FilterBodyConfig,
 }
 
 /// The DNS resolver used by service discovery (`[[clusters]] discovery`).
@@ -100,6 +104,65 @@ impl Default for RedisConfig {
             timeout: Duration::from_millis(50),
             backoff: Duration::from_secs(2),
             key_prefix: "keymaster:rl:".into(),
+        }
+    }
+}
+
+/// Body opt-in: a filter that declares it needs the request or response body gets it
+/// buffered up to these caps (everyone else streams). Past the request cap the client gets
+/// 413; past the response cap, 502.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilterBodyConfig {
+    /// Largest request body buffered for a filter (the route's `max_body_size` still applies).
+    pub max_request: ByteSize,
+    /// Largest origin response body buffered for a filter.
+    pub max_response: ByteSize,
+}
+
+impl Default for FilterBodyConfig {
+    fn default() -> Self {
+        Self {
+            max_request: ByteSize(1024 * 1024),
+            max_response: ByteSize(1024 * 1024),
+        }
+    }
+}
+
+/// Lua filters: one `.lua` file per filter in `dir`, compiled into a filter set on start and
+/// on every reload (and when a file in `dir` changes, if `watch` is on).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LuaConfig {
+    /// The filters directory (relative paths are taken from the working directory);
+    /// absent means no Lua filters.
+    pub dir: Option<String>,
+    /// Reload when a `.lua` file in `dir` is added, changed or removed.
+    pub watch: bool,
+    /// How often the watcher looks at the directory's files (mtime and size).
+    pub poll_interval: Duration,
+    /// Lua VM instructions one `should_filter` or `run` call may execute before it is
+    /// stopped (it then fails: the error stage runs).
+    pub instruction_budget: u64,
+    /// Memory cap of each worker's Lua VM; past it an allocation fails (the call fails)
+    /// and the VM is rebuilt.
+    pub memory_limit: ByteSize,
+    /// Default timeout of `ctx.http.get`/`post` when the call gives none.
+    pub http_timeout: Duration,
+    /// Largest response body `ctx.http` reads; a longer one fails the call.
+    pub http_max_body: ByteSize,
+}
+
+impl Default for LuaConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            watch: true,
+            poll_interval: Duration::from_secs(1),
+            instruction_budget: 1_000_000,
+            memory_limit: ByteSize(64 * 1024 * 1024),
+            http_timeout: Duration::from_secs(1),
+            http_max_body: ByteSize(1024 * 1024),
         }
     }
 }

@@ -31,8 +31,8 @@ pub(crate) struct RequestBodyState {
 pub enum RequestBody {
     /// No body (or a replayed bodyless request).
     Empty,
-    /// A body read whole into the replay buffer, so a retry can send it again; `None` once
-    /// sent.
+    /// A body read whole: for the replay buffer (retries) or for a filter (body opt-in),
+    /// which may have replaced it; `None` once sent.
     Buffered(Option<Bytes>),
     /// The client's body, streamed with a size cap.
     Stream {
@@ -112,10 +112,8 @@ impl Body for RequestBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            RequestBody::Empty => SizeHint::with_exact(0),
-            RequestBody::Buffered(b) => {
-                SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64))
-            }
+            RequestBody::Empty | RequestBody::Buffered(None) => SizeHint::with_exact(0),
+            RequestBody::Buffered(Some(b)) => SizeHint::with_exact(b.len() as u64),
             RequestBody::Stream { inner, .. } => inner.size_hint(),
         }
     }
@@ -138,6 +136,9 @@ fn is_malformed_body(e: &hyper::Error) -> bool {
 }
 
 /// The body sent to the client.
+// `Origin` is the common case and as large as the enum; boxing it would cost an allocation
+// per proxied response to save bytes only on local (error) responses.
+#[allow(clippy::large_enum_variant)]
 pub enum ResponseBody {
     /// A body keymaster produced (errors, admin pages); `None` once sent.
     Local(Option<Bytes>),
@@ -154,6 +155,8 @@ impl ResponseBody {
 
 /// The origin's response body plus the exchange it finishes.
 pub struct OriginBody {
+    /// A body buffered for post filters (body opt-in), sent before `inner` (then at its end).
+    pub(crate) prefix: Option<Bytes>,
     pub(crate) inner: Incoming,
     pub(crate) exchange: Exchange,
     pub(crate) deadline: Option<Pin<Box<Sleep>>>,
@@ -170,6 +173,13 @@ impl Body for ResponseBody {
         match self.get_mut() {
             ResponseBody::Local(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             ResponseBody::Origin(o) => {
+                if let Some(b) = o.prefix.take() {
+                    o.exchange.add_body_bytes(b.len());
+                    if o.inner.is_end_stream() {
+                        o.exchange.body_complete();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(b))));
+                }
                 if let Some(d) = o.deadline.as_mut() {
                     if d.as_mut().poll(cx).is_ready() {
                         o.exchange.fail_body("origin_request_timeout");
@@ -204,7 +214,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Local(b) => b.is_none(),
-            ResponseBody::Origin(o) => o.inner.is_end_stream(),
+            ResponseBody::Origin(o) => o.prefix.is_none() && o.inner.is_end_stream(),
         }
     }
 
@@ -212,7 +222,11 @@ impl Body for ResponseBody {
         match self {
             ResponseBody::Local(None) => SizeHint::with_exact(0),
             ResponseBody::Local(Some(b)) => SizeHint::with_exact(b.len() as u64),
-            ResponseBody::Origin(o) => o.inner.size_hint(),
+            ResponseBody::Origin(o) => match &o.prefix {
+                Some(b) if o.inner.is_end_stream() => SizeHint::with_exact(b.len() as u64),
+                Some(_) => SizeHint::default(),
+                None => o.inner.size_hint(),
+            },
         }
     }
 }

@@ -70,6 +70,8 @@ pub(crate) enum Kind {
     Shed,
     /// No server of the cluster is healthy and it fails closed (503).
     NoHealthyOrigin,
+    /// The origin's body is larger than a body-reading filter may buffer (502).
+    ResponseBodyTooLarge,
 }
 
 /// Whether the request may be sent again.
@@ -112,9 +114,10 @@ impl Error {
             Kind::PoolFull => (Side::Internal, Retry::Safe),
             Kind::Connect | Kind::ConnectTimeout => (Side::Origin, Retry::Safe),
             Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
-            Kind::ResponseHeaderTimeout | Kind::RequestTimeout | Kind::OriginProtocol => {
-                (Side::Origin, Retry::Unsafe)
-            }
+            Kind::ResponseHeaderTimeout
+            | Kind::RequestTimeout
+            | Kind::OriginProtocol
+            | Kind::ResponseBodyTooLarge => (Side::Origin, Retry::Unsafe),
         };
         Error {
             inner: Box::new(Inner {
@@ -207,9 +210,11 @@ impl Error {
             Kind::NoRoute => StatusCode::NOT_FOUND,
             // Nobody reads it, but the access log records 499 as nginx does.
             Kind::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            Kind::Connect | Kind::ConnectTimeout | Kind::OriginReset | Kind::OriginProtocol => {
-                StatusCode::BAD_GATEWAY
-            }
+            Kind::Connect
+            | Kind::ConnectTimeout
+            | Kind::OriginReset
+            | Kind::OriginProtocol
+            | Kind::ResponseBodyTooLarge => StatusCode::BAD_GATEWAY,
             Kind::PoolFull | Kind::ClusterFull | Kind::Shed | Kind::NoHealthyOrigin => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -236,6 +241,7 @@ impl Error {
             Kind::ClusterFull => "origin_concurrency_exceeded",
             Kind::Shed => "local_overloaded",
             Kind::NoHealthyOrigin => "origin_no_servers",
+            Kind::ResponseBodyTooLarge => "origin_body_too_large",
         }
     }
 

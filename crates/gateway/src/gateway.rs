@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
 use crate::downstream::{bind_reuseport, ListenerCtx};
-use crate::filter::FilterSpec;
+use crate::filter::{FilterSource, FilterSpec, Reloader};
 use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use crate::tls::ListenerTls;
@@ -60,6 +60,8 @@ pub(crate) struct Shared {
     listener_tls: Vec<(String, Arc<ListenerTls>)>,
     /// Filters registered in code, part of every config version's chain.
     natives: Vec<FilterSpec>,
+    /// Filter sets built per version (Lua): asked again on every reload.
+    sources: Vec<Arc<dyn FilterSource>>,
     /// Service discovery's current server lists (clusters with `discovery`).
     discovered: Mutex<Lists>,
     /// Wakes the discovery thread after a reload (new clusters, new intervals).
@@ -111,7 +113,9 @@ impl Shared {
         };
         // Serialised by `reload_lock`: a rejected config does not use up a version number.
         let version = self.next_version.load(Ordering::Acquire);
-        match Snapshot::build(config, version, &self.metrics, &self.natives, &lists) {
+        let built = crate::filter::collect_sources(&config, &self.natives, &self.sources)
+            .and_then(|filters| Snapshot::build(config, version, &self.metrics, &filters, &lists));
+        match built {
             Ok(snap) => {
                 self.next_version.store(version + 1, Ordering::Release);
                 self.snapshot.store(Arc::new(snap));
@@ -249,6 +253,17 @@ impl Gateway {
         source: ConfigSource,
         natives: Vec<FilterSpec>,
     ) -> Result<Gateway, String> {
+        Self::start_with_sources(config, source, natives, Vec::new())
+    }
+
+    /// [`Gateway::start_with_filters`] plus filter sources (the Lua host): each is asked for
+    /// its filters whenever a config version is built (now and on every reload).
+    pub fn start_with_sources(
+        config: Config,
+        source: ConfigSource,
+        natives: Vec<FilterSpec>,
+        sources: Vec<Arc<dyn FilterSource>>,
+    ) -> Result<Gateway, String> {
         let metrics = Metrics::new();
         let workers = match config.server.workers {
             0 => std::thread::available_parallelism()
@@ -309,7 +324,8 @@ impl Gateway {
         let mut admin_thread = None;
 
         let lists = discovery::initial(&config, &Lists::new())?;
-        let snapshot = Snapshot::build(config, 1, &metrics, &natives, &lists)?;
+        let filters = crate::filter::collect_sources(&config, &natives, &sources)?;
+        let snapshot = Snapshot::build(config, 1, &metrics, &filters, &lists)?;
         metrics.config_version.set(1);
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -322,6 +338,7 @@ impl Gateway {
             reload_lock: Mutex::new(()),
             listener_tls,
             natives,
+            sources,
             discovered: Mutex::new(lists),
             discovery_wake: tokio::sync::Notify::new(),
         });
@@ -409,6 +426,11 @@ impl Gateway {
     /// Re-read the config source (the file given at start) and swap it in.
     pub fn reload_from_source(&self) -> Result<u64, String> {
         self.shared.reload_from_source()
+    }
+
+    /// A handle that reloads from another thread (a filter directory watcher).
+    pub fn reloader(&self) -> Reloader {
+        Reloader(Arc::downgrade(&self.shared))
     }
 
     /// The active config version.

@@ -179,7 +179,8 @@ async fn proxy(
 ) -> Result<Response<ResponseBody>, Error> {
     let listener = &cx.listener;
     let (mut cluster, mut upstream_path, mut upstream_host) = (None, None, None);
-    let (mut parts, body) = req.into_parts();
+    let (mut parts, mut body) = req.into_parts();
+    let mut buffered = None; // a request body buffered for filters (filter::body)
     let mut scan = hdr::HeadScan::of(&parts.headers);
     hdr::validate_request_head(
         &parts.method,
@@ -242,8 +243,24 @@ async fn proxy(
     // The filter chain's pre and route stages (docs/filters.md).
     if !snapshot.filters.is_empty() {
         let headers = std::mem::take(&mut parts.headers);
-        let mut ctx = Box::new(FilterCtx::new(&parts, headers, cx.peer, route.name.clone()));
+        let tls = cx.client.tls.as_ref();
+        let mut ctx = Box::new(FilterCtx::new(
+            &parts,
+            headers,
+            cx.peer,
+            tls,
+            route.name.clone(),
+        ));
         snapshot.filters.start_debug(&mut ctx);
+        if snapshot.filters.wants_request_body(&ctx) {
+            let cap = snapshot
+                .config
+                .filter_body
+                .max_request
+                .0
+                .min(route.max_body_size);
+            ctx.put_request_body(crate::filter::read_request_body(&mut body, cap).await?);
+        }
         if !snapshot.filters.inbound(&mut ctx).await {
             let id = (&listener.request_id_header, &rid);
             let (resp, failed) = snapshot
@@ -258,6 +275,10 @@ async fn proxy(
             return Ok(resp);
         }
         parts.headers = snapshot.filters.request_headers(&mut ctx);
+        if let Some(b) = ctx.take_request_body() {
+            crate::filter::set_body_length(&mut parts.headers, b.len());
+            buffered = Some(b);
+        }
         // Filters may have edited the head: scan it again for the header duties below.
         scan = hdr::HeadScan::of(&parts.headers);
         if parts.uri.authority().is_none() {
@@ -288,7 +309,12 @@ async fn proxy(
         }
     }
     // No body: no shared state to allocate (`None` reads as "finished, not too large").
-    let (upstream_body, body_state) = if http_body::Body::is_end_stream(&body) {
+    let (upstream_body, body_state) = if let Some(b) = buffered {
+        // Sent whole: finished from the start, and never replayed as bodyless.
+        let state = Rc::new(RequestBodyState::default());
+        state.finished.set(true);
+        (RequestBody::Buffered(Some(b)), Some(state))
+    } else if http_body::Body::is_end_stream(&body) {
         (RequestBody::Empty, None)
     } else {
         let state = Rc::new(RequestBodyState::default());
@@ -397,7 +423,8 @@ async fn proxy(
     let upstream_head = start.elapsed();
 
     // Response header duties.
-    let (mut rparts, rbody) = resp.into_parts();
+    let (mut rparts, mut rbody) = resp.into_parts();
+    let mut prefix = None; // a response body buffered for post filters (filter::body)
     let rscan = hdr::HeadScan::of(&rparts.headers);
     hdr::validate_response_head(&rparts.headers, &rscan)?;
     let switch = upgrade::accept_response(upgrade, &mut rparts)?;
@@ -420,6 +447,13 @@ async fn proxy(
             .insert(listener.request_id_header.clone(), rid.clone());
     }
     if let Some(ctx) = info.fctx.as_mut() {
+        if snapshot.filters.wants_response_body(ctx, rparts.status) {
+            let cap = snapshot.config.filter_body.max_response.0;
+            let wait = deadline.map_or(route.response_header_timeout, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            ctx.put_response_body(crate::filter::read_response_body(&mut rbody, cap, wait).await?);
+        }
         // Post filters over the origin's response head.
         let id = (&listener.request_id_header, &rid);
         let failed = || filter_failed(snapshot, id);
@@ -432,6 +466,10 @@ async fn proxy(
             // The origin's body is dropped unread, and its connection with it.
             info.local = Some("local_filter_error");
             return Ok(resp);
+        }
+        if let Some(b) = ctx.take_response_body() {
+            crate::filter::set_body_length(&mut rparts.headers, b.len());
+            prefix = Some(b);
         }
     }
     rparts.version = client_version;
@@ -481,6 +519,7 @@ async fn proxy(
         exchange.body_complete();
     }
     let body = OriginBody {
+        prefix,
         inner: rbody,
         exchange,
         deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
