@@ -6,6 +6,7 @@
 //! touches the network (origin addresses are checked for form, never resolved).
 
 pub mod error;
+mod filters;
 mod locate;
 pub mod model;
 mod redact;
