@@ -10,7 +10,7 @@ use keymaster_config::{
     ClusterConfig, Config, ListenerConfig, OriginServerConfig, RouteConfig, RouteMatch,
     TlsCertificate, TlsConfig,
 };
-use keymaster_gateway::{ConfigSource, Gateway};
+use keymaster_gateway::{ConfigSource, Gateway, Signals};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -122,10 +122,11 @@ fn run(args: RunArgs) -> Result<(), String> {
             (config, ConfigSource::Embedded, Some(stub))
         }
     };
-    let gateway = Gateway::start(config, source.clone())?;
+    let signals = Signals::install().map_err(|e| format!("signal handlers: {e}"))?;
+    let (gateway, _lua) = keymaster_lua::start_gateway(config, source.clone())?;
     let stub_addr = stub.as_ref().map(|s| s.local_addr());
     gateway
-        .run_until_signal(|g| print_banner(g, &source, stub_addr))
+        .run_until_signal(signals, |g| print_banner(g, &source, stub_addr))
         .map_err(|e| e.to_string())?;
     if let Some(stub) = stub {
         stub.shutdown();
@@ -212,8 +213,9 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
         ..RouteConfig::default()
     }];
     keymaster_config::validate(&config).map_err(|e| e.to_string())?;
-    let gateway = Gateway::start(config, ConfigSource::Memory)?;
+    let signals = Signals::install().map_err(|e| format!("signal handlers: {e}"))?;
+    let (gateway, _lua) = keymaster_lua::start_gateway(config, ConfigSource::Memory)?;
     gateway
-        .run_until_signal(|g| print_banner(g, &ConfigSource::Memory, None))
+        .run_until_signal(signals, |g| print_banner(g, &ConfigSource::Memory, None))
         .map_err(|e| e.to_string())
 }

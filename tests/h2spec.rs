@@ -105,10 +105,42 @@ async fn run_h2spec(bin: PathBuf, addr: SocketAddr, tls: bool, what: &str, allow
     }
 }
 
+/// An origin that reads each request body to its end before answering. h2spec's request-side
+/// cases (bad trailers, bad DATA) then always meet the stream's error before any response: an
+/// origin that answers at once could let a loaded machine send the response first. The
+/// 1000-byte body is long enough for the flow-control cases (a short one makes h2spec skip).
+async fn body_reading_origin() -> SocketAddr {
+    use http_body_util::{BodyExt, Full};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let body = req.into_body().collect().await;
+                        let status = if body.is_ok() { 200 } else { 400 };
+                        let resp = http::Response::builder()
+                            .status(status)
+                            .body(Full::new(bytes::Bytes::from(vec![b'x'; 1000])))
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(resp)
+                    },
+                );
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2spec_passes_on_cleartext_h2_listeners() {
     let Some(bin) = h2spec_or_skip() else { return };
-    let s = stub();
+    let origin = body_reading_origin().await;
     let extra = r#"protocol = "h2c"
 
 [[listeners]]
@@ -116,7 +148,7 @@ name = "auto"
 address = "127.0.0.1:0"
 protocol = "auto"
 "#;
-    let g = start_gateway(&config_text(s.local_addr(), extra, ""));
+    let g = start_gateway(&config_text(origin, extra, ""));
     run_h2spec(bin.clone(), g.addr, false, "h2c listener", &[]).await;
     let auto = g.gateway().listener_addr("auto").expect("auto listener");
     // An "auto" listener serves HTTP/1.1 to anything that is not the h2 preface, so h2spec's
@@ -131,7 +163,7 @@ async fn h2spec_passes_on_tls_alpn_h2_listener() {
     let Some(bin) = h2spec_or_skip() else { return };
     let pki = Pki::new();
     let cert = pki.issue("gw", &["localhost"], "localhost", false);
-    let s = stub();
-    let g = start_gateway(&config_text(s.local_addr(), &tls_keys(&[&cert], ""), ""));
+    let origin = body_reading_origin().await;
+    let g = start_gateway(&config_text(origin, &tls_keys(&[&cert], ""), ""));
     run_h2spec(bin, g.addr, true, "TLS listener (ALPN h2)", &[]).await;
 }

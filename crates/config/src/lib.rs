@@ -6,13 +6,16 @@
 //! touches the network (origin addresses are checked for form, never resolved).
 
 pub mod error;
+mod filters;
 mod locate;
 pub mod model;
 mod redact;
+mod resilience;
 mod servers_file;
 pub mod units;
 mod validate;
 mod validate_filters;
+mod validate_resilience;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use model::*;

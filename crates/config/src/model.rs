@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+pub use crate::filters::*;
+pub use crate::resilience::*;
 pub use crate::units::{ByteSize, Duration};
 
 /// The whole file.
@@ -29,10 +31,16 @@ pub struct Config {
     pub filters: Vec<FilterConfig>,
     /// `[filter_debug]`: per-request filter traces for requests carrying a secret.
     pub filter_debug: FilterDebugConfig,
+    /// `[load_shedding]`: shed low-priority routes first when the gateway is overloaded.
+    pub load_shedding: LoadSheddingConfig,
     /// `[redis]`: the shared store of `rate_limit` filters with `backend = "redis"`.
     pub redis: RedisConfig,
     /// `[dns]`: the resolver of clusters with `discovery`.
     pub dns: DnsConfig,
+    /// `[lua]`: Lua filters loaded from a directory (see `docs/filters.md`).
+    pub lua: LuaConfig,
+    /// `[filter_body]`: caps for bodies buffered for filters that declare they need them.
+    pub filter_body: FilterBodyConfig,
 }
 
 /// The DNS resolver used by service discovery (`[[clusters]] discovery`).
@@ -97,26 +105,6 @@ impl Default for RedisConfig {
             timeout: Duration::from_millis(50),
             backoff: Duration::from_secs(2),
             key_prefix: "keymaster:rl:".into(),
-        }
-    }
-}
-
-/// Filter debug mode: a request whose `header` equals `secret` gets a response header
-/// `x-keymaster-filters` listing which filters ran or were skipped, in order, with times.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct FilterDebugConfig {
-    /// The request header carrying the secret (removed before forwarding).
-    pub header: String,
-    /// The secret; absent means debug mode is off.
-    pub secret: Option<String>,
-}
-
-impl Default for FilterDebugConfig {
-    fn default() -> Self {
-        Self {
-            header: "x-keymaster-debug".into(),
-            secret: None,
         }
     }
 }
@@ -484,6 +472,10 @@ pub struct RouteConfig {
     pub max_body_size: ByteSize,
     /// `upgrade`: which HTTP/1.1 `Upgrade` protocols become two-way tunnels.
     pub upgrade: UpgradeConfig,
+    /// `retry`: retry policy (default: one attempt, no retries).
+    pub retry: RetryConfig,
+    /// `"low"`, `"normal"` or `"high"`: lower priorities are shed first under overload.
+    pub shed_priority: ShedPriority,
 }
 
 /// Protocol upgrades (`Connection: upgrade` + `Upgrade: <protocol>`) on a route. An allowed
@@ -528,6 +520,8 @@ impl Default for RouteConfig {
             request_timeout: None,
             max_body_size: ByteSize(64 * 1024 * 1024),
             upgrade: UpgradeConfig::default(),
+            retry: RetryConfig::default(),
+            shed_priority: ShedPriority::Normal,
         }
     }
 }
@@ -615,6 +609,16 @@ pub struct ClusterConfig {
     /// Send a PROXY protocol header (`"v1"` or `"v2"`) naming the client on each new
     /// connection; such connections are reused only by the same client connection.
     pub proxy_protocol: ProxyProtocol,
+    /// `health_check`: active HTTP checks of every server (absent = none).
+    pub health_check: Option<HealthCheckConfig>,
+    /// `outlier_detection`: passive ejection of failing servers.
+    pub outlier_detection: OutlierConfig,
+    /// `"fail_open"` or `"fail_closed"`: what to do when no server is healthy.
+    pub all_unhealthy: AllUnhealthy,
+    /// `retry_budget`: cap on retries in flight, a share of active requests.
+    pub retry_budget: RetryBudgetConfig,
+    /// `limits`: caps on requests in flight and waiting.
+    pub limits: ClusterLimits,
     /// Service discovery: re-resolve DNS names (every address becomes a server) and watch a
     /// server list file. Absent: names are resolved once per config version.
     pub discovery: Option<DiscoveryConfig>,
@@ -704,222 +708,12 @@ impl Default for ClusterConfig {
             protocol: UpstreamProtocol::Http1,
             tls: None,
             proxy_protocol: ProxyProtocol::Off,
+            health_check: None,
+            outlier_detection: OutlierConfig::default(),
+            all_unhealthy: AllUnhealthy::FailOpen,
+            retry_budget: RetryBudgetConfig::default(),
+            limits: ClusterLimits::default(),
             discovery: None,
         }
     }
-}
-
-/// The stage a filter runs in (Zuul's names).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, Hash)]
-#[serde(rename_all = "snake_case")]
-pub enum FilterStage {
-    /// Inbound, after the route is matched; may answer the request itself.
-    #[default]
-    Pre,
-    /// Chooses where the request goes: cluster, path, Host.
-    Route,
-    /// Outbound: sees and edits the response status and headers.
-    Post,
-    /// Runs when a filter failed; may set the error response.
-    Error,
-}
-
-impl FilterStage {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FilterStage::Pre => "pre",
-            FilterStage::Route => "route",
-            FilterStage::Post => "post",
-            FilterStage::Error => "error",
-        }
-    }
-}
-
-/// The built-in filter types configurable from TOML.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum FilterType {
-    /// Add/set/remove headers: request side in `pre`/`route`, response side in `post`.
-    #[default]
-    Headers,
-    /// Answer with a redirect (`status`, `location`).
-    Redirect,
-    /// Answer with a fixed response (`status`, `headers`, `body`).
-    Static,
-    /// CORS: preflight answered in `pre`, response headers added in `post`.
-    Cors,
-    /// IP allow and deny lists (CIDR); 403.
-    IpFilter,
-    /// A key in a header must be one of `keys`; 401.
-    ApiKey,
-    /// Token bucket (per worker, or shared through Redis); 429 with Retry-After.
-    RateLimit,
-    /// Route stage: override the cluster, path and Host.
-    Reroute,
-    /// Verify a JWT (HS256 or RS256) from a header; 401.
-    Jwt,
-}
-
-impl FilterType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FilterType::Headers => "headers",
-            FilterType::Redirect => "redirect",
-            FilterType::Static => "static",
-            FilterType::Cors => "cors",
-            FilterType::IpFilter => "ip_filter",
-            FilterType::ApiKey => "api_key",
-            FilterType::RateLimit => "rate_limit",
-            FilterType::Reroute => "reroute",
-            FilterType::Jwt => "jwt",
-        }
-    }
-}
-
-/// What a rate limit counts by.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum RateLimitKey {
-    /// The client's IP address (the TCP peer).
-    #[default]
-    ClientIp,
-    /// The value of the request header named by `header` (requests without it share one bucket).
-    Header,
-    /// The matched route's name.
-    Route,
-}
-
-/// Where a rate limit keeps its buckets.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum RateLimitBackend {
-    /// In each worker's memory: a limit per worker thread of this process.
-    #[default]
-    Local,
-    /// In the `[redis]` server: one limit shared by every keymaster instance using it;
-    /// the local buckets decide while Redis is slow or down.
-    Redis,
-}
-
-/// Declarative filter match: all given criteria must hold; empty matches every request.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct FilterMatch {
-    /// Names of routes (must exist); empty means any.
-    pub routes: Vec<String>,
-    /// The request path starts with this.
-    pub path_prefix: Option<String>,
-    /// Allowed methods; empty means any.
-    pub methods: Vec<String>,
-    /// Header names that must be present in the request (any value).
-    pub headers: Vec<String>,
-}
-
-/// One `[[filters]]` table. Common keys first; the rest belong to particular types and
-/// validation rejects a key the filter's type does not use.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct FilterConfig {
-    /// Unique, non-empty name (the `filter` label of the filter metrics).
-    pub name: String,
-    /// The built-in type.
-    #[serde(rename = "type")]
-    pub kind: FilterType,
-    /// `"pre"`, `"route"`, `"post"` or `"error"`.
-    pub stage: FilterStage,
-    /// Lower runs first within a stage; ties are broken by name.
-    pub order: i32,
-    /// Which requests the filter applies to.
-    #[serde(rename = "match")]
-    pub matches: FilterMatch,
-
-    /// headers: values appended.
-    pub add: BTreeMap<String, String>,
-    /// headers: values replacing existing ones.
-    pub set: BTreeMap<String, String>,
-    /// headers: names removed.
-    pub remove: Vec<String>,
-
-    /// redirect, static, ip_filter, api_key, rate_limit: the status answered.
-    pub status: Option<u16>,
-    /// redirect: the Location.
-    pub location: Option<String>,
-    /// static: response headers.
-    pub headers: BTreeMap<String, String>,
-    /// static: response body.
-    pub body: Option<String>,
-
-    /// cors: allowed origins ("*" for any).
-    pub allowed_origins: Vec<String>,
-    /// cors: allowed methods.
-    pub allowed_methods: Vec<String>,
-    /// cors: allowed request headers.
-    pub allowed_headers: Vec<String>,
-    /// cors: send Access-Control-Allow-Credentials: true.
-    pub allow_credentials: bool,
-    /// cors: Access-Control-Max-Age of a preflight answer.
-    pub max_age: Option<Duration>,
-
-    /// ip_filter: CIDR blocks or addresses allowed (empty: all not denied).
-    pub allow: Vec<String>,
-    /// ip_filter: CIDR blocks or addresses denied (checked first).
-    pub deny: Vec<String>,
-
-    /// api_key: header carrying the key; rate_limit with key = "header": the header counted by.
-    pub header: Option<String>,
-    /// api_key: the accepted keys.
-    pub keys: Vec<String>,
-
-    /// rate_limit: requests allowed per `period` (the refill rate).
-    pub requests: Option<u32>,
-    /// rate_limit: the period of `requests` (default 1s).
-    pub period: Option<Duration>,
-    /// rate_limit: bucket size (default `requests`).
-    pub burst: Option<u32>,
-    /// rate_limit: `"client_ip"`, `"header"` or `"route"`.
-    pub key: Option<RateLimitKey>,
-    /// rate_limit: `"local"` (default) or `"redis"` (needs `[redis] url`).
-    pub backend: Option<RateLimitBackend>,
-
-    /// reroute: the cluster to send to instead of the route's.
-    pub cluster: Option<String>,
-    /// reroute: the path sent upstream (query kept).
-    pub path: Option<String>,
-    /// reroute: the Host header sent upstream.
-    pub host: Option<String>,
-
-    /// jwt: the verification keys (rotate them by reloading).
-    pub jwt_keys: Vec<JwtKey>,
-    /// jwt: the required `iss` claim.
-    pub issuer: Option<String>,
-    /// jwt: the required `aud` claim (one of, when the token has a list).
-    pub audience: Option<String>,
-    /// jwt: claim name → request header set from it (any incoming value is removed first).
-    pub claims_to_headers: BTreeMap<String, String>,
-}
-
-/// A JWT signature algorithm.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-pub enum JwtAlg {
-    /// HMAC with SHA-256 and a shared `secret`.
-    #[default]
-    HS256,
-    /// RSA PKCS#1 v1.5 with SHA-256 and a public key given as JWK `n` and `e`.
-    RS256,
-}
-
-/// One JWT verification key.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct JwtKey {
-    /// Key id matched against the token's `kid` (tokens without `kid` try every key of the alg).
-    pub kid: Option<String>,
-    /// `"HS256"` or `"RS256"`.
-    pub alg: JwtAlg,
-    /// HS256: the shared secret (UTF-8 text).
-    pub secret: Option<String>,
-    /// RS256: the modulus, base64url (JWK `n`).
-    pub n: Option<String>,
-    /// RS256: the exponent, base64url (JWK `e`, usually "AQAB").
-    pub e: Option<String>,
 }

@@ -31,7 +31,7 @@ impl Problems {
         });
     }
 
-    fn positive(&mut self, path: KeyPath, d: Duration) {
+    pub(crate) fn positive(&mut self, path: KeyPath, d: Duration) {
         if d.get().is_zero() {
             self.push(
                 path,
@@ -40,7 +40,7 @@ impl Problems {
         }
     }
 
-    fn positive_opt(&mut self, path: KeyPath, d: Option<Duration>) {
+    pub(crate) fn positive_opt(&mut self, path: KeyPath, d: Option<Duration>) {
         if let Some(d) = d {
             self.positive(path, d);
         }
@@ -82,6 +82,7 @@ pub(crate) fn check(config: &Config) -> Vec<Problem> {
         &mut p,
     );
     crate::validate_filters::check_filters(config, &mut p);
+    crate::validate_resilience::check(config, &mut p);
     check_dns(config, &mut p);
     p.0
 }

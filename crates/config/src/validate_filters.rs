@@ -95,6 +95,20 @@ pub(crate) fn check_filters(config: &Config, p: &mut Problems) {
         check_filter(f, &base.index(i), &routes, &clusters, &config.redis, p);
     }
     check_redis(&config.redis, p);
+    check_lua(config, p);
+    let b = &config.filter_body;
+    let at = KeyPath::root().key("filter_body");
+    for (key, v) in [
+        ("max_request", b.max_request),
+        ("max_response", b.max_response),
+    ] {
+        if v.0 == 0 || v.0 > 1 << 30 {
+            p.push(
+                at.key(key),
+                "must be between 1 byte and \"1GiB\"; expected a size like \"1MiB\"",
+            );
+        }
+    }
     let d = &config.filter_debug;
     let at = KeyPath::root().key("filter_debug");
     check_header_name(&d.header, at.key("header"), p);
@@ -144,6 +158,49 @@ fn check_redis(r: &RedisConfig, p: &mut Problems) {
         p.push(
             at.key("key_prefix"),
             "must not contain whitespace or control characters; expected e.g. \"keymaster:rl:\"",
+        );
+    }
+}
+
+/// `[lua]`: the directory is checked for form here; whether it exists and its files
+/// compile is checked when the filter set is built (start, reload).
+fn check_lua(config: &Config, p: &mut Problems) {
+    let l = &config.lua;
+    let at = KeyPath::root().key("lua");
+    if l.dir.as_deref().is_some_and(|d| d.trim().is_empty()) {
+        p.push(
+            at.key("dir"),
+            "must not be empty; expected a directory path like \"filters\" (or leave it out)",
+        );
+    }
+    if l.poll_interval.get() < std::time::Duration::from_millis(10) {
+        p.push(
+            at.key("poll_interval"),
+            "too short; expected at least \"10ms\", like \"1s\"",
+        );
+    }
+    if l.instruction_budget < 1000 {
+        p.push(
+            at.key("instruction_budget"),
+            "too small; expected at least 1000 instructions, like 1000000",
+        );
+    }
+    if l.memory_limit.0 < 1024 * 1024 {
+        p.push(
+            at.key("memory_limit"),
+            "too small; expected at least \"1MiB\", like \"64MiB\"",
+        );
+    }
+    if l.http_timeout.get().is_zero() {
+        p.push(
+            at.key("http_timeout"),
+            "must be greater than zero; expected a duration like \"1s\"",
+        );
+    }
+    if l.http_max_body.0 == 0 {
+        p.push(
+            at.key("http_max_body"),
+            "must be greater than zero; expected a size like \"1MiB\"",
         );
     }
 }

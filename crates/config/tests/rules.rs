@@ -461,6 +461,57 @@ fn listener_tls() {
 }
 
 #[test]
+fn lua_and_filter_body_rules() {
+    one("\n[lua]\ndir = \"\"\n", "lua.dir", 14, "must not be empty");
+    one(
+        "\n[lua]\npoll_interval = \"1ms\"\n",
+        "lua.poll_interval",
+        14,
+        "too short",
+    );
+    one(
+        "\n[lua]\ninstruction_budget = 10\n",
+        "lua.instruction_budget",
+        14,
+        "too small",
+    );
+    one(
+        "\n[lua]\nmemory_limit = \"64KiB\"\n",
+        "lua.memory_limit",
+        14,
+        "too small",
+    );
+    one(
+        "\n[lua]\nhttp_timeout = \"0s\"\n",
+        "lua.http_timeout",
+        14,
+        "greater than zero",
+    );
+    one(
+        "\n[lua]\nhttp_max_body = 0\n",
+        "lua.http_max_body",
+        14,
+        "greater than zero",
+    );
+    one(
+        "\n[filter_body]\nmax_request = 0\n",
+        "filter_body.max_request",
+        14,
+        "between",
+    );
+    one(
+        "\n[filter_body]\nmax_response = \"2GiB\"\n",
+        "filter_body.max_response",
+        14,
+        "between",
+    );
+    assert!(errors(&format!(
+        "{BASE}\n[lua]\ndir = \"filters\"\nwatch = false\n"
+    ))
+    .is_empty());
+}
+
+#[test]
 fn route_upgrade() {
     assert!(errors(&format!(
         "{BASE}upgrade = {{ websocket = false, protocols = [\"my-proto/2\"], idle_timeout = \"30s\" }}\n"

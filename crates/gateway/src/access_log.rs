@@ -28,6 +28,17 @@ pub struct LogRecord {
     pub attempts: u32,
     pub user_agent: String,
     pub referer: String,
+    /// Every upstream attempt, in order (retries included).
+    pub tries: Vec<TryRecord>,
+}
+
+/// One upstream attempt: which server, how it ended (a status or an error category), and
+/// how long it took.
+#[derive(Debug, Clone)]
+pub struct TryRecord {
+    pub origin: std::sync::Arc<str>,
+    pub outcome: String,
+    pub duration_us: u64,
 }
 
 pub struct AccessLog {
@@ -104,6 +115,11 @@ fn json_line(r: &LogRecord) -> String {
         "upstream_head_ms": r.upstream_head_us as f64 / 1000.0,
         "bytes_out": r.bytes_out,
         "attempts": r.attempts,
+        "tries": r.tries.iter().map(|t| serde_json::json!({
+            "origin": &*t.origin,
+            "outcome": t.outcome,
+            "ms": t.duration_us as f64 / 1000.0,
+        })).collect::<Vec<_>>(),
         "user_agent": r.user_agent,
     });
     let mut s = v.to_string();

@@ -1,6 +1,7 @@
 //! The admin listener, on its own thread so it answers even when workers are saturated:
 //! `/metrics` (Prometheus text), `/healthz`, `/ready`, `/config` (effective config and its
-//! version) and `POST /reload` (re-read the config source and swap it in).
+//! version), `POST /reload` (re-read the config source and swap it in) and
+//! `/health/clusters` (origin server health as JSON).
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
@@ -61,8 +62,17 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
         (&Method::GET, "/metrics") => text(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
-            shared.metrics.render(),
+            shared.render_metrics(),
         ),
+        (&Method::GET, "/health/clusters") => {
+            let snap = shared.snapshot.load();
+            let body = crate::upstream::health::clusters_json(&snap);
+            text(
+                StatusCode::OK,
+                "application/json",
+                serde_json::to_string_pretty(&body).unwrap_or_default() + "\n",
+            )
+        }
         (&Method::GET, "/healthz") => text(StatusCode::OK, PLAIN, "ok\n".into()),
         (&Method::GET, "/ready") => {
             if shared.draining.load(Ordering::Acquire) {
@@ -106,11 +116,13 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
                 ),
             }
         }
-        (_, "/metrics" | "/healthz" | "/ready" | "/config" | "/reload") => text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            PLAIN,
-            "method not allowed\n".into(),
-        ),
+        (_, "/metrics" | "/healthz" | "/ready" | "/config" | "/reload" | "/health/clusters") => {
+            text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                PLAIN,
+                "method not allowed\n".into(),
+            )
+        }
         _ => text(StatusCode::NOT_FOUND, PLAIN, "not found\n".into()),
     }
 }

@@ -31,6 +31,9 @@ pub(crate) struct RequestBodyState {
 pub enum RequestBody {
     /// No body (or a replayed bodyless request).
     Empty,
+    /// A body read whole: for the replay buffer (retries) or for a filter (body opt-in),
+    /// which may have replaced it; `None` once sent.
+    Buffered(Option<Bytes>),
     /// The client's body, streamed with a size cap.
     Stream {
         inner: Incoming,
@@ -61,6 +64,7 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             RequestBody::Empty => Poll::Ready(None),
+            RequestBody::Buffered(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             RequestBody::Stream {
                 inner,
                 limit,
@@ -101,13 +105,15 @@ impl Body for RequestBody {
     fn is_end_stream(&self) -> bool {
         match self {
             RequestBody::Empty => true,
+            RequestBody::Buffered(b) => b.is_none(),
             RequestBody::Stream { inner, .. } => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            RequestBody::Empty => SizeHint::with_exact(0),
+            RequestBody::Empty | RequestBody::Buffered(None) => SizeHint::with_exact(0),
+            RequestBody::Buffered(Some(b)) => SizeHint::with_exact(b.len() as u64),
             RequestBody::Stream { inner, .. } => inner.size_hint(),
         }
     }
@@ -130,6 +136,9 @@ fn is_malformed_body(e: &hyper::Error) -> bool {
 }
 
 /// The body sent to the client.
+// `Origin` is the common case and as large as the enum; boxing it would cost an allocation
+// per proxied response to save bytes only on local (error) responses.
+#[allow(clippy::large_enum_variant)]
 pub enum ResponseBody {
     /// A body keymaster produced (errors, admin pages); `None` once sent.
     Local(Option<Bytes>),
@@ -146,6 +155,8 @@ impl ResponseBody {
 
 /// The origin's response body plus the exchange it finishes.
 pub struct OriginBody {
+    /// A body buffered for post filters (body opt-in), sent before `inner` (then at its end).
+    pub(crate) prefix: Option<Bytes>,
     pub(crate) inner: Incoming,
     pub(crate) exchange: Exchange,
     pub(crate) deadline: Option<Pin<Box<Sleep>>>,
@@ -169,6 +180,13 @@ impl Body for ResponseBody {
             ResponseBody::Origin(o) => {
                 if o.ended {
                     return Poll::Ready(None);
+                }
+                if let Some(b) = o.prefix.take() {
+                    o.exchange.add_body_bytes(b.len());
+                    if o.inner.is_end_stream() {
+                        o.exchange.body_complete();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(b))));
                 }
                 if let Some(d) = o.deadline.as_mut() {
                     if d.as_mut().poll(cx).is_ready() {
@@ -213,7 +231,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Local(b) => b.is_none(),
-            ResponseBody::Origin(o) => o.ended || o.inner.is_end_stream(),
+            ResponseBody::Origin(o) => o.ended || (o.prefix.is_none() && o.inner.is_end_stream()),
         }
     }
 
@@ -221,7 +239,11 @@ impl Body for ResponseBody {
         match self {
             ResponseBody::Local(None) => SizeHint::with_exact(0),
             ResponseBody::Local(Some(b)) => SizeHint::with_exact(b.len() as u64),
-            ResponseBody::Origin(o) => o.inner.size_hint(),
+            ResponseBody::Origin(o) => match &o.prefix {
+                Some(b) if o.inner.is_end_stream() => SizeHint::with_exact(b.len() as u64),
+                Some(_) => SizeHint::default(),
+                None => o.inner.size_hint(),
+            },
         }
     }
 }

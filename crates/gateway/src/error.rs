@@ -67,6 +67,14 @@ pub(crate) enum Kind {
     OriginProtocol,
     /// A filter of the filter chain failed (500) and no error filter answered.
     FilterFailed,
+    /// The cluster is at its request cap and its queue is full or timed out (503).
+    ClusterFull,
+    /// The gateway is overloaded and shed the request by its route's priority (503).
+    Shed,
+    /// No server of the cluster is healthy and it fails closed (503).
+    NoHealthyOrigin,
+    /// The origin's body is larger than a body-reading filter may buffer (502).
+    ResponseBodyTooLarge,
 }
 
 /// Whether the request may be sent again.
@@ -91,6 +99,8 @@ struct Inner {
     retry: Retry,
     detail: &'static str,
     source: Option<BoxError>,
+    /// Seconds for a `Retry-After` header.
+    retry_after: Option<u32>,
 }
 
 impl Error {
@@ -101,13 +111,16 @@ impl Error {
             | Kind::HeadersTooLarge
             | Kind::BodyTooLarge
             | Kind::ClientGone => (Side::Client, Retry::Unsafe),
-            Kind::NoRoute | Kind::FilterFailed => (Side::Internal, Retry::Unsafe),
+            Kind::NoRoute | Kind::FilterFailed | Kind::Shed => (Side::Internal, Retry::Unsafe),
+            Kind::ClusterFull => (Side::Internal, Retry::Unsafe),
+            Kind::NoHealthyOrigin => (Side::Origin, Retry::Unsafe),
             Kind::PoolFull => (Side::Internal, Retry::Safe),
             Kind::Connect | Kind::ConnectTimeout | Kind::OriginTls => (Side::Origin, Retry::Safe),
             Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
-            Kind::ResponseHeaderTimeout | Kind::RequestTimeout | Kind::OriginProtocol => {
-                (Side::Origin, Retry::Unsafe)
-            }
+            Kind::ResponseHeaderTimeout
+            | Kind::RequestTimeout
+            | Kind::OriginProtocol
+            | Kind::ResponseBodyTooLarge => (Side::Origin, Retry::Unsafe),
         };
         Error {
             inner: Box::new(Inner {
@@ -116,6 +129,7 @@ impl Error {
                 retry,
                 detail,
                 source: None,
+                retry_after: None,
             }),
         }
     }
@@ -124,6 +138,24 @@ impl Error {
     pub(crate) fn with_source(mut self, source: impl Into<BoxError>) -> Self {
         self.inner.source = Some(source.into());
         self
+    }
+
+    /// Ask the client to come back after `after` (rounded up to whole seconds, at least 1).
+    pub(crate) fn with_retry_after(mut self, after: std::time::Duration) -> Self {
+        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        self.inner.retry_after = Some(secs.clamp(1, u64::from(u32::MAX)) as u32);
+        self
+    }
+
+    /// Seconds the client should wait before trying again (`Retry-After`), if any.
+    pub fn retry_after(&self) -> Option<u32> {
+        self.inner.retry_after
+    }
+
+    /// The gateway refused the request to protect itself or the origin (a cluster cap or
+    /// load shedding); nothing was sent upstream.
+    pub fn is_overload(&self) -> bool {
+        matches!(self.inner.kind, Kind::ClusterFull | Kind::Shed)
     }
 
     /// Which side caused this error.
@@ -157,6 +189,14 @@ impl Error {
     pub fn is_tls(&self) -> bool {
         self.inner.kind == Kind::OriginTls
     }
+    /// The origin closed or reset the connection before a response head.
+    pub fn is_reset(&self) -> bool {
+        self.inner.kind == Kind::OriginReset
+    }
+    /// The request's whole deadline passed (not just one attempt's wait).
+    pub fn is_request_deadline(&self) -> bool {
+        self.inner.kind == Kind::RequestTimeout
+    }
     /// The client went away.
     pub fn is_client_gone(&self) -> bool {
         self.inner.kind == Kind::ClientGone
@@ -184,8 +224,11 @@ impl Error {
             | Kind::ConnectTimeout
             | Kind::OriginTls
             | Kind::OriginReset
-            | Kind::OriginProtocol => StatusCode::BAD_GATEWAY,
-            Kind::PoolFull => StatusCode::SERVICE_UNAVAILABLE,
+            | Kind::OriginProtocol
+            | Kind::ResponseBodyTooLarge => StatusCode::BAD_GATEWAY,
+            Kind::PoolFull | Kind::ClusterFull | Kind::Shed | Kind::NoHealthyOrigin => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
             Kind::FilterFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -207,12 +250,16 @@ impl Error {
             Kind::OriginReset => "origin_reset",
             Kind::OriginProtocol => "origin_bad_response",
             Kind::FilterFailed => "local_filter_error",
+            Kind::ClusterFull => "origin_concurrency_exceeded",
+            Kind::Shed => "local_overloaded",
+            Kind::NoHealthyOrigin => "origin_no_servers",
+            Kind::ResponseBodyTooLarge => "origin_body_too_large",
         }
     }
 
     /// The gRPC status code for a call the gateway itself failed (the grpc-status of a
     /// gRPC-shaped error response): 14 UNAVAILABLE when the origin could not be reached or
-    /// reset, 4 DEADLINE_EXCEEDED for timeouts, 12 UNIMPLEMENTED for no route, 1 CANCELLED
+    /// reset, or the gateway is at a cap, shedding or without a healthy origin, 4 DEADLINE_EXCEEDED for timeouts, 12 UNIMPLEMENTED for no route, 1 CANCELLED
     /// when the client went away, 8 RESOURCE_EXHAUSTED for limits, 3 INVALID_ARGUMENT for a
     /// bad request, 13 INTERNAL otherwise.
     pub fn grpc_status(&self) -> u8 {
@@ -221,13 +268,16 @@ impl Error {
             | Kind::ConnectTimeout
             | Kind::OriginTls
             | Kind::OriginReset
-            | Kind::PoolFull => 14,
+            | Kind::PoolFull
+            | Kind::ClusterFull
+            | Kind::Shed
+            | Kind::NoHealthyOrigin => 14,
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout => 4,
             Kind::NoRoute => 12,
             Kind::ClientGone => 1,
             Kind::BodyTooLarge | Kind::HeadersTooLarge | Kind::UriTooLong => 8,
             Kind::BadRequest => 3,
-            Kind::OriginProtocol | Kind::FilterFailed => 13,
+            Kind::OriginProtocol | Kind::FilterFailed | Kind::ResponseBodyTooLarge => 13,
         }
     }
 
@@ -295,6 +345,22 @@ mod tests {
         let e = Error::new(Kind::NoRoute, "no route");
         assert!(e.is_internal());
         assert_eq!(e.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn overload_errors_carry_retry_after() {
+        let e = Error::new(Kind::ClusterFull, "full")
+            .with_retry_after(std::time::Duration::from_millis(1200));
+        assert!(e.is_overload() && e.is_internal() && !e.is_retry_safe());
+        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.retry_after(), Some(2));
+        let e = Error::new(Kind::Shed, "shed").with_retry_after(std::time::Duration::ZERO);
+        assert_eq!(
+            (e.category(), e.retry_after()),
+            ("local_overloaded", Some(1))
+        );
+        let e = Error::new(Kind::NoHealthyOrigin, "none");
+        assert!(e.is_origin() && e.retry_after().is_none());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
 use crate::downstream::{bind_reuseport, ListenerCtx};
-use crate::filter::FilterSpec;
+use crate::filter::{FilterSource, FilterSpec, Reloader};
 use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use crate::tls::ListenerTls;
@@ -52,12 +52,16 @@ pub(crate) struct Shared {
     pub(crate) access_log: Option<AccessLog>,
     pub(crate) draining: AtomicBool,
     pub(crate) source: ConfigSource,
+    /// Requests in flight in this gateway (load shedding).
+    pub(crate) load: Arc<crate::overload::Load>,
     next_version: AtomicU64,
     reload_lock: Mutex<()>,
     /// TLS listeners by name: their certificates are re-read on every reload.
     listener_tls: Vec<(String, Arc<ListenerTls>)>,
     /// Filters registered in code, part of every config version's chain.
     natives: Vec<FilterSpec>,
+    /// Filter sets built per version (Lua): asked again on every reload.
+    sources: Vec<Arc<dyn FilterSource>>,
     /// Service discovery's current server lists (clusters with `discovery`).
     discovered: Mutex<Lists>,
     /// Wakes the discovery thread after a reload (new clusters, new intervals).
@@ -109,7 +113,9 @@ impl Shared {
         };
         // Serialised by `reload_lock`: a rejected config does not use up a version number.
         let version = self.next_version.load(Ordering::Acquire);
-        match Snapshot::build(config, version, &self.metrics, &self.natives, &lists) {
+        let built = crate::filter::collect_sources(&config, &self.natives, &self.sources)
+            .and_then(|filters| Snapshot::build(config, version, &self.metrics, &filters, &lists));
+        match built {
             Ok(snap) => {
                 self.next_version.store(version + 1, Ordering::Release);
                 self.snapshot.store(Arc::new(snap));
@@ -129,6 +135,12 @@ impl Shared {
                 Err(e)
             }
         }
+    }
+
+    /// The Prometheus text of every metric, health gauges refreshed first.
+    pub(crate) fn render_metrics(&self) -> String {
+        crate::upstream::health::export_gauges(&self.metrics, &self.snapshot.load());
+        self.metrics.render()
     }
 
     /// Service discovery resolved `cluster` (as configured with `dns`) to `endpoints`: when
@@ -241,6 +253,17 @@ impl Gateway {
         source: ConfigSource,
         natives: Vec<FilterSpec>,
     ) -> Result<Gateway, String> {
+        Self::start_with_sources(config, source, natives, Vec::new())
+    }
+
+    /// [`Gateway::start_with_filters`] plus filter sources (the Lua host): each is asked for
+    /// its filters whenever a config version is built (now and on every reload).
+    pub fn start_with_sources(
+        config: Config,
+        source: ConfigSource,
+        natives: Vec<FilterSpec>,
+        sources: Vec<Arc<dyn FilterSource>>,
+    ) -> Result<Gateway, String> {
         let metrics = Metrics::new();
         let workers = match config.server.workers {
             0 => std::thread::available_parallelism()
@@ -301,7 +324,8 @@ impl Gateway {
         let mut admin_thread = None;
 
         let lists = discovery::initial(&config, &Lists::new())?;
-        let snapshot = Snapshot::build(config, 1, &metrics, &natives, &lists)?;
+        let filters = crate::filter::collect_sources(&config, &natives, &sources)?;
+        let snapshot = Snapshot::build(config, 1, &metrics, &filters, &lists)?;
         metrics.config_version.set(1);
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -309,10 +333,12 @@ impl Gateway {
             access_log,
             draining: AtomicBool::new(false),
             source,
+            load: Arc::default(),
             next_version: AtomicU64::new(2),
             reload_lock: Mutex::new(()),
             listener_tls,
             natives,
+            sources,
             discovered: Mutex::new(lists),
             discovery_wake: tokio::sync::Notify::new(),
         });
@@ -327,6 +353,11 @@ impl Gateway {
                 .map_err(|e| format!("cannot start worker thread: {e}"))?;
             threads.push(t);
         }
+        // Active health checks: their own thread, stopped with the workers.
+        threads.push(
+            crate::upstream::checker::start(shared.clone(), rx.clone())
+                .map_err(|e| format!("cannot start the health-check thread: {e}"))?,
+        );
         threads.push(
             discovery::spawn(shared.clone(), rx.clone())
                 .map_err(|e| format!("cannot start the discovery thread: {e}"))?,
@@ -397,6 +428,11 @@ impl Gateway {
         self.shared.reload_from_source()
     }
 
+    /// A handle that reloads from another thread (a filter directory watcher).
+    pub fn reloader(&self) -> Reloader {
+        Reloader(Arc::downgrade(&self.shared))
+    }
+
     /// The active config version.
     pub fn version(&self) -> u64 {
         self.shared.snapshot.load().version
@@ -404,7 +440,7 @@ impl Gateway {
 
     /// The Prometheus text of every metric.
     pub fn metrics_text(&self) -> String {
-        self.shared.metrics.render()
+        self.shared.render_metrics()
     }
 
     /// Stop accepting, drain in-flight requests (up to `server.drain_timeout`), and join
@@ -422,17 +458,20 @@ impl Gateway {
     }
 
     /// Serve until SIGTERM or SIGINT (then drain and return); SIGHUP reloads the config
-    /// source. `on_ready` runs once the signal handlers are installed (print the banner there,
-    /// so nobody signals the process before it can drain). Blocks the calling thread.
-    pub fn run_until_signal(self, on_ready: impl FnOnce(&Gateway)) -> std::io::Result<()> {
-        use tokio::signal::unix::{signal, SignalKind};
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+    /// source. `signals` were installed before the gateway started (see [`Signals`]);
+    /// `on_ready` runs first (print the banner there). Blocks the calling thread.
+    pub fn run_until_signal(
+        self,
+        signals: Signals,
+        on_ready: impl FnOnce(&Gateway),
+    ) -> std::io::Result<()> {
+        let Signals {
+            rt,
+            mut term,
+            mut int,
+            mut hup,
+        } = signals;
         rt.block_on(async {
-            let mut term = signal(SignalKind::terminate())?;
-            let mut int = signal(SignalKind::interrupt())?;
-            let mut hup = signal(SignalKind::hangup())?;
             on_ready(&self);
             loop {
                 tokio::select! {
@@ -453,5 +492,33 @@ impl Gateway {
         eprintln!("keymaster: shutting down, draining in-flight requests");
         self.shutdown();
         Ok(())
+    }
+}
+
+/// SIGTERM, SIGINT and SIGHUP, taken over from their default actions. Install them before
+/// [`Gateway::start`]: the workers serve as soon as they start, and a SIGTERM that arrived
+/// before the handlers would kill the process instead of draining it.
+pub struct Signals {
+    rt: tokio::runtime::Runtime,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (term, int, hup) = {
+            let _in_runtime = rt.enter();
+            (
+                signal(SignalKind::terminate())?,
+                signal(SignalKind::interrupt())?,
+                signal(SignalKind::hangup())?,
+            )
+        };
+        Ok(Signals { rt, term, int, hup })
     }
 }

@@ -12,13 +12,14 @@
 //! | `proxy` | the proxy stage: route → upstream → response, the `Exchange` |
 //! | `headers` | head validation, hop-by-hop, `Via`, `X-Forwarded-*`, request ids |
 //! | `route` | compiled routes, matching and path rewrites |
-//! | `upstream` | clusters, balancing, per-worker connection pools (HTTP/1.1 and multiplexed HTTP/2), connect, outbound TLS |
+//! | `upstream` | clusters, balancing, per-worker connection pools (HTTP/1.1 and multiplexed HTTP/2), connect, outbound TLS, health checks and outlier ejection, cluster caps and retry budgets |
 //! | `body` | streaming request/response bodies with caps |
 //! | [`error`] | the one error type; `respond` turns it into the client's response |
 //! | `snapshot` | a compiled config version |
 //! | `tls` | inbound TLS: certificates by SNI, ALPN, mTLS, swapped on reload |
 //! | `grpc` | recognising gRPC calls, `grpc-timeout` as the request deadline |
 //! | `upgrade` | WebSocket and other `Upgrade`s: handshake hooks and the two-way tunnel |
+//! | `overload` | load shedding by route priority (in-flight requests, event-loop lag) |
 //! | [`metrics`], `admin`, [`access_log`] | observability |
 
 pub mod access_log;
@@ -31,6 +32,7 @@ pub mod gateway;
 mod grpc;
 mod headers;
 pub mod metrics;
+mod overload;
 mod proxy;
 mod proxy_protocol;
 mod respond;
@@ -41,4 +43,4 @@ mod upgrade;
 mod upstream;
 mod worker;
 
-pub use gateway::{ConfigSource, Gateway};
+pub use gateway::{ConfigSource, Gateway, Signals};

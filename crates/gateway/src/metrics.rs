@@ -1,6 +1,10 @@
 //! Prometheus metrics. Label lookups happen when a config version is built; the request
 //! path only touches pre-resolved counter and histogram handles (atomics, no locks).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::upstream::limits::ClusterState;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -36,6 +40,16 @@ pub struct Metrics {
     tunnels: IntCounterVec,
     tunnel_bytes: IntCounterVec,
     tunnel_idle_timeouts: IntCounterVec,
+    upstream_ejections: IntCounterVec,
+    upstream_budget_exhausted: IntCounterVec,
+    upstream_overflow: IntCounterVec,
+    /// 1 when a server is available (healthy and not ejected), by cluster and server;
+    /// refreshed from the health state whenever metrics are rendered.
+    pub(crate) upstream_server_healthy: IntGaugeVec,
+    shed: IntCounterVec,
+    /// Live per-cluster counts (caps, queue, retry budget) by cluster name: one per gateway,
+    /// shared by every config version.
+    cluster_states: Mutex<HashMap<String, Arc<ClusterState>>>,
     rate_limit_redis: IntCounterVec,
     pub(crate) discovery_updates: IntCounterVec,
     pub(crate) discovery_errors: IntCounterVec,
@@ -93,6 +107,11 @@ pub(crate) struct ClusterMetrics {
     pub(crate) h2_streams: IntGauge,
     /// Failed TLS handshakes with the cluster's servers.
     pub(crate) tls_failures: IntCounter,
+    pub(crate) ejections: IntCounter,
+    pub(crate) budget_exhausted: IntCounter,
+    pub(crate) overflow: IntCounter,
+    /// The cluster's live counts (not a metric; kept here because it has the same lifetime).
+    pub(crate) limits: Arc<ClusterState>,
 }
 
 /// Handles for one listener.
@@ -201,7 +220,7 @@ impl Metrics {
             upstream_retries: counter_vec(
                 &r,
                 "upstream_retries_total",
-                "Requests retried on a fresh connection after a stale pooled one failed",
+                "Retries: the route's retry policy, and requests resent on a fresh connection after a stale pooled one failed",
                 &["cluster"],
             ),
             upstream_open: gauge_vec(
@@ -282,6 +301,37 @@ impl Metrics {
                 "Filter failures (error or panic)",
                 &["filter"],
             ),
+            upstream_ejections: counter_vec(
+                &r,
+                "upstream_ejections_total",
+                "Origin servers ejected by passive outlier detection",
+                &["cluster"],
+            ),
+            upstream_budget_exhausted: counter_vec(
+                &r,
+                "upstream_retry_budget_exhausted_total",
+                "Retries not made because the cluster's retry budget was used up",
+                &["cluster"],
+            ),
+            upstream_overflow: counter_vec(
+                &r,
+                "upstream_overflow_total",
+                "Requests answered 503 because the cluster was at its request cap and queue",
+                &["cluster"],
+            ),
+            upstream_server_healthy: gauge_vec(
+                &r,
+                "upstream_server_healthy",
+                "1 when an origin server is available (healthy and not ejected), else 0",
+                &["cluster", "server"],
+            ),
+            shed: counter_vec(
+                &r,
+                "shed_total",
+                "Requests shed with 503 because the gateway was overloaded, by route priority",
+                &["priority"],
+            ),
+            cluster_states: Mutex::default(),
             rate_limit_redis: counter_vec(
                 &r,
                 "rate_limit_redis_total",
@@ -363,6 +413,16 @@ impl Metrics {
             idle_connections: self.upstream_idle.with_label_values(&[name]),
             h2_streams: self.upstream_streams.with_label_values(&[name]),
             tls_failures: self.upstream_tls_failures.with_label_values(&[name]),
+            ejections: self.upstream_ejections.with_label_values(&[name]),
+            budget_exhausted: self.upstream_budget_exhausted.with_label_values(&[name]),
+            overflow: self.upstream_overflow.with_label_values(&[name]),
+            limits: self
+                .cluster_states
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(name.to_owned())
+                .or_default()
+                .clone(),
         }
     }
 
@@ -391,6 +451,11 @@ impl Metrics {
             errors: self.filter_errors.with_label_values(&[name]),
             duration: self.filter_duration.with_label_values(&[name]),
         }
+    }
+
+    /// The shed counter of one route priority.
+    pub(crate) fn shed(&self, priority: &str) -> IntCounter {
+        self.shed.with_label_values(&[priority])
     }
 
     /// A Redis-backed rate limit's (ok, fallback) decision counters.

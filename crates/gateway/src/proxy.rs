@@ -1,9 +1,9 @@
 //! The proxy stage: one downstream request in, one response out.
 //!
 //! ```text
-//! handle ─► validate head ─► route ─► [pre, route filters] ─► body cap ─► request headers ─► pick server
-//!        ─► pool checkout | connect ─► send (response-header timeout)
-//!             └─ stale pooled connection failed before a response? retry once, fresh
+//! handle ─► validate head ─► route ─► shed? ─► [pre, route filters] ─► body cap ─► request headers
+//!        ─► cluster cap (queue) ─► attempt::send (choose server, pool | connect, send;
+//!             retries and the keep-alive race resend: see `attempt`)
 //!        ─► validate response ─► response headers ─► [post filters] ─► stream body (Exchange)
 //!  any Err ─► respond::error_response (the one place errors become responses)
 //! ```
@@ -17,7 +17,6 @@ use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use std::convert::Infallible;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -31,9 +30,13 @@ use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
 use crate::upgrade;
-use crate::upstream::pool::{checkout, Conn};
-use crate::upstream::{Cluster, OriginServer};
+use crate::upstream::{limits::Slot, pool::Conn, Cluster};
 use keymaster_config::ProxyProtocol;
+
+mod attempt;
+
+use crate::overload::InFlightLoad;
+use attempt::{Outstanding, Upstream, UpstreamHost};
 
 /// Serve one request. Never fails: errors become responses here.
 pub(crate) async fn handle(
@@ -44,7 +47,13 @@ pub(crate) async fn handle(
     cx.state.request_started();
     let mut inflight = InFlight(Some(cx.state.clone()));
     let snapshot = cx.worker.shared.snapshot.load_full();
-    let mut info = RequestInfo::default();
+    // Counted only while load shedding is on (a reload turning it on mid-flight misses the
+    // requests already running, briefly).
+    let shedding = &snapshot.config.load_shedding;
+    let mut info = RequestInfo {
+        load: (shedding.max_in_flight != 0).then(|| cx.worker.shared.load.enter()),
+        ..Default::default()
+    };
     if cx.worker.shared.access_log.is_some() {
         info.log = Some(Box::new(LogRecord::from_request(&req, &cx)));
     }
@@ -125,6 +134,8 @@ struct RequestInfo {
     fctx: Option<Box<FilterCtx>>,
     /// A gRPC call: errors get gRPC-shaped responses.
     grpc: bool,
+    /// Counted in the gateway's in-flight requests until the request ends.
+    load: Option<InFlightLoad>,
 }
 
 /// How a request ended, for metrics and the access log.
@@ -174,7 +185,8 @@ async fn proxy(
 ) -> Result<Response<ResponseBody>, Error> {
     let listener = &cx.listener;
     let (mut cluster, mut upstream_path, mut upstream_host) = (None, None, None);
-    let (mut parts, body) = req.into_parts();
+    let (mut parts, mut body) = req.into_parts();
+    let mut buffered = None; // a request body buffered for filters (filter::body)
     let mut scan = hdr::HeadScan::of(&parts.headers);
     info.grpc = crate::grpc::is_grpc(&parts.headers);
     hdr::validate_request_head(
@@ -215,6 +227,21 @@ async fn proxy(
         .ok_or_else(|| Error::new(Kind::NoRoute, "no route matches the request"))?
         .clone();
     info.route = Some(route.clone());
+    // Shed by priority before doing any work for the request.
+    crate::overload::ensure_lag_probe(&cx.worker, &snapshot.config.load_shedding);
+    crate::overload::check(
+        &snapshot.config.load_shedding,
+        &cx.worker.shared.load,
+        &cx.worker.lag,
+        route.shed_priority,
+    )
+    .inspect_err(|_| {
+        cx.worker
+            .shared
+            .metrics
+            .shed(route.shed_priority.as_str())
+            .inc()
+    })?;
     if let Some(log) = info.log.as_mut() {
         log.route = route.name.to_string();
         log.request_id = rid.to_str().unwrap_or("").to_string();
@@ -223,8 +250,24 @@ async fn proxy(
     // The filter chain's pre and route stages (docs/filters.md).
     if !snapshot.filters.is_empty() {
         let headers = std::mem::take(&mut parts.headers);
-        let mut ctx = Box::new(FilterCtx::new(&parts, headers, cx.peer, route.name.clone()));
+        let tls = cx.client.tls.as_ref();
+        let mut ctx = Box::new(FilterCtx::new(
+            &parts,
+            headers,
+            cx.peer,
+            tls,
+            route.name.clone(),
+        ));
         snapshot.filters.start_debug(&mut ctx);
+        if snapshot.filters.wants_request_body(&ctx) {
+            let cap = snapshot
+                .config
+                .filter_body
+                .max_request
+                .0
+                .min(route.max_body_size);
+            ctx.put_request_body(crate::filter::read_request_body(&mut body, cap).await?);
+        }
         if !snapshot.filters.inbound(&mut ctx).await {
             let id = (&listener.request_id_header, &rid);
             let (resp, failed) = snapshot
@@ -239,6 +282,10 @@ async fn proxy(
             return Ok(resp);
         }
         parts.headers = snapshot.filters.request_headers(&mut ctx);
+        if let Some(b) = ctx.take_request_body() {
+            crate::filter::set_body_length(&mut parts.headers, b.len());
+            buffered = Some(b);
+        }
         // Filters may have edited the head: scan it again for the header duties below.
         scan = hdr::HeadScan::of(&parts.headers);
         if parts.uri.authority().is_none() {
@@ -269,7 +316,12 @@ async fn proxy(
         }
     }
     // No body: no shared state to allocate (`None` reads as "finished, not too large").
-    let (upstream_body, body_state) = if http_body::Body::is_end_stream(&body) {
+    let (upstream_body, body_state) = if let Some(b) = buffered {
+        // Sent whole: finished from the start, and never replayed as bodyless.
+        let state = Rc::new(RequestBodyState::default());
+        state.finished.set(true);
+        (RequestBody::Buffered(Some(b)), Some(state))
+    } else if http_body::Body::is_end_stream(&body) {
         (RequestBody::Empty, None)
     } else {
         let state = Rc::new(RequestBodyState::default());
@@ -333,32 +385,22 @@ async fn proxy(
     parts.version = Version::HTTP_11;
 
     let cluster = cluster.unwrap_or_else(|| route.cluster.clone());
-    let server = cluster.pick().clone();
-    match &route.host_rewrite {
-        HostRewrite::Preserve => {
+    let host = if let Some(h) = upstream_host {
+        UpstreamHost::Set(h)
+    } else {
+        match &route.host_rewrite {
             // The host the request was routed by: an absolute-form authority replaces a
             // differing Host field (RFC 9112 §3.2.2), so the origin sees what was matched.
             // A plain origin-form request already carries it.
-            if authority_form || scan.hosts == 0 {
-                let h = host_value
-                    .clone()
-                    .unwrap_or_else(|| server.authority.clone());
-                parts.headers.insert(header::HOST, h);
-            }
+            HostRewrite::Preserve if authority_form || scan.hosts == 0 => match host_value {
+                Some(h) => UpstreamHost::Set(h),
+                None => UpstreamHost::Origin,
+            },
+            HostRewrite::Preserve => UpstreamHost::Keep,
+            HostRewrite::Origin => UpstreamHost::Origin,
+            HostRewrite::Fixed(v) => UpstreamHost::Set(v.clone()),
         }
-        HostRewrite::Origin => {
-            parts.headers.insert(header::HOST, server.authority.clone());
-        }
-        HostRewrite::Fixed(v) => {
-            parts.headers.insert(header::HOST, v.clone());
-        }
-    }
-    if let Some(h) = upstream_host {
-        parts.headers.insert(header::HOST, h);
-    }
-    if let Some(log) = info.log.as_mut() {
-        log.origin = server.label.to_string();
-    }
+    };
 
     // The deadline covers the whole exchange, body included; a gRPC client's grpc-timeout
     // shortens it.
@@ -367,22 +409,34 @@ async fn proxy(
         Some(g) => Some(deadline.map_or(start + g, |d| d.min(start + g))),
         None => deadline,
     };
-
-    let outstanding = Outstanding::new(server.clone());
-    let (resp, conn, attempts) = send(
+    let up = Upstream {
         cx,
-        &route,
-        &cluster,
-        &server,
-        Request::from_parts(parts, upstream_body),
+        route: &route,
+        cluster: &cluster,
         deadline,
+        host,
+    };
+    // The cluster's request cap (and queue): held until the response body ends.
+    let slot = cluster
+        .limits
+        .admit(&cluster.config.limits, deadline)
+        .await
+        .inspect_err(|_| cluster.metrics.overflow.inc())?;
+    let upstream_body =
+        attempt::buffer_for_replay(&up, &parts, upstream_body, body_state.as_deref()).await?;
+    let sent = attempt::send(
+        &up,
+        Request::from_parts(parts, upstream_body),
         body_state.as_deref(),
+        info.log.as_deref_mut(),
     )
     .await?;
+    let (resp, conn, attempts) = (sent.resp, sent.conn, sent.sends);
     let upstream_head = start.elapsed();
 
     // Response header duties.
-    let (mut rparts, rbody) = resp.into_parts();
+    let (mut rparts, mut rbody) = resp.into_parts();
+    let mut prefix = None; // a response body buffered for post filters (filter::body)
     let rscan = hdr::HeadScan::of(&rparts.headers);
     hdr::validate_response_head(&rparts.headers, &rscan)?;
     let switch = upgrade::accept_response(upgrade, &mut rparts)?;
@@ -405,6 +459,13 @@ async fn proxy(
             .insert(listener.request_id_header.clone(), rid.clone());
     }
     if let Some(ctx) = info.fctx.as_mut() {
+        if snapshot.filters.wants_response_body(ctx, rparts.status) {
+            let cap = snapshot.config.filter_body.max_response.0;
+            let wait = deadline.map_or(route.response_header_timeout, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            ctx.put_response_body(crate::filter::read_response_body(&mut rbody, cap, wait).await?);
+        }
         // Post filters over the origin's response head.
         let id = (&listener.request_id_header, &rid);
         let failed = || filter_failed(snapshot, id);
@@ -417,6 +478,10 @@ async fn proxy(
             // The origin's body is dropped unread, and its connection with it.
             info.local = Some("local_filter_error");
             return Ok(resp);
+        }
+        if let Some(b) = ctx.take_response_body() {
+            crate::filter::set_body_length(&mut rparts.headers, b.len());
+            prefix = Some(b);
         }
     }
     rparts.version = client_version;
@@ -458,13 +523,16 @@ async fn proxy(
         bytes: 0,
         status,
         start,
-        _outstanding: outstanding,
+        _outstanding: sent.outstanding,
+        _slot: slot,
+        _load: info.load.take(),
         log: info.log.take(),
     };
     if http_body::Body::is_end_stream(&rbody) {
         exchange.body_complete();
     }
     let body = OriginBody {
+        prefix,
         inner: rbody,
         exchange,
         deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
@@ -478,160 +546,6 @@ fn connection_has_close(v: &HeaderValue) -> bool {
     v.to_str()
         .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
         .unwrap_or(false)
-}
-
-/// Send the request on a pooled or new connection. A request that fails on a reused
-/// connection before any response (the keep-alive race) is sent once more on a fresh one,
-/// if it was not sent at all or is bodyless (`body_state` is `None`) and so can be replayed.
-async fn send(
-    cx: &Rc<ConnCtx>,
-    route: &Route,
-    cluster: &Arc<Cluster>,
-    server: &Arc<OriginServer>,
-    req: Request<RequestBody>,
-    deadline: Option<Instant>,
-    body_state: Option<&RequestBodyState>,
-) -> Result<(Response<Incoming>, Conn, u32), Error> {
-    // A cluster that sends PROXY headers keeps connections per client connection, not pooled.
-    let proxy_header =
-        crate::proxy_protocol::header_for(cluster.config.proxy_protocol, cx.peer, cx.local);
-    let proxy_header = proxy_header.as_deref();
-    let private = match proxy_header {
-        Some(_) => crate::proxy_protocol::take_private(cx, server),
-        None => None,
-    };
-    let t = route.connect_timeout;
-    let (mut conn, is_reused) = match private {
-        Some(c) => (c, true),
-        None => checkout_within(cx, cluster, server, t, deadline, true, proxy_header).await?,
-    };
-    cluster.metrics.requests.inc();
-    if is_reused {
-        cluster.metrics.reused.inc();
-    }
-    let replay = if is_reused && body_state.is_none() {
-        Some((
-            req.method().clone(),
-            req.uri().clone(),
-            req.headers().clone(),
-        ))
-    } else {
-        None
-    };
-    conn.requests += 1;
-    let head_timeout = HeadTimeout::new(route.response_header_timeout, deadline);
-    let first = tokio::time::timeout(head_timeout.wait, conn.send(req)).await;
-    let retry = match first {
-        Ok(Ok(resp)) => return Ok((resp, conn, 1)),
-        Err(_) => return Err(head_timeout.error()),
-        Ok(Err(mut e)) => {
-            let unsent = e.take_message();
-            let err = e.into_error();
-            if body_state.is_some_and(|s| s.too_large.get()) {
-                return Err(Error::new(
-                    Kind::BodyTooLarge,
-                    "request body exceeds the route's limit",
-                ));
-            }
-            if body_state.is_some_and(|s| s.malformed.get()) {
-                return Err(Error::new(Kind::BadRequest, "invalid request body framing"));
-            }
-            let retry_req = match (unsent, replay) {
-                (Some(r), _) => Some(r),
-                (None, Some((m, u, h))) if stale_connection_error(&err) => {
-                    let mut r = Request::new(RequestBody::Empty);
-                    *r.method_mut() = m;
-                    *r.uri_mut() = u;
-                    *r.headers_mut() = h;
-                    Some(r)
-                }
-                _ => None,
-            };
-            match retry_req {
-                Some(r) if is_reused => r,
-                _ => return Err(map_send_error(err)),
-            }
-        }
-    };
-    // Retry once on a fresh connection.
-    cluster.metrics.retries.inc();
-    drop(conn);
-    let t = route.connect_timeout;
-    let (mut conn, _) =
-        checkout_within(cx, cluster, server, t, deadline, false, proxy_header).await?;
-    cluster.metrics.requests.inc();
-    conn.requests += 1;
-    // The retry gets what is left of the deadline, not a fresh one.
-    let head_timeout = HeadTimeout::new(route.response_header_timeout, deadline);
-    match tokio::time::timeout(head_timeout.wait, conn.send(retry)).await {
-        Ok(Ok(resp)) => Ok((resp, conn, 2)),
-        Ok(Err(e)) => Err(map_send_error(e.into_error())),
-        Err(_) => Err(head_timeout.error()),
-    }
-}
-
-/// A connection (or HTTP/2 stream) within the connect timeout, cut short by the deadline.
-async fn checkout_within(
-    cx: &ConnCtx,
-    cluster: &Cluster,
-    server: &Arc<OriginServer>,
-    connect_timeout: std::time::Duration,
-    deadline: Option<Instant>,
-    reuse: bool,
-    proxy_header: Option<&[u8]>,
-) -> Result<(Conn, bool), Error> {
-    let t = match deadline {
-        Some(d) => connect_timeout.min(d.saturating_duration_since(Instant::now())),
-        None => connect_timeout,
-    };
-    checkout(&cx.worker.pools, cluster, server, t, reuse, proxy_header).await
-}
-
-/// The failure looks like the origin closed an idle connection under us.
-fn stale_connection_error(e: &hyper::Error) -> bool {
-    if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
-        return true;
-    }
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::BrokenPipe
-                    | std::io::ErrorKind::ConnectionAborted
-            );
-        }
-        src = s.source();
-    }
-    false
-}
-
-fn map_send_error(e: hyper::Error) -> Error {
-    if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
-        Error::new(Kind::OriginProtocol, "origin sent a malformed response").with_source(e)
-    } else if e.is_user() || e.is_body_write_aborted() {
-        // Our request body failed: the client stopped sending it.
-        Error::new(Kind::ClientGone, "client request body failed").with_source(e)
-    } else {
-        Error::new(Kind::OriginReset, "origin closed the connection").with_source(e)
-    }
-}
-
-/// Counts a request as outstanding on its server until dropped (least-outstanding balancing).
-pub(crate) struct Outstanding(Arc<OriginServer>);
-
-impl Outstanding {
-    fn new(server: Arc<OriginServer>) -> Self {
-        server.state.outstanding.fetch_add(1, Ordering::Relaxed);
-        Outstanding(server)
-    }
-}
-
-impl Drop for Outstanding {
-    fn drop(&mut self) {
-        self.0.state.outstanding.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// The rest of a proxied exchange after the response head: finishes metrics and logs, and
@@ -651,6 +565,10 @@ pub(crate) struct Exchange {
     status: u16,
     start: Instant,
     _outstanding: Outstanding,
+    /// The request's place under the cluster's cap.
+    _slot: Slot,
+    /// The request's place in the gateway's in-flight count (load shedding).
+    _load: Option<InFlightLoad>,
     log: Option<Box<LogRecord>>,
 }
 
@@ -726,46 +644,6 @@ impl LogRecord {
             referer: h(header::REFERER),
             attempts: 0,
             ..Default::default()
-        }
-    }
-}
-
-/// How long to wait for a response head: the route's response-header timeout, cut short by
-/// the request deadline when that comes first (then the error is a request timeout).
-#[derive(Clone, Copy)]
-struct HeadTimeout {
-    wait: std::time::Duration,
-    deadline_bound: bool,
-}
-
-impl HeadTimeout {
-    fn new(header_timeout: std::time::Duration, deadline: Option<Instant>) -> Self {
-        match deadline {
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                HeadTimeout {
-                    wait: header_timeout.min(left),
-                    deadline_bound: left < header_timeout,
-                }
-            }
-            None => HeadTimeout {
-                wait: header_timeout,
-                deadline_bound: false,
-            },
-        }
-    }
-
-    fn error(self) -> Error {
-        if self.deadline_bound {
-            Error::new(
-                Kind::RequestTimeout,
-                "request deadline passed before the response head",
-            )
-        } else {
-            Error::new(
-                Kind::ResponseHeaderTimeout,
-                "origin sent no response head in time",
-            )
         }
     }
 }

@@ -35,6 +35,9 @@ pub(crate) fn error_response(
     if let Some((name, value)) = request_id {
         h.insert(name.clone(), value.clone());
     }
+    if let Some(secs) = err.retry_after() {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
     if err.is_client() {
         h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }

@@ -65,6 +65,10 @@ pub struct Route {
     /// Which `Upgrade` protocols become tunnels (`upgrade.rs`).
     pub(crate) upgrade: crate::upgrade::UpgradePolicy,
     pub(crate) metrics: RouteMetrics,
+    /// Retry policy (`attempts = 1`: none beyond the keep-alive race resend).
+    pub(crate) retry: keymaster_config::RetryConfig,
+    /// Under overload, lower priorities are shed first.
+    pub(crate) shed_priority: keymaster_config::ShedPriority,
 }
 
 impl Route {
@@ -155,6 +159,8 @@ impl Route {
             upgrade: crate::upgrade::UpgradePolicy::compile(&cfg.upgrade),
             cluster,
             metrics,
+            retry: cfg.retry.clone(),
+            shed_priority: cfg.shed_priority,
         })
     }
 

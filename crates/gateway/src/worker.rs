@@ -18,6 +18,8 @@ pub(crate) struct Worker {
     pub(crate) pools: Pools,
     pub(crate) active_connections: Cell<usize>,
     pub(crate) drained: Notify,
+    /// This worker's event-loop lag (load shedding).
+    pub(crate) lag: crate::overload::LoopLag,
 }
 
 /// Sockets handed to a worker: one per listener.
@@ -51,6 +53,7 @@ pub(crate) fn run(
             pools: Pools::default(),
             active_connections: Cell::new(0),
             drained: Notify::new(),
+            lag: Default::default(),
         });
         for (ctx, std_socket) in sockets.sockets {
             match tokio::net::TcpListener::from_std(std_socket) {

@@ -8,8 +8,17 @@
 //! thread-local and await coroutines there). Mutable per-filter state (rate-limit buckets,
 //! Redis connections) is per worker, in thread-locals: no lock on the request path.
 
+mod body;
 mod builtin;
 mod jwt;
+mod source;
+
+pub(crate) use body::{
+    read_request as read_request_body, read_response as read_response_body,
+    set_length as set_body_length,
+};
+pub(crate) use source::collect as collect_sources;
+pub use source::{FilterSource, Reloader};
 mod rate_limit_redis;
 
 use futures_util::FutureExt;
@@ -88,6 +97,18 @@ pub trait Filter: Send + Sync + 'static {
     fn needs_request_headers(&self) -> bool {
         false
     }
+    /// A `pre` or `route` filter that reads or replaces the request body says so: for requests
+    /// it matches (declaratively), the body is buffered before the `pre` stage, up to
+    /// `[filter_body] max_request` (413 past it). See [`FilterCtx::request_body`].
+    fn needs_request_body(&self) -> bool {
+        false
+    }
+    /// A `post` filter that reads or replaces the response body says so: for requests it
+    /// matches, the origin's body is buffered before the `post` stage, up to
+    /// `[filter_body] max_response` (502 past it). See [`FilterCtx::response_body`].
+    fn needs_response_body(&self) -> bool {
+        false
+    }
 }
 
 /// A finished [`FilterFuture`] for filters that do not await anything (no allocation).
@@ -153,6 +174,8 @@ pub struct FilterCtx {
     uri: Uri,
     headers: HeaderMap,
     client: SocketAddr,
+    /// TLS listeners: the verified client certificate identity (mTLS), if any.
+    tls: Option<Option<String>>,
     route: Arc<str>,
     meta: HashMap<String, String>,
     pub(crate) cluster: Option<String>,
@@ -163,6 +186,9 @@ pub struct FilterCtx {
     failure: Option<Failure>,
     /// Debug mode: one entry per filter considered.
     debug: Option<Vec<String>>,
+    /// Bodies buffered for filters that declared they need them (`filter::body`).
+    request_body: Option<bytes::Bytes>,
+    response_body: Option<bytes::Bytes>,
 }
 
 impl FilterCtx {
@@ -172,6 +198,7 @@ impl FilterCtx {
         parts: &http::request::Parts,
         headers: HeaderMap,
         client: SocketAddr,
+        tls: Option<&crate::tls::TlsFacts>,
         route: Arc<str>,
     ) -> FilterCtx {
         FilterCtx {
@@ -180,6 +207,7 @@ impl FilterCtx {
             uri: parts.uri.clone(),
             headers,
             client,
+            tls: tls.map(|t| t.client_identity.clone()),
             route,
             meta: HashMap::new(),
             cluster: None,
@@ -189,6 +217,8 @@ impl FilterCtx {
             response: None,
             failure: None,
             debug: None,
+            request_body: None,
+            response_body: None,
         }
     }
 
@@ -198,7 +228,36 @@ impl FilterCtx {
         *req.method_mut() = method;
         *req.uri_mut() = uri.parse().expect("valid uri");
         let (parts, ()) = req.into_parts();
-        FilterCtx::new(&parts, headers, client, "test".into())
+        FilterCtx::new(&parts, headers, client, None, "test".into())
+    }
+
+    /// Move the whole context out, leaving an empty one in its place (no allocation beyond
+    /// a shared route name). A scripting host owns the context while a script runs (scripts
+    /// need `'static` values) and moves it back with `*ctx = taken` afterwards.
+    pub fn take(&mut self) -> FilterCtx {
+        thread_local! {
+            static NONE: Arc<str> = Arc::from("");
+        }
+        let placeholder = FilterCtx {
+            stage: self.stage,
+            method: Method::GET,
+            uri: Uri::default(),
+            headers: HeaderMap::new(),
+            client: SocketAddr::from(([0, 0, 0, 0], 0)),
+            tls: None,
+            route: NONE.with(|r| r.clone()),
+            meta: HashMap::new(),
+            cluster: None,
+            path: None,
+            host: None,
+            local: None,
+            response: None,
+            failure: None,
+            debug: None,
+            request_body: None,
+            response_body: None,
+        };
+        std::mem::replace(self, placeholder)
     }
 
     /// The stage now running.
@@ -230,6 +289,15 @@ impl FilterCtx {
     }
     pub fn client_ip(&self) -> IpAddr {
         self.client.ip()
+    }
+    /// Whether the request came over a TLS listener.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+    /// TLS listeners with client certificates: the verified client identity (subject CN,
+    /// else the first DNS name).
+    pub fn tls_client_identity(&self) -> Option<&str> {
+        self.tls.as_ref().and_then(|i| i.as_deref())
     }
     /// The matched route's name.
     pub fn route(&self) -> &str {
@@ -357,6 +425,9 @@ pub(crate) struct FilterChain {
     empty: bool,
     /// Post or error filters read request headers: they get a copy.
     outbound: bool,
+    /// Some pre/route filter reads the request body; some post filter the response body.
+    request_body: bool,
+    response_body: bool,
 }
 
 fn idx(stage: FilterStage) -> usize {
@@ -418,7 +489,14 @@ impl FilterChain {
             .iter()
             .flatten()
             .any(|e| e.filter.needs_request_headers() || !e.matcher.headers.is_empty());
+        let request_body = stages[..2]
+            .iter()
+            .flatten()
+            .any(|e| e.filter.needs_request_body());
+        let response_body = stages[2].iter().any(|e| e.filter.needs_response_body());
         Ok(FilterChain {
+            request_body,
+            response_body,
             debug,
             empty: stages.iter().all(|s| s.is_empty()),
             outbound,

@@ -186,7 +186,8 @@ impl H2Pools {
         Some(Conn {
             sender: Sender::H2(c.sender.clone()),
             server: server.clone(),
-            requests,
+            // Streams before this one: the proxy stage counts this one when it sends.
+            requests: requests - 1,
             _stream: Some(Lease {
                 conn: c,
                 gauge: cluster.metrics.h2_streams.clone(),

@@ -7,12 +7,19 @@
 //! - [`connect`]: opening a connection (TCP, TLS, HTTP/1 or HTTP/2) within the connect timeout.
 //! - [`tls`]: outbound TLS per cluster (SNI, CA, client certificate, versions, ALPN).
 //! - [`h2`]: multiplexed HTTP/2 connections per origin server, per worker.
+//! - [`health`]: per-server health (active verdicts, passive outlier ejection) and
+//!   health-aware server choice; [`checker`]: the active health-check thread.
+//! - [`limits`]: per-cluster state shared by every config version and worker (request
+//!   caps with a queue, the retry budget).
 //! - [`discovery`]: service discovery (DNS re-resolution, server list files).
 
 pub(crate) mod balance;
+pub(crate) mod checker;
 pub(crate) mod connect;
 pub(crate) mod discovery;
 pub(crate) mod h2;
+pub(crate) mod health;
+pub(crate) mod limits;
 pub(crate) mod pool;
 pub(crate) mod tls;
 
@@ -49,6 +56,8 @@ pub struct OriginState {
     pub outstanding: AtomicUsize,
     /// Open connections to this server across all workers (the pool cap).
     pub open_connections: AtomicUsize,
+    /// Active check verdicts and passive ejection (shared by every cluster naming it).
+    pub health: health::HealthState,
 }
 
 /// The origin identity registry: the same [`OriginKey`] always gets the same [`OriginState`].
@@ -78,6 +87,7 @@ pub(crate) fn intern_origin_key(key: OriginKey) -> Arc<OriginState> {
                 addr: key.addr,
                 outstanding: AtomicUsize::new(0),
                 open_connections: AtomicUsize::new(0),
+                health: health::HealthState::default(),
             })
         })
         .clone()
@@ -108,6 +118,8 @@ pub struct Cluster {
     pub servers: Vec<Arc<OriginServer>>,
     pub(crate) balancer: balance::Balancer,
     pub(crate) metrics: ClusterMetrics,
+    /// Caps, queue and retry budget, shared by every version of the cluster (by name).
+    pub(crate) limits: Arc<limits::ClusterState>,
 }
 
 impl Cluster {
@@ -184,6 +196,7 @@ impl Cluster {
             balancer: balance::Balancer::new(cfg.balance, &servers),
             config: cfg.clone(),
             servers,
+            limits: metrics.limits.clone(),
             metrics,
         })
     }

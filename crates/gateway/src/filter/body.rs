@@ -1,0 +1,150 @@
+//! Body opt-in (issue 4, Model §3): filters that declare they need the request or the
+//! response body get it buffered, up to `[filter_body]` caps; every other request streams
+//! untouched. This module owns the decision (does a filter that wants the body match this
+//! request?), the buffering with its caps, and the `FilterCtx` accessors; the proxy stage
+//! only calls it at two points (before `pre`, before `post`).
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::{idx, FilterChain, FilterCtx, FilterStage};
+use crate::error::{Error, Kind};
+
+impl FilterChain {
+    /// Whether a `pre`/`route` filter that needs the request body matches this request.
+    pub(crate) fn wants_request_body(&self, ctx: &FilterCtx) -> bool {
+        self.request_body
+            && [FilterStage::Pre, FilterStage::Route].iter().any(|s| {
+                self.stages[idx(*s)]
+                    .iter()
+                    .any(|e| e.filter.needs_request_body() && e.matcher.matches(ctx))
+            })
+    }
+
+    /// Whether a `post` filter that needs the response body matches this request (and the
+    /// response can have a body at all: not HEAD, 204 or 304).
+    pub(crate) fn wants_response_body(&self, ctx: &FilterCtx, status: http::StatusCode) -> bool {
+        self.response_body
+            && ctx.method() != http::Method::HEAD
+            && status != http::StatusCode::NO_CONTENT
+            && status != http::StatusCode::NOT_MODIFIED
+            && self.stages[idx(FilterStage::Post)]
+                .iter()
+                .any(|e| e.filter.needs_response_body() && e.matcher.matches(ctx))
+    }
+}
+
+impl FilterCtx {
+    /// The request body, when a filter of this chain declared
+    /// [`super::Filter::needs_request_body`] and matched this request (`None` otherwise:
+    /// the body streams past).
+    pub fn request_body(&self) -> Option<&Bytes> {
+        self.request_body.as_ref()
+    }
+    /// Replace the buffered request body (`pre`/`route`); Content-Length follows. Ignored
+    /// when the body was not buffered.
+    pub fn set_request_body(&mut self, body: impl Into<Bytes>) {
+        if self.request_body.is_some() {
+            self.request_body = Some(body.into());
+        }
+    }
+    /// `post`: the origin's response body, when a post filter declared
+    /// [`super::Filter::needs_response_body`] and matched this request.
+    pub fn response_body(&self) -> Option<&Bytes> {
+        self.response_body.as_ref()
+    }
+    /// `post`: replace the buffered response body; Content-Length follows. Ignored when the
+    /// body was not buffered.
+    pub fn set_response_body(&mut self, body: impl Into<Bytes>) {
+        if self.response_body.is_some() {
+            self.response_body = Some(body.into());
+        }
+    }
+    pub(crate) fn put_request_body(&mut self, b: Bytes) {
+        self.request_body = Some(b);
+    }
+    pub(crate) fn take_request_body(&mut self) -> Option<Bytes> {
+        self.request_body.take()
+    }
+    pub(crate) fn put_response_body(&mut self, b: Bytes) {
+        self.response_body = Some(b);
+    }
+    pub(crate) fn take_response_body(&mut self) -> Option<Bytes> {
+        self.response_body.take()
+    }
+}
+
+/// A buffered body replaces the streamed one: its length is exact, the framing follows.
+pub(crate) fn set_length(headers: &mut http::HeaderMap, len: usize) {
+    headers.remove(http::header::TRANSFER_ENCODING);
+    headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+}
+
+/// Read the client's body to its end, failing with 413 past `cap` bytes (a declared
+/// Content-Length past the cap fails before reading).
+pub(crate) async fn read_request(body: &mut Incoming, cap: u64) -> Result<Bytes, Error> {
+    if http_body::Body::size_hint(body).lower() > cap {
+        return Err(too_large_request());
+    }
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            Error::new(Kind::ClientGone, "client request body failed").with_source(e)
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if (buf.len() + data.len()) as u64 > cap {
+                return Err(too_large_request());
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+fn too_large_request() -> Error {
+    Error::new(
+        Kind::BodyTooLarge,
+        "request body exceeds what a body-reading filter may buffer",
+    )
+}
+
+/// Read the origin's body to its end (within `wait`), failing with 502 past `cap` bytes.
+/// `body` stays usable: it is at its end afterwards, so the exchange completes normally.
+pub(crate) async fn read_response(
+    body: &mut Incoming,
+    cap: u64,
+    wait: std::time::Duration,
+) -> Result<Bytes, Error> {
+    let too_large = || {
+        Error::new(
+            Kind::ResponseBodyTooLarge,
+            "origin body exceeds what a body-reading filter may buffer",
+        )
+    };
+    if http_body::Body::size_hint(body).lower() > cap {
+        return Err(too_large());
+    }
+    let read = async {
+        let mut buf = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                Error::new(Kind::OriginReset, "origin body failed while buffering").with_source(e)
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if (buf.len() + data.len()) as u64 > cap {
+                    return Err(too_large());
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(buf.freeze())
+    };
+    match tokio::time::timeout(wait, read).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::new(
+            Kind::RequestTimeout,
+            "origin body not complete in time while buffering",
+        )),
+    }
+}

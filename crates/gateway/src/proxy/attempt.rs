@@ -1,0 +1,605 @@
+//! Sending a request upstream: one loop of attempts that covers both the route's retry
+//! policy and the keep-alive race.
+//!
+//! ```text
+//! choose server (healthy, untried first) ─► pool checkout | connect ─► send ─► response head
+//!    ▲                                      └ stale pooled connection failed before a
+//!    │                                        response: resend once on a fresh connection
+//!    │                                        (not a policy retry: no budget, no back-off)
+//!    └── retry? attempts left, retryable outcome, budget token, back-off fits the deadline
+//! ```
+//!
+//! Retryable outcomes: a connect failure or a request that was never sent (any method); a
+//! reset before the response head, a response-head timeout (the per-try timeout), or a
+//! status in the route's `retry.statuses` (idempotent methods only). A request is resent
+//! only if it can be rebuilt: no body, or a body read whole into the replay buffer. Every
+//! attempt feeds passive outlier detection and, when the access log is on, its `tries`.
+
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use crate::access_log::{LogRecord, TryRecord};
+use crate::body::{RequestBody, RequestBodyState};
+use crate::downstream::ConnCtx;
+use crate::error::{Error, Kind};
+use crate::route::Route;
+use crate::upstream::limits::RetryToken;
+use crate::upstream::pool::{checkout, Conn};
+use crate::upstream::{Cluster, OriginServer};
+
+/// The Host header each attempt sends.
+pub(super) enum UpstreamHost {
+    /// Leave the request's own Host field.
+    Keep,
+    /// The chosen server's address.
+    Origin,
+    /// This value.
+    Set(HeaderValue),
+}
+
+/// What one request's attempts share.
+pub(super) struct Upstream<'a> {
+    pub(super) cx: &'a Rc<ConnCtx>,
+    pub(super) route: &'a Route,
+    pub(super) cluster: &'a Arc<Cluster>,
+    pub(super) deadline: Option<Instant>,
+    pub(super) host: UpstreamHost,
+}
+
+/// The attempt that got a response head to pass on.
+pub(super) struct Sent {
+    pub(super) resp: Response<Incoming>,
+    pub(super) conn: Conn,
+    pub(super) outstanding: Outstanding,
+    /// Requests sent upstream for this client request (retries and resends included).
+    pub(super) sends: u32,
+}
+
+/// A request rebuilt for each send: head, plus the buffered body if there is one.
+struct Template {
+    method: Method,
+    uri: http::Uri,
+    headers: http::HeaderMap,
+    body: Option<bytes::Bytes>,
+}
+
+impl Template {
+    fn build(&self) -> Request<RequestBody> {
+        let body = match &self.body {
+            Some(b) => RequestBody::Buffered(Some(b.clone())),
+            None => RequestBody::Empty,
+        };
+        let mut r = Request::new(body);
+        *r.method_mut() = self.method.clone();
+        *r.uri_mut() = self.uri.clone();
+        *r.headers_mut() = self.headers.clone();
+        r
+    }
+}
+
+/// Methods a retry may repeat after the origin may have seen the request (RFC 9110 §9.2.2).
+fn idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// Read a body whose declared length fits the replay buffer, so retries can resend it.
+/// Bodies without a declared length, or larger, are streamed and never retried once sent.
+pub(super) async fn buffer_for_replay(
+    up: &Upstream<'_>,
+    parts: &Parts,
+    body: RequestBody,
+    state: Option<&RequestBodyState>,
+) -> Result<RequestBody, Error> {
+    let limit = up.route.retry.replay_buffer.get();
+    let fits = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| crate::headers::parse_content_length(v.as_bytes()))
+        .is_some_and(|n| n <= limit);
+    if up.route.retry.attempts <= 1 || !fits || !matches!(body, RequestBody::Stream { .. }) {
+        return Ok(body);
+    }
+    let read = http_body_util::BodyExt::collect(body);
+    let collected = match up.deadline {
+        Some(d) => tokio::time::timeout_at(d, read).await.map_err(|_| {
+            Error::new(
+                Kind::RequestTimeout,
+                "request deadline passed while reading the request body",
+            )
+        })?,
+        None => read.await,
+    };
+    match collected {
+        Ok(c) => {
+            let bytes = c.to_bytes();
+            Ok(RequestBody::Buffered((!bytes.is_empty()).then_some(bytes)))
+        }
+        Err(e) => Err(body_error(state).unwrap_or_else(|| {
+            Error::new(Kind::ClientGone, "client request body failed").with_source(e)
+        })),
+    }
+}
+
+/// The client's body broke the rules while being sent.
+fn body_error(state: Option<&RequestBodyState>) -> Option<Error> {
+    let s = state?;
+    if s.too_large.get() {
+        Some(Error::new(
+            Kind::BodyTooLarge,
+            "request body exceeds the route's limit",
+        ))
+    } else if s.malformed.get() {
+        Some(Error::new(Kind::BadRequest, "invalid request body framing"))
+    } else {
+        None
+    }
+}
+
+/// One attempt's failure: the error, and the request back if it was never sent.
+struct Failed {
+    err: Error,
+    unsent: Option<Request<RequestBody>>,
+    sends: u32,
+}
+
+/// Send with the route's retry policy. `body_state` is `None` for bodyless requests.
+pub(super) async fn send(
+    up: &Upstream<'_>,
+    req: Request<RequestBody>,
+    body_state: Option<&RequestBodyState>,
+    mut log: Option<&mut LogRecord>,
+) -> Result<Sent, Error> {
+    let policy = &up.route.retry;
+    let cluster = up.cluster;
+    let method = req.method().clone();
+    let may_repeat = idempotent(&method);
+    // Only a bodyless or buffered request can be rebuilt after it was sent.
+    let mut template = match req.body() {
+        RequestBody::Empty if policy.attempts > 1 => Some(template_of(&req, None)),
+        RequestBody::Buffered(b) => Some(template_of(&req, b.clone())),
+        _ => None,
+    };
+    let rebuildable = matches!(req.body(), RequestBody::Empty | RequestBody::Buffered(_));
+    let mut next = Some(req);
+    // Origin ids already tried (no allocation: attempts are at most 10 by validation).
+    let mut tried = [0usize; 10];
+    let mut n_tried = 0;
+    let mut sends = 0;
+    let mut attempt = 0;
+    let mut token: Option<RetryToken> = None;
+    loop {
+        attempt += 1;
+        let server = cluster.choose(&tried[..n_tried])?;
+        if let Some(slot) = tried.get_mut(n_tried) {
+            *slot = server.state.id;
+            n_tried += 1;
+        }
+        let mut req = match next.take() {
+            Some(r) => r,
+            None => match &template {
+                Some(t) => t.build(),
+                None => unreachable_no_request()?,
+            },
+        };
+        match &up.host {
+            UpstreamHost::Keep => {}
+            UpstreamHost::Origin => {
+                req.headers_mut()
+                    .insert(header::HOST, server.authority.clone());
+            }
+            UpstreamHost::Set(h) => {
+                req.headers_mut().insert(header::HOST, h.clone());
+            }
+        }
+        if let Some(t) = template.as_mut() {
+            if let Some(h) = req.headers().get(header::HOST) {
+                t.headers.insert(header::HOST, h.clone());
+            }
+        }
+        if let Some(l) = log.as_deref_mut() {
+            l.origin = server.label.to_string();
+        }
+        let outstanding = Outstanding::new(server.clone());
+        let started = Instant::now();
+        let result = one(up, &server, req, &mut template, rebuildable, body_state).await;
+        // A retry's budget token covers its attempt only.
+        drop(token.take());
+        let left = policy.attempts.saturating_sub(attempt);
+        match result {
+            Ok((resp, conn, n)) => {
+                sends += n;
+                let status = resp.status().as_u16();
+                cluster.record_outcome(&server, status < 500);
+                note(&mut log, &server, || status.to_string(), started);
+                let wants = left > 0
+                    && may_repeat
+                    && template.is_some()
+                    && policy.statuses.contains(&status);
+                if wants {
+                    if let Some((t, pause)) = plan_retry(up, attempt) {
+                        // Nothing of this attempt is kept through the back-off.
+                        drop((resp, conn, outstanding));
+                        tokio::time::sleep(pause).await;
+                        token = Some(t);
+                        continue;
+                    }
+                }
+                return Ok(Sent {
+                    resp,
+                    conn,
+                    outstanding,
+                    sends,
+                });
+            }
+            Err(f) => {
+                sends += f.sends;
+                if f.err.is_origin() {
+                    cluster.record_outcome(&server, false);
+                }
+                note(&mut log, &server, || f.err.category().to_string(), started);
+                let wants = left > 0
+                    && if f.unsent.is_some() {
+                        true
+                    } else if f.err.is_retry_safe() {
+                        template.is_some()
+                    } else {
+                        may_repeat
+                            && template.is_some()
+                            && (f.err.is_reset()
+                                || (f.err.is_timeout() && !f.err.is_request_deadline()))
+                    };
+                if wants {
+                    if let Some((t, pause)) = plan_retry(up, attempt) {
+                        drop(outstanding);
+                        tokio::time::sleep(pause).await;
+                        token = Some(t);
+                        next = f.unsent;
+                        continue;
+                    }
+                }
+                return Err(f.err);
+            }
+        }
+    }
+}
+
+/// Cannot happen: a retry is only chosen with the unsent request or a template in hand.
+fn unreachable_no_request() -> Result<Request<RequestBody>, Error> {
+    Err(Error::new(
+        Kind::OriginReset,
+        "the request cannot be sent again",
+    ))
+}
+
+fn template_of(req: &Request<RequestBody>, body: Option<bytes::Bytes>) -> Template {
+    Template {
+        method: req.method().clone(),
+        uri: req.uri().clone(),
+        headers: req.headers().clone(),
+        body,
+    }
+}
+
+/// Add an attempt to the access log record (when the log is on).
+fn note(
+    log: &mut Option<&mut LogRecord>,
+    server: &OriginServer,
+    outcome: impl FnOnce() -> String,
+    t: Instant,
+) {
+    if let Some(l) = log.as_deref_mut() {
+        l.tries.push(TryRecord {
+            origin: server.label.clone(),
+            outcome: outcome(),
+            duration_us: t.elapsed().as_micros() as u64,
+        });
+    }
+}
+
+/// A retry may follow: its back-off ends before the deadline and the cluster's budget has
+/// room. Returns the budget token (held through the retry's attempt) and the back-off.
+fn plan_retry(up: &Upstream<'_>, attempt: u32) -> Option<(RetryToken, std::time::Duration)> {
+    let cluster = up.cluster;
+    let pause = backoff(&up.route.retry, attempt);
+    if up.deadline.is_some_and(|d| Instant::now() + pause >= d) {
+        return None;
+    }
+    let Some(token) = cluster.limits.try_retry(&cluster.config.retry_budget) else {
+        cluster.metrics.budget_exhausted.inc();
+        return None;
+    };
+    cluster.metrics.retries.inc();
+    Some((token, pause))
+}
+
+/// The pause before retry number `retry` (1 for the first): the base doubled per retry,
+/// capped, with equal jitter (half fixed, half random) so retries spread out but still grow.
+pub(super) fn backoff(policy: &keymaster_config::RetryConfig, retry: u32) -> std::time::Duration {
+    let base = policy.backoff_base.get();
+    let cap = policy.backoff_max.get();
+    let full = base
+        .checked_mul(1u32 << (retry.saturating_sub(1)).min(20))
+        .unwrap_or(cap)
+        .min(cap);
+    let half = full / 2;
+    half + half.mul_f64(fastrand::f64())
+}
+
+/// One attempt on `server`: a pooled connection (resent once on a fresh one if it turns out
+/// stale) or a new one.
+async fn one(
+    up: &Upstream<'_>,
+    server: &Arc<OriginServer>,
+    req: Request<RequestBody>,
+    template: &mut Option<Template>,
+    rebuildable: bool,
+    body_state: Option<&RequestBodyState>,
+) -> Result<(Response<Incoming>, Conn, u32), Failed> {
+    let (cluster, route) = (up.cluster, up.route);
+    let proxy_header =
+        crate::proxy_protocol::header_for(cluster.config.proxy_protocol, up.cx.peer, up.cx.local);
+    let proxy_header = proxy_header.as_deref();
+    // A cluster that sends PROXY headers keeps connections per client connection.
+    let private = match proxy_header {
+        Some(_) => crate::proxy_protocol::take_private(up.cx, server),
+        None => None,
+    };
+    let checked_out = match private {
+        Some(c) => Ok((c, true)),
+        // HTTP/1.1: an idle pooled connection or a new one; HTTP/2: a stream on a shared one.
+        None => checkout_within(up, server, true, proxy_header).await,
+    };
+    let mut conn = match checked_out {
+        Ok((c, reused)) => {
+            if reused {
+                cluster.metrics.reused.inc();
+                // The keep-alive race needs the request again if it was sent on a dead
+                // connection.
+                if template.is_none() && rebuildable {
+                    *template = Some(template_of(&req, None));
+                }
+            }
+            c
+        }
+        Err(err) => {
+            return Err(Failed {
+                err,
+                unsent: Some(req),
+                sends: 0,
+            })
+        }
+    };
+    let is_reused = conn.requests > 0;
+    cluster.metrics.requests.inc();
+    conn.requests += 1;
+    let head_timeout = HeadTimeout::new(head_wait(route), up.deadline);
+    let first = tokio::time::timeout(head_timeout.wait, conn.send(req)).await;
+    let resend = match first {
+        Ok(Ok(resp)) => return Ok((resp, conn, 1)),
+        Err(_) => {
+            return Err(Failed {
+                err: head_timeout.error(),
+                unsent: None,
+                sends: 1,
+            })
+        }
+        Ok(Err(mut e)) => {
+            let unsent = e.take_message();
+            let err = e.into_error();
+            if let Some(client) = body_error(body_state) {
+                return Err(Failed {
+                    err: client,
+                    unsent: None,
+                    sends: 1,
+                });
+            }
+            match (unsent, template.as_ref()) {
+                (Some(r), _) if is_reused => r,
+                (None, Some(t)) if is_reused && stale_connection_error(&err) => t.build(),
+                (unsent, _) => {
+                    return Err(Failed {
+                        err: map_send_error(err),
+                        unsent,
+                        sends: 1,
+                    })
+                }
+            }
+        }
+    };
+    // The keep-alive race: once more on a fresh connection, within the same deadline.
+    cluster.metrics.retries.inc();
+    drop(conn);
+    let mut conn = match checkout_within(up, server, false, proxy_header).await {
+        Ok((c, _)) => c,
+        Err(err) => {
+            return Err(Failed {
+                err,
+                unsent: Some(resend),
+                sends: 1,
+            })
+        }
+    };
+    cluster.metrics.requests.inc();
+    conn.requests += 1;
+    let head_timeout = HeadTimeout::new(head_wait(route), up.deadline);
+    match tokio::time::timeout(head_timeout.wait, conn.send(resend)).await {
+        Ok(Ok(resp)) => Ok((resp, conn, 2)),
+        Ok(Err(e)) => Err(Failed {
+            err: body_error(body_state).unwrap_or_else(|| map_send_error(e.into_error())),
+            unsent: None,
+            sends: 2,
+        }),
+        Err(_) => Err(Failed {
+            err: head_timeout.error(),
+            unsent: None,
+            sends: 2,
+        }),
+    }
+}
+
+/// One attempt's wait for the response head: the per-try timeout when it is shorter.
+fn head_wait(route: &Route) -> std::time::Duration {
+    match route.retry.per_try_timeout {
+        Some(t) => t.get().min(route.response_header_timeout),
+        None => route.response_header_timeout,
+    }
+}
+
+/// A connection (or HTTP/2 stream) within the connect timeout, cut short by the deadline;
+/// `reuse`: a pooled HTTP/1.1 connection may serve. Returns whether it was used before.
+async fn checkout_within(
+    up: &Upstream<'_>,
+    server: &Arc<OriginServer>,
+    reuse: bool,
+    proxy_header: Option<&[u8]>,
+) -> Result<(Conn, bool), Error> {
+    let connect_timeout = up.route.connect_timeout;
+    let t = match up.deadline {
+        Some(d) => connect_timeout.min(d.saturating_duration_since(Instant::now())),
+        None => connect_timeout,
+    };
+    checkout(
+        &up.cx.worker.pools,
+        up.cluster,
+        server,
+        t,
+        reuse,
+        proxy_header,
+    )
+    .await
+}
+
+/// The failure looks like the origin closed an idle connection under us.
+fn stale_connection_error(e: &hyper::Error) -> bool {
+    if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
+        return true;
+    }
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionAborted
+            );
+        }
+        src = s.source();
+    }
+    false
+}
+
+fn map_send_error(e: hyper::Error) -> Error {
+    if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
+        Error::new(Kind::OriginProtocol, "origin sent a malformed response").with_source(e)
+    } else if e.is_user() || e.is_body_write_aborted() {
+        // Our request body failed: the client stopped sending it.
+        Error::new(Kind::ClientGone, "client request body failed").with_source(e)
+    } else {
+        Error::new(Kind::OriginReset, "origin closed the connection").with_source(e)
+    }
+}
+
+/// Counts a request as outstanding on its server until dropped (least-outstanding balancing).
+pub(crate) struct Outstanding(Arc<OriginServer>);
+
+impl Outstanding {
+    fn new(server: Arc<OriginServer>) -> Self {
+        server.state.outstanding.fetch_add(1, Ordering::Relaxed);
+        Outstanding(server)
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.0.state.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How long to wait for a response head: the attempt's wait, cut short by the request
+/// deadline when that comes first (then the error is a request timeout).
+#[derive(Clone, Copy)]
+struct HeadTimeout {
+    wait: std::time::Duration,
+    deadline_bound: bool,
+}
+
+impl HeadTimeout {
+    fn new(header_timeout: std::time::Duration, deadline: Option<Instant>) -> Self {
+        match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                HeadTimeout {
+                    wait: header_timeout.min(left),
+                    deadline_bound: left < header_timeout,
+                }
+            }
+            None => HeadTimeout {
+                wait: header_timeout,
+                deadline_bound: false,
+            },
+        }
+    }
+
+    fn error(self) -> Error {
+        if self.deadline_bound {
+            Error::new(
+                Kind::RequestTimeout,
+                "request deadline passed before the response head",
+            )
+        } else {
+            Error::new(
+                Kind::ResponseHeaderTimeout,
+                "origin sent no response head in time",
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keymaster_config::{Duration, RetryConfig};
+    use std::time::Duration as D;
+
+    #[test]
+    fn backoff_doubles_with_jitter_up_to_the_cap() {
+        let p = RetryConfig {
+            backoff_base: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(100),
+            ..Default::default()
+        };
+        for (retry, full) in [(1, 20), (2, 40), (3, 80), (4, 100), (30, 100)] {
+            let full = D::from_millis(full);
+            for _ in 0..200 {
+                let b = backoff(&p, retry);
+                assert!(b >= full / 2 && b <= full, "retry {retry}: {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn idempotent_methods() {
+        for m in [
+            Method::GET,
+            Method::HEAD,
+            Method::PUT,
+            Method::DELETE,
+            Method::OPTIONS,
+        ] {
+            assert!(idempotent(&m), "{m}");
+        }
+        for m in [Method::POST, Method::PATCH, Method::CONNECT] {
+            assert!(!idempotent(&m), "{m}");
+        }
+    }
+}

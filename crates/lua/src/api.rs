@@ -1,0 +1,210 @@
+//! The globals keymaster adds to the sandbox: `shared` (the process-wide dictionary) and
+//! `http` (also `ctx.http`): `http.get(url, opts)` and `http.post(url, body, opts)` with
+//! `opts = {timeout = seconds, headers = {...}}`. An HTTP call is a Rust future awaited by
+//! the filter's coroutine: the coroutine yields, the worker serves other requests, and the
+//! coroutine resumes with `response, nil` or `nil, "error text"` (timeouts and connection
+//! failures are values, not Lua errors). The response is `{status=, body=, headers={}}`.
+//! One connection per call to `http://` URLs (no TLS, no pooling).
+
+use bytes::Bytes;
+use http::{header, Method, Request};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use mlua::{Lua, Table, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::dict::{DictValue, SharedDict};
+use crate::set::Settings;
+
+fn ttl(v: Option<f64>) -> mlua::Result<Option<Duration>> {
+    match v {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(_) => Err(mlua::Error::runtime("ttl must be a number of seconds >= 0")),
+    }
+}
+
+/// `shared.get(k)`, `shared.set(k, v, ttl)`, `shared.incr(k, delta, ttl)`, `shared.delete(k)`.
+pub(crate) fn shared_table(lua: &Lua, dict: Arc<SharedDict>) -> mlua::Result<Table> {
+    let t = lua.create_table()?;
+    let d = dict.clone();
+    t.set(
+        "get",
+        lua.create_function(move |lua, k: String| {
+            Ok(match d.get(&k) {
+                Some(DictValue::Number(n)) => Value::Number(n),
+                Some(DictValue::Text(s)) => Value::String(lua.create_string(s)?),
+                None => Value::Nil,
+            })
+        })?,
+    )?;
+    let d = dict.clone();
+    t.set(
+        "set",
+        lua.create_function(move |_, (k, v, t): (String, Value, Option<f64>)| {
+            let v = match v {
+                Value::Integer(i) => DictValue::Number(i as f64),
+                Value::Number(n) => DictValue::Number(n),
+                Value::String(s) => DictValue::Text(s.to_str()?.to_string()),
+                Value::Nil => {
+                    d.delete(&k);
+                    return Ok(());
+                }
+                _ => return Err(mlua::Error::runtime("shared values are numbers or strings")),
+            };
+            d.set(&k, v, ttl(t)?);
+            Ok(())
+        })?,
+    )?;
+    let d = dict.clone();
+    t.set(
+        "incr",
+        lua.create_function(
+            move |_, (k, delta, t): (String, Option<f64>, Option<f64>)| {
+                d.incr(&k, delta.unwrap_or(1.0), ttl(t)?)
+                    .map_err(mlua::Error::runtime)
+            },
+        )?,
+    )?;
+    let d = dict;
+    t.set(
+        "delete",
+        lua.create_function(move |_, k: String| {
+            d.delete(&k);
+            Ok(())
+        })?,
+    )?;
+    Ok(t)
+}
+
+struct Call {
+    method: Method,
+    url: String,
+    body: Bytes,
+    headers: http::HeaderMap,
+    timeout: Duration,
+    max_body: usize,
+}
+
+fn call_from(
+    method: Method,
+    url: String,
+    body: Option<mlua::LuaString>,
+    opts: Option<Table>,
+    s: (Duration, usize),
+) -> mlua::Result<Call> {
+    let (mut timeout, mut headers) = (s.0, http::HeaderMap::new());
+    if let Some(o) = opts {
+        if let Some(t) = o.get::<Option<f64>>("timeout")? {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(mlua::Error::runtime(
+                    "timeout must be a number of seconds > 0",
+                ));
+            }
+            timeout = Duration::from_secs_f64(t.min(3600.0));
+        }
+        headers = crate::ctx::from_table(o.get::<Option<Table>>("headers")?)?;
+    }
+    Ok(Call {
+        method,
+        url,
+        body: body
+            .map(|b| Bytes::from(b.as_bytes().to_vec()))
+            .unwrap_or_default(),
+        headers,
+        timeout,
+        max_body: s.1,
+    })
+}
+
+async fn fetch(c: Call) -> Result<(u16, http::HeaderMap, Bytes), String> {
+    let uri: http::Uri = c.url.parse().map_err(|e| format!("invalid URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err("only http:// URLs are supported".into());
+    }
+    let authority = uri.authority().ok_or("the URL has no host")?.clone();
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = authority.port_u16().unwrap_or(80);
+    let stream = tokio::net::TcpStream::connect((host, port))
+        .await
+        .map_err(|e| format!("connect {authority}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake {authority}: {e}"))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let mut req = Request::new(Full::new(c.body));
+    *req.method_mut() = c.method;
+    *req.uri_mut() = pq.parse().map_err(|e| format!("invalid URL: {e}"))?;
+    *req.headers_mut() = c.headers;
+    if let Ok(h) = header::HeaderValue::from_str(authority.as_str()) {
+        req.headers_mut().insert(header::HOST, h);
+    }
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request to {authority}: {e}"))?;
+    let (parts, body) = resp.into_parts();
+    let body = Limited::new(body, c.max_body)
+        .collect()
+        .await
+        .map_err(|e| format!("response body from {authority}: {e}"))?
+        .to_bytes();
+    Ok((parts.status.as_u16(), parts.headers, body))
+}
+
+async fn perform(lua: Lua, c: Call) -> mlua::Result<(Value, Value)> {
+    let timeout = c.timeout;
+    let r = match tokio::time::timeout(timeout, fetch(c)).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("timed out after {timeout:?}")),
+    };
+    match r {
+        Ok((status, headers, body)) => {
+            let t = lua.create_table()?;
+            t.set("status", status)?;
+            t.set("body", lua.create_string(&body)?)?;
+            let h = lua.create_table()?;
+            for (k, v) in headers.iter() {
+                if let Ok(v) = v.to_str() {
+                    h.set(k.as_str(), v)?;
+                }
+            }
+            t.set("headers", h)?;
+            Ok((Value::Table(t), Value::Nil))
+        }
+        Err(e) => Ok((Value::Nil, Value::String(lua.create_string(e)?))),
+    }
+}
+
+/// `http.get(url, opts)` and `http.post(url, body, opts)`.
+pub(crate) fn http_table(lua: &Lua, settings: &Settings) -> mlua::Result<Table> {
+    let s = (settings.http_timeout, settings.http_max_body);
+    let t = lua.create_table()?;
+    t.set(
+        "get",
+        lua.create_async_function(
+            move |lua, (url, opts): (String, Option<Table>)| async move {
+                let c = call_from(Method::GET, url, None, opts, s)?;
+                perform(lua, c).await
+            },
+        )?,
+    )?;
+    t.set(
+        "post",
+        lua.create_async_function(
+            move |lua, (url, body, opts): (String, Option<mlua::LuaString>, Option<Table>)| async move {
+                let c = call_from(Method::POST, url, body, opts, s)?;
+                perform(lua, c).await
+            },
+        )?,
+    )?;
+    Ok(t)
+}

@@ -1,0 +1,292 @@
+//! keymaster's Lua filters: LuaJIT (vendored through mlua) filters loaded from a directory,
+//! one `.lua` file per filter (see `docs/filters.md`, "Lua filters").
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`LuaFilters`] (here) | the [`FilterSource`] the gateway asks for each config version; the directory watcher |
+//! | `set` | compiling and validating a directory into a filter set (off the request path) |
+//! | `vm` | one sandboxed VM per worker thread, instruction budget, memory cap |
+//! | `ctx` | the `ctx` userdata mirroring the native `FilterCtx` |
+//! | `api` | `shared` (process-wide dictionary) and `http` (non-blocking client) |
+//! | [`dict`] | the sharded shared dictionary |
+//!
+//! The gateway crate knows nothing of Lua: this crate plugs in through
+//! [`keymaster_gateway::filter::FilterSource`] and [`keymaster_gateway::filter::Reloader`].
+
+mod api;
+mod ctx;
+pub mod dict;
+mod set;
+mod vm;
+mod watch;
+
+use keymaster_config::Config;
+use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSource, FilterSpec};
+use keymaster_gateway::{ConfigSource, Gateway};
+use mlua::AnyUserData;
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use set::LuaSet;
+
+/// The Lua filter host: a [`FilterSource`] that compiles `[lua] dir` for every config
+/// version, plus the shared dictionary and the directory watcher state.
+#[derive(Clone, Default)]
+pub struct LuaFilters {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    dict: Arc<dict::SharedDict>,
+    watch: Mutex<watch::Target>,
+}
+
+impl LuaFilters {
+    pub fn new() -> LuaFilters {
+        LuaFilters::default()
+    }
+
+    /// The process-wide dictionary behind `shared`.
+    pub fn dict(&self) -> Arc<dict::SharedDict> {
+        self.inner.dict.clone()
+    }
+
+    /// Watch the filters directory of the running config and reload through `reloader` when
+    /// a `.lua` file is added, changed or removed (`[lua] watch`, `poll_interval`). The
+    /// thread ends once the gateway is gone.
+    pub fn spawn_watcher(
+        &self,
+        reloader: keymaster_gateway::filter::Reloader,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let inner = self.inner.clone();
+        std::thread::Builder::new()
+            .name("keymaster-lua-watch".into())
+            .spawn(move || watch::run(&inner.watch, reloader))
+    }
+}
+
+impl FilterSource for LuaFilters {
+    fn build(&self, config: &Config) -> Result<Vec<FilterSpec>, String> {
+        let l = &config.lua;
+        let Some(dir) = l.dir.as_deref().map(PathBuf::from) else {
+            watch::record(&self.inner.watch, None, l);
+            return Ok(Vec::new());
+        };
+        // Recorded before compiling: a broken file is not retried until it changes again.
+        watch::record(&self.inner.watch, Some(&dir), l);
+        let settings = set::Settings::from_config(l, self.inner.dict.clone());
+        let set = Arc::new(set::compile(&dir, settings)?);
+        for f in &set.files {
+            if let Some(r) = f
+                .matches
+                .routes
+                .iter()
+                .find(|r| !config.routes.iter().any(|c| &c.name == *r))
+            {
+                let file = f.chunk_name.trim_start_matches('@');
+                return Err(format!("{file}: `match.routes` names unknown route {r:?}"));
+            }
+        }
+        Ok((0..set.files.len())
+            .map(|index| {
+                let f = &set.files[index];
+                FilterSpec {
+                    name: f.name.clone(),
+                    stage: f.stage,
+                    order: f.order,
+                    matches: f.matches.clone(),
+                    filter: Arc::new(LuaFilter {
+                        set: set.clone(),
+                        index,
+                    }),
+                }
+            })
+            .collect())
+    }
+}
+
+/// Start a gateway with the Lua filter host wired in: the `[lua]` filters join every config
+/// version, and the directory watcher runs. What the binary and the tests use.
+pub fn start_gateway(
+    config: Config,
+    source: ConfigSource,
+) -> Result<(Gateway, LuaFilters), String> {
+    let lua = LuaFilters::new();
+    let gateway =
+        Gateway::start_with_sources(config, source, Vec::new(), vec![Arc::new(lua.clone())])?;
+    lua.spawn_watcher(gateway.reloader())
+        .map_err(|e| format!("cannot start the lua watcher thread: {e}"))?;
+    Ok((gateway, lua))
+}
+
+/// One Lua file of one set version, as a filter of the chain.
+struct LuaFilter {
+    set: Arc<LuaSet>,
+    index: usize,
+}
+
+thread_local! {
+    /// A `should_filter` that failed: `run` (which the chain calls right after, on this
+    /// thread) reports it as the filter's failure.
+    static PENDING: RefCell<Option<(u64, usize, String)>> = const { RefCell::new(None) };
+}
+
+impl Filter for LuaFilter {
+    fn should_filter(&self, ctx: &FilterCtx) -> bool {
+        if !self.set.files[self.index].has_should {
+            return true;
+        }
+        match should_filter(&self.set, self.index, ctx) {
+            Ok(b) => b,
+            Err(e) => {
+                PENDING.with(|p| *p.borrow_mut() = Some((self.set.id, self.index, e)));
+                true
+            }
+        }
+    }
+
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let pending = PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            match p.take() {
+                Some((id, i, e)) if id == self.set.id && i == self.index => Some(e),
+                other => {
+                    *p = other;
+                    None
+                }
+            }
+        });
+        if let Some(e) = pending {
+            return done(Err(format!("should_filter: {e}").into()));
+        }
+        if !self.set.files[self.index].may_suspend {
+            return done(run_sync(&self.set, self.index, ctx));
+        }
+        FilterFuture::new(run(self.set.clone(), self.index, ctx))
+    }
+
+    fn needs_request_headers(&self) -> bool {
+        self.set.files[self.index].needs_request_headers
+    }
+
+    fn needs_request_body(&self) -> bool {
+        self.set.files[self.index].request_body
+    }
+
+    fn needs_response_body(&self) -> bool {
+        self.set.files[self.index].response_body
+    }
+}
+
+fn should_filter(set: &Arc<LuaSet>, index: usize, ctx: &FilterCtx) -> Result<bool, String> {
+    let h = vm::handle(set, index)?;
+    let Some(should) = h.fns.should.as_ref() else {
+        return Ok(true);
+    };
+    let owned: *const FilterCtx = ctx;
+    let r = h.lua.scope(|scope| {
+        let ud = scope.create_any_userdata_ref(ctx)?;
+        vm::with_budget_ctx(set.settings.budget, owned, || {
+            should.call::<mlua::Value>(ud)
+        })
+    });
+    vm::after_call(&h, set.settings.memory_limit, is_memory(&r));
+    match r {
+        Ok(v) => Ok(!matches!(v, mlua::Value::Nil | mlua::Value::Boolean(false))),
+        Err(e) => Err(error_text(&e)),
+    }
+}
+
+type FilterResult = Result<(), keymaster_gateway::filter::FilterError>;
+
+/// Move the request context into a (reused) userdata for a call: the userdata and the
+/// address the call owns.
+fn lend(h: &vm::Handle, ctx: &mut FilterCtx) -> Result<(AnyUserData, *const FilterCtx), String> {
+    let ud = match vm::take_slot(h) {
+        Some(ud) => {
+            let mut slot = ud.borrow_mut::<FilterCtx>().map_err(|e| error_text(&e))?;
+            std::mem::swap(&mut *slot, ctx);
+            drop(slot);
+            ud
+        }
+        None => h
+            .lua
+            .create_any_userdata(ctx.take())
+            .map_err(|e| error_text(&e))?,
+    };
+    let owned: *const FilterCtx = match ud.borrow::<FilterCtx>() {
+        Ok(c) => &*c,
+        Err(e) => return Err(error_text(&e)),
+    };
+    Ok((ud, owned))
+}
+
+/// After the call: the context goes back whatever happened, and the carrier is kept for
+/// reuse (it now holds the empty context).
+fn give_back(
+    set: &LuaSet,
+    h: &vm::Handle,
+    ud: AnyUserData,
+    ctx: &mut FilterCtx,
+    r: mlua::Result<()>,
+) -> FilterResult {
+    match ud.borrow_mut::<FilterCtx>() {
+        Ok(mut slot) => std::mem::swap(&mut *slot, ctx),
+        Err(e) => return Err(format!("the request context was lost: {e}").into()),
+    }
+    vm::put_slot(h, ud);
+    vm::after_call(h, set.settings.memory_limit, is_memory(&r));
+    r.map_err(|e| error_text(&e).into())
+}
+
+/// A file that never names `http` cannot suspend: a plain protected call, no coroutine.
+fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResult {
+    let h = vm::handle(set, index)?;
+    let (ud, owned) = lend(&h, ctx)?;
+    let r = vm::with_budget_ctx(set.settings.budget, owned, || h.fns.run.call::<()>(&ud));
+    give_back(set, &h, ud, ctx, r)
+}
+
+/// A file that may call `http`: the call runs as a coroutine the worker can suspend.
+async fn run(set: Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResult {
+    let h = vm::handle(&set, index)?;
+    let (ud, owned) = lend(&h, ctx)?;
+    let call = h.fns.run.call_async::<()>(&ud);
+    let r = vm::Budgeted::new(call, set.settings.budget, owned).await;
+    give_back(&set, &h, ud, ctx, r)
+}
+
+fn is_memory(r: &mlua::Result<impl Sized>) -> bool {
+    fn mem(e: &mlua::Error) -> bool {
+        match e {
+            mlua::Error::MemoryError(_) => true,
+            mlua::Error::CallbackError { cause, .. } => mem(cause),
+            mlua::Error::RuntimeError(m) => m.contains("not enough memory"),
+            _ => false,
+        }
+    }
+    matches!(r, Err(e) if mem(e))
+}
+
+/// A Lua error as one line: the message with `file:line`, without the traceback.
+pub(crate) fn error_text(e: &mlua::Error) -> String {
+    let e = match e {
+        mlua::Error::CallbackError { cause, .. } => {
+            let mut c: &mlua::Error = cause;
+            while let mlua::Error::CallbackError { cause, .. } = c {
+                c = cause;
+            }
+            c
+        }
+        other => other,
+    };
+    let text = match e {
+        mlua::Error::SyntaxError { message, .. } => message.clone(),
+        mlua::Error::RuntimeError(m) => m.clone(),
+        mlua::Error::MemoryError(m) => format!("memory cap reached: {m}"),
+        other => other.to_string(),
+    };
+    text.lines().next().unwrap_or("").to_string()
+}

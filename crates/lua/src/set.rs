@@ -1,0 +1,238 @@
+//! Compiling a filters directory into a [`LuaSet`]: every `.lua` file is parsed, run once in
+//! a scratch sandboxed VM to read its declaration, validated, and kept as bytecode. This
+//! happens off the request path (start, reload); any error names the file and line and
+//! rejects the whole set, so the running version stays.
+
+use keymaster_config::{FilterMatch, FilterStage, LuaConfig};
+use mlua::{Function, Table, Value};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::dict::SharedDict;
+
+/// VM-wide settings from `[lua]` (a worker's VM is rebuilt when they change).
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub budget: u64,
+    pub memory_limit: usize,
+    pub http_timeout: Duration,
+    pub http_max_body: usize,
+    pub dict: Arc<SharedDict>,
+}
+
+impl Settings {
+    pub(crate) fn from_config(c: &LuaConfig, dict: Arc<SharedDict>) -> Settings {
+        Settings {
+            budget: c.instruction_budget,
+            memory_limit: usize::try_from(c.memory_limit.0).unwrap_or(usize::MAX),
+            http_timeout: c.http_timeout.get(),
+            http_max_body: usize::try_from(c.http_max_body.0).unwrap_or(usize::MAX),
+            dict,
+        }
+    }
+
+    /// Whether a VM built for `self` serves `other` too (the budget is per call).
+    pub(crate) fn same_vm(&self, other: &Settings) -> bool {
+        self.memory_limit == other.memory_limit
+            && self.http_timeout == other.http_timeout
+            && self.http_max_body == other.http_max_body
+            && Arc::ptr_eq(&self.dict, &other.dict)
+    }
+}
+
+/// One compiled filter file.
+pub(crate) struct LuaFile {
+    /// The file name without `.lua`: the filter's name.
+    pub name: String,
+    /// `@path`, so Lua errors read `path:line: message`.
+    pub chunk_name: String,
+    pub bytecode: Vec<u8>,
+    pub stage: FilterStage,
+    pub order: i32,
+    pub matches: FilterMatch,
+    pub has_should: bool,
+    /// The source names `http`, so `run` may suspend (runs as a coroutine); otherwise
+    /// `run` is a plain call (no coroutine to create and resume).
+    pub may_suspend: bool,
+    pub needs_request_headers: bool,
+    /// Body opt-in: `request_body = true` / `response_body = true`.
+    pub request_body: bool,
+    pub response_body: bool,
+}
+
+/// One version of the directory's filters.
+pub(crate) struct LuaSet {
+    /// Unique per build in this process (worker VMs key their instances by it).
+    pub id: u64,
+    pub files: Vec<LuaFile>,
+    pub settings: Settings,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The `.lua` files of `dir`, sorted by name.
+pub(crate) fn lua_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let rd = std::fs::read_dir(dir).map_err(|e| format!("lua.dir {}: {e}", dir.display()))?;
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "lua") && p.is_file())
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Compile every `.lua` file of `dir`.
+pub(crate) fn compile(dir: &Path, settings: Settings) -> Result<LuaSet, String> {
+    let lua = crate::vm::new_vm(&settings).map_err(|e| format!("lua VM: {e}"))?;
+    let mut files = Vec::new();
+    for path in lua_files(dir)? {
+        files.push(compile_file(&lua, &path, settings.budget)?);
+    }
+    Ok(LuaSet {
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        files,
+        settings,
+    })
+}
+
+fn compile_file(lua: &mlua::Lua, path: &Path, budget: u64) -> Result<LuaFile, String> {
+    let shown = path.display().to_string();
+    let source = std::fs::read(path).map_err(|e| format!("{shown}: {e}"))?;
+    let name = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| format!("{shown}: the file name must be valid UTF-8"))?
+        .to_string();
+    let chunk_name = format!("@{shown}");
+    let env = crate::vm::new_env(lua).map_err(|e| format!("{shown}: {e}"))?;
+    let f: Function = lua
+        .load(&source[..])
+        .set_name(chunk_name.as_str())
+        .set_mode(mlua::chunk::ChunkMode::Text)
+        .set_environment(env)
+        .into_function()
+        .map_err(|e| crate::error_text(&e))?;
+    let bytecode = f.dump(false);
+    let t = crate::vm::declare(&f, budget).map_err(|e| {
+        let text = crate::error_text(&e);
+        if text.contains(&shown) {
+            text
+        } else {
+            format!("{shown}: {text}")
+        }
+    })?;
+    let bad = |key: &str, what: &str| format!("{shown}: `{key}` {what}");
+    let stage = match t
+        .get::<Value>("stage")
+        .map_err(|e| format!("{shown}: {e}"))?
+    {
+        Value::String(s) => match s
+            .to_str()
+            .map(|s| s.to_string())
+            .unwrap_or_default()
+            .as_str()
+        {
+            "pre" => FilterStage::Pre,
+            "route" => FilterStage::Route,
+            "post" => FilterStage::Post,
+            "error" => FilterStage::Error,
+            _ => {
+                return Err(bad(
+                    "stage",
+                    "must be \"pre\", \"route\", \"post\" or \"error\"",
+                ))
+            }
+        },
+        _ => {
+            return Err(bad(
+                "stage",
+                "is missing; expected stage = \"pre\" (or route, post, error)",
+            ))
+        }
+    };
+    let order = match t
+        .get::<Value>("order")
+        .map_err(|e| format!("{shown}: {e}"))?
+    {
+        Value::Nil => 0,
+        Value::Integer(i) => i32::try_from(i).map_err(|_| bad("order", "is out of range"))?,
+        Value::Number(n) if n.fract() == 0.0 && n.abs() <= f64::from(i32::MAX) => n as i32,
+        _ => return Err(bad("order", "must be an integer")),
+    };
+    if !matches!(t.get::<Value>("run"), Ok(Value::Function(_))) {
+        return Err(bad("run", "must be a function run(ctx)"));
+    }
+    let has_should = match t.get::<Value>("should_filter") {
+        Ok(Value::Nil) => false,
+        Ok(Value::Function(_)) => true,
+        _ => {
+            return Err(bad(
+                "should_filter",
+                "must be a function should_filter(ctx)",
+            ))
+        }
+    };
+    let flag = |key: &str| match t.get::<Value>(key) {
+        Ok(Value::Nil) => Ok(false),
+        Ok(Value::Boolean(b)) => Ok(b),
+        _ => Err(bad(key, "must be true or false")),
+    };
+    let needs_request_headers = flag("needs_request_headers")?;
+    let request_body = flag("request_body")?;
+    let response_body = flag("response_body")?;
+    if request_body && !matches!(stage, FilterStage::Pre | FilterStage::Route) {
+        return Err(bad("request_body", "is for pre and route filters"));
+    }
+    if response_body && stage != FilterStage::Post {
+        return Err(bad("response_body", "is for post filters"));
+    }
+    let matches = match t.get::<Value>("match") {
+        Ok(Value::Nil) => FilterMatch::default(),
+        Ok(Value::Table(m)) => read_match(&m).map_err(|e| bad("match", &e))?,
+        _ => return Err(bad("match", "must be a table")),
+    };
+    Ok(LuaFile {
+        name,
+        chunk_name,
+        bytecode,
+        stage,
+        order,
+        matches,
+        has_should,
+        may_suspend: source.windows(4).any(|w| w == b"http"),
+        needs_request_headers,
+        request_body,
+        response_body,
+    })
+}
+
+fn read_match(m: &Table) -> Result<FilterMatch, String> {
+    let list = |key: &str| -> Result<Vec<String>, String> {
+        match m.get::<Value>(key) {
+            Ok(Value::Nil) => Ok(Vec::new()),
+            Ok(Value::Table(t)) => t
+                .sequence_values::<String>()
+                .collect::<mlua::Result<Vec<_>>>()
+                .map_err(|_| format!("{key} must be a list of strings")),
+            _ => Err(format!("{key} must be a list of strings")),
+        }
+    };
+    let path_prefix = match m.get::<Value>("path_prefix") {
+        Ok(Value::Nil) => None,
+        Ok(Value::String(s)) => Some(s.to_str().map_err(|e| e.to_string())?.to_string()),
+        _ => return Err("path_prefix must be a string".into()),
+    };
+    let mut methods = list("methods")?;
+    for m in &mut methods {
+        *m = m.to_ascii_uppercase();
+    }
+    Ok(FilterMatch {
+        routes: list("routes")?,
+        path_prefix,
+        methods,
+        headers: list("headers")?,
+    })
+}

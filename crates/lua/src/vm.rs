@@ -1,0 +1,409 @@
+//! One sandboxed LuaJIT VM per worker thread (a thread-local: no lock on the request path),
+//! the instruction budget, the memory cap, and the per-version instances of a filter set.
+//!
+//! **Sandbox.** Each filter file runs in its own environment whose globals are an allow
+//! list: `assert error ipairs next pairs pcall xpcall select tonumber tostring type unpack
+//! rawequal rawget rawset setmetatable getmetatable`, copies of `string table math bit`, and
+//! keymaster's `log`, `shared` and `http`. There is no `os`, `io`, `debug`, `ffi`, `jit`,
+//! `package`/`require`, `dofile`, `loadfile`, `load`, `loadstring`, `getfenv`/`setfenv`,
+//! `collectgarbage` or `coroutine`.
+//!
+//! **Budget.** LuaJIT's count hook does not fire inside JIT-compiled traces, so a hot loop
+//! could escape it. The VM therefore runs with the JIT compiler off (`jit.off()`; LuaJIT's
+//! interpreter is still fast), where the count hook fires every [`HOOK_EVERY`] instructions
+//! without exception. The hook charges the running call's budget (a thread-local set around
+//! every poll of a filter's coroutine, so interleaved calls suspended in `ctx.http` each keep
+//! their own count) and raises an error once it is spent. `pcall`/`xpcall` are wrapped so a
+//! script cannot swallow that error and keep running. Time spent in one C function (a huge
+//! `string.rep`) is not counted; the memory cap bounds those.
+//!
+//! **Memory.** mlua's allocator limit ([`mlua::Lua::set_memory_limit`]) works with the
+//! vendored LuaJIT (64-bit GC): an allocation past the cap fails and the call errors. After
+//! every call the VM's used memory is also checked; past 3/4 of the cap after a full GC, or
+//! after a memory error, the worker's VM is dropped and rebuilt on its next use (calls still
+//! suspended on the old VM finish on it).
+
+use keymaster_gateway::filter::FilterCtx;
+use mlua::chunk::ChunkMode;
+use mlua::{AnyUserData, Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+
+use crate::set::{LuaSet, Settings};
+
+/// The count hook fires every this many VM instructions.
+pub const HOOK_EVERY: u32 = 1000;
+/// The error a spent budget raises.
+pub const BUDGET_MSG: &str = "instruction budget exceeded";
+
+thread_local! {
+    static WORKER: RefCell<Option<WorkerVm>> = const { RefCell::new(None) };
+    /// Instructions left for the Lua call running on this thread, if any.
+    static BUDGET: Cell<Option<i64>> = const { Cell::new(None) };
+    static GENERATION: Cell<u64> = const { Cell::new(0) };
+    /// The request context of the Lua call running on this thread (compared, never read).
+    static CURRENT_CTX: Cell<*const FilterCtx> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Whether `c` is the context of the call running now (see `ctx::reader`).
+pub(crate) fn owns(c: &FilterCtx) -> mlua::Result<()> {
+    if std::ptr::eq(c, CURRENT_CTX.with(Cell::get)) {
+        Ok(())
+    } else {
+        Err(mlua::Error::runtime(
+            "ctx used outside the filter call it was passed to",
+        ))
+    }
+}
+
+/// A new sandboxed VM for `settings` (JIT off, budget hook, memory cap, keymaster's API).
+pub(crate) fn new_vm(settings: &Settings) -> mlua::Result<Lua> {
+    let libs = StdLib::TABLE | StdLib::STRING | StdLib::MATH | StdLib::BIT | StdLib::JIT;
+    let lua = Lua::new_with(libs, LuaOptions::default())?;
+    lua.load("jit.off() jit.flush()")
+        .set_name("=keymaster")
+        .exec()?;
+    if lua.set_memory_limit(settings.memory_limit).is_err() {
+        tracing::warn!("lua: allocator limit unavailable; relying on the after-call memory check");
+    }
+    lua.set_global_hook(
+        HookTriggers::new().every_nth_instruction(HOOK_EVERY),
+        |_, _| charge(),
+    )?;
+    crate::ctx::register(&lua)?;
+    let spent = lua.create_function(|_, ()| Ok(spent()))?;
+    let log = lua.create_function(|_, msg: mlua::LuaString| {
+        tracing::info!(target: "keymaster_lua", "{}", msg.to_string_lossy());
+        Ok(())
+    })?;
+    let shared = crate::api::shared_table(&lua, settings.dict.clone())?;
+    let http = crate::api::http_table(&lua, settings)?;
+    lua.set_named_registry_value("keymaster.http", http.clone())?;
+    let base: Table = lua.load(SANDBOX).set_name("=keymaster-sandbox").call((
+        lua.globals(),
+        spent,
+        log,
+        shared,
+        http,
+    ))?;
+    lua.set_named_registry_value("keymaster.base", base)?;
+    Ok(lua)
+}
+
+/// Builds the allow-listed globals every filter file's environment reads through.
+const SANDBOX: &str = r#"
+local G, spent, log, shared, http = ...
+local base = {}
+for _, k in ipairs({"assert", "error", "ipairs", "next", "pairs", "select", "tonumber",
+    "tostring", "type", "unpack", "rawequal", "rawget", "rawset", "setmetatable",
+    "getmetatable"}) do
+  base[k] = G[k]
+end
+for _, lib in ipairs({"string", "table", "math", "bit"}) do
+  local copy = {}
+  for k, v in pairs(G[lib]) do copy[k] = v end
+  base[lib] = copy
+end
+-- Filters make a little garbage per call; collect less often (the memory cap still holds).
+G.collectgarbage("setpause", 400)
+-- Scripts must not reach the real string library through a string's metatable.
+getmetatable("").__metatable = false
+local raw_pcall, raw_xpcall, raise = G.pcall, G.xpcall, G.error
+local function pass(ok, ...)
+  if not ok and spent() then raise((...), 0) end
+  return ok, ...
+end
+base.pcall = function(f, ...) return pass(raw_pcall(f, ...)) end
+base.xpcall = function(f, h, ...) return pass(raw_xpcall(f, h, ...)) end
+base.log, base.shared, base.http = log, shared, http
+return base
+"#;
+
+/// A fresh environment for one filter file: its own globals over the sandbox's.
+pub(crate) fn new_env(lua: &Lua) -> mlua::Result<Table> {
+    let base: Table = lua.named_registry_value("keymaster.base")?;
+    let env = lua.create_table()?;
+    let mt = lua.create_table()?;
+    mt.set("__index", base)?;
+    env.set_metatable(Some(mt))?;
+    Ok(env)
+}
+
+fn charge() -> mlua::Result<VmState> {
+    BUDGET.with(|b| match b.get() {
+        None => Ok(VmState::Continue),
+        Some(left) => {
+            let left = left - i64::from(HOOK_EVERY);
+            b.set(Some(left));
+            if left < 0 {
+                Err(mlua::Error::runtime(BUDGET_MSG))
+            } else {
+                Ok(VmState::Continue)
+            }
+        }
+    })
+}
+
+fn spent() -> bool {
+    BUDGET.with(|b| b.get().is_some_and(|l| l < 0))
+}
+
+/// Run `f` (synchronous Lua code) with `budget` instructions.
+pub(crate) fn with_budget<R>(budget: u64, f: impl FnOnce() -> R) -> R {
+    with_budget_ctx(budget, std::ptr::null(), f)
+}
+
+/// [`with_budget`] with `ctx` as the context the running call owns.
+pub(crate) fn with_budget_ctx<R>(budget: u64, ctx: *const FilterCtx, f: impl FnOnce() -> R) -> R {
+    let prev = BUDGET.with(|b| b.replace(Some(budget.min(i64::MAX as u64) as i64)));
+    let prev_ctx = CURRENT_CTX.with(|c| c.replace(ctx));
+    let r = f();
+    BUDGET.with(|b| b.set(prev));
+    CURRENT_CTX.with(|c| c.set(prev_ctx));
+    r
+}
+
+/// A Lua call's future that carries its own budget across suspensions: the budget is
+/// installed for each poll and what is left is kept for the next one.
+pub(crate) struct Budgeted<F> {
+    inner: Pin<Box<F>>,
+    left: i64,
+    /// The context this call owns (installed for each poll like the budget).
+    ctx: *const FilterCtx,
+}
+
+impl<F> Budgeted<F> {
+    pub(crate) fn new(inner: F, budget: u64, ctx: *const FilterCtx) -> Self {
+        Budgeted {
+            inner: Box::pin(inner),
+            left: budget.min(i64::MAX as u64) as i64,
+            ctx,
+        }
+    }
+}
+
+impl<F: Future> Future for Budgeted<F> {
+    type Output = F::Output;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let prev = BUDGET.with(|b| b.replace(Some(this.left)));
+        let prev_ctx = CURRENT_CTX.with(|c| c.replace(this.ctx));
+        let r = this.inner.as_mut().poll(cx);
+        this.left = BUDGET.with(|b| b.replace(prev)).unwrap_or(0);
+        CURRENT_CTX.with(|c| c.set(prev_ctx));
+        r
+    }
+}
+
+/// A filter file's functions, instantiated in one VM.
+#[derive(Clone)]
+pub(crate) struct Fns {
+    pub should: Option<Function>,
+    pub run: Function,
+}
+
+/// What a request's filter call needs: the VM, its functions, and which VM it was.
+pub(crate) struct Handle {
+    pub lua: Lua,
+    pub fns: Fns,
+    generation: u64,
+}
+
+/// Most idle context carriers a worker VM keeps for reuse.
+const MAX_SLOTS: usize = 64;
+
+struct WorkerVm {
+    /// Idle userdata that carry a request context into a `run` call (creating one per call
+    /// costs about 4,000 instructions; swapping a context in and out costs a few dozen).
+    slots: Vec<AnyUserData>,
+    lua: Lua,
+    settings: Settings,
+    generation: u64,
+    /// Filter set versions instantiated in this VM; dropped once no snapshot holds them.
+    loaded: Vec<(u64, Weak<LuaSet>, Vec<Fns>)>,
+}
+
+/// Run a filter file's chunk (source or bytecode already loaded as `f`) and read its
+/// declaration table's functions.
+pub(crate) fn declare(f: &Function, budget: u64) -> mlua::Result<Table> {
+    match with_budget(budget, || f.call::<Value>(()))? {
+        Value::Table(t) => Ok(t),
+        other => Err(mlua::Error::runtime(format!(
+            "the file must return a table (stage, order, run, ...), not {}",
+            other.type_name()
+        ))),
+    }
+}
+
+fn instantiate(lua: &Lua, set: &LuaSet) -> mlua::Result<Vec<Fns>> {
+    let mut out = Vec::with_capacity(set.files.len());
+    for file in &set.files {
+        let f = lua
+            .load(&file.bytecode[..])
+            .set_name(file.chunk_name.as_str())
+            .set_mode(ChunkMode::Binary)
+            .set_environment(new_env(lua)?)
+            .into_function()?;
+        let t = declare(&f, set.settings.budget)?;
+        out.push(Fns {
+            should: t.get("should_filter")?,
+            run: t.get("run")?,
+        });
+    }
+    Ok(out)
+}
+
+/// This worker's VM and the functions of filter `index` of `set` (instantiating the set's
+/// validated bytecode the first time this worker sees that version).
+pub(crate) fn handle(set: &Arc<LuaSet>, index: usize) -> Result<Handle, String> {
+    WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        if w.as_ref()
+            .is_none_or(|vm| !vm.settings.same_vm(&set.settings))
+        {
+            let lua = new_vm(&set.settings).map_err(|e| format!("lua VM: {e}"))?;
+            let generation = GENERATION.with(|g| {
+                g.set(g.get() + 1);
+                g.get()
+            });
+            *w = Some(WorkerVm {
+                slots: Vec::new(),
+                lua,
+                settings: set.settings.clone(),
+                generation,
+                loaded: Vec::new(),
+            });
+        }
+        let Some(vm) = w.as_mut() else {
+            return Err("lua VM missing".to_string());
+        };
+        if let Some((_, _, fns)) = vm.loaded.iter().find(|(id, _, _)| *id == set.id) {
+            return fns
+                .get(index)
+                .map(|fns| Handle {
+                    lua: vm.lua.clone(),
+                    fns: fns.clone(),
+                    generation: vm.generation,
+                })
+                .ok_or_else(|| "lua filter index out of range".to_string());
+        }
+        vm.loaded.retain(|(_, s, _)| s.strong_count() > 0);
+        let fns = instantiate(&vm.lua, set).map_err(|e| crate::error_text(&e))?;
+        let one = fns
+            .get(index)
+            .cloned()
+            .ok_or_else(|| "lua filter index out of range".to_string())?;
+        vm.loaded.push((set.id, Arc::downgrade(set), fns));
+        Ok(Handle {
+            lua: vm.lua.clone(),
+            fns: one,
+            generation: vm.generation,
+        })
+    })
+}
+
+/// An idle context carrier of the handle's VM, if any.
+pub(crate) fn take_slot(h: &Handle) -> Option<AnyUserData> {
+    WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        w.as_mut()
+            .filter(|vm| vm.generation == h.generation)
+            .and_then(|vm| vm.slots.pop())
+    })
+}
+
+/// Return a context carrier (holding an empty context) for reuse.
+pub(crate) fn put_slot(h: &Handle, ud: AnyUserData) {
+    WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        if let Some(vm) = w.as_mut().filter(|vm| vm.generation == h.generation) {
+            if vm.slots.len() < MAX_SLOTS {
+                vm.slots.push(ud);
+            }
+        }
+    })
+}
+
+/// After a call: enforce the memory cap by rebuilding the worker's VM when it is (nearly)
+/// full or an allocation failed.
+pub(crate) fn after_call(h: &Handle, limit: usize, memory_error: bool) {
+    let high = limit / 4 * 3;
+    if !memory_error && h.lua.used_memory() <= high {
+        return;
+    }
+    if !memory_error {
+        let _ = h.lua.gc_collect();
+        if h.lua.used_memory() <= high {
+            return;
+        }
+    }
+    tracing::warn!(
+        used = h.lua.used_memory(),
+        limit,
+        "lua: VM over its memory cap; rebuilding this worker's VM"
+    );
+    WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        if w.as_ref().is_some_and(|vm| vm.generation == h.generation) {
+            *w = None;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(memory_limit: usize) -> Settings {
+        Settings {
+            budget: 100_000,
+            memory_limit,
+            http_timeout: std::time::Duration::from_secs(1),
+            http_max_body: 1024,
+            dict: Default::default(),
+        }
+    }
+
+    fn sandboxed(lua: &Lua, src: &str) -> Function {
+        lua.load(src)
+            .set_environment(new_env(lua).unwrap())
+            .into_function()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_jit_is_off_and_the_budget_stops_loops() {
+        let lua = new_vm(&settings(64 << 20)).unwrap();
+        let status: bool = lua.load("return jit.status()").eval().unwrap();
+        assert!(!status, "JIT compiler off, so count hooks always fire");
+        let f = sandboxed(&lua, "local i = 0 while true do i = i + 1 end");
+        let e = with_budget(100_000, || f.call::<()>(())).unwrap_err();
+        assert!(crate::error_text(&e).contains(BUDGET_MSG), "{e}");
+        let f = sandboxed(
+            &lua,
+            "while true do pcall(function() while true do end end) end",
+        );
+        let e = with_budget(100_000, || f.call::<()>(())).unwrap_err();
+        assert!(crate::error_text(&e).contains(BUDGET_MSG), "{e}");
+        // Within budget, the same VM runs normally afterwards.
+        let f = sandboxed(&lua, "local s = 0 for i = 1, 100 do s = s + i end return s");
+        assert_eq!(with_budget(100_000, || f.call::<i64>(())).unwrap(), 5050);
+    }
+
+    #[test]
+    fn the_allocator_cap_fails_an_allocation() {
+        let lua = new_vm(&settings(4 << 20)).unwrap();
+        let f = sandboxed(
+            &lua,
+            "keep = {} for i = 1, 1e7 do keep[i] = string.rep('x', 64) .. i end",
+        );
+        let e = with_budget(u64::MAX, || f.call::<()>(())).unwrap_err();
+        assert!(
+            matches!(e, mlua::Error::MemoryError(_)) || e.to_string().contains("memory"),
+            "{e:?}"
+        );
+    }
+}

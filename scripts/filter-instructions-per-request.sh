@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# User-space instructions per proxied request under callgrind for the filter chain of issue 4:
+# no filters, three native filters, and the same three as Lua filters (a pre filter setting a
+# request header, a route filter choosing the cluster, a post filter adding a response
+# header). Same method as scripts/instructions-per-request.sh: each config runs twice (N1 and
+# N2 keep-alive requests on one connection); (I(N2) - I(N1)) / (N2 - N1) removes start-up.
+#
+# usage: scripts/filter-instructions-per-request.sh [N1] [N2]
+# needs: valgrind, python3, target/release/keymaster
+set -euo pipefail
+N1=${1:-200}
+N2=${2:-700}
+KM=${KM:-$(dirname "$0")/../target/release/keymaster}
+STUB_PORT=18281
+PORT=18290
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+trap cleanup EXIT
+wait_port() { for _ in $(seq 1 600); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+
+"$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
+wait_port $STUB_PORT
+
+drive() { # port count
+  python3 - "$1" "$2" <<'PY'
+import http.client, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+for _ in range(n):
+    c.request("GET", "/?length=1000")
+    r = c.getresponse()
+    body = r.read()
+    assert r.status == 200 and len(body) == 1000, (r.status, len(body))
+c.close()
+PY
+}
+
+measure() { # config count
+  local out="$WORK/$(basename "$1").$2.log"
+  valgrind --tool=callgrind --callgrind-out-file=/dev/null "$KM" run --config "$1" >"$out" 2>&1 &
+  local vpid=$!
+  wait_port "$PORT"
+  drive "$PORT" "$2"
+  kill -TERM "$vpid"; wait "$vpid" 2>/dev/null || true
+  grep -h "Collected" "$out" | awk '{s += $NF} END {print s}'
+}
+
+base() { cat <<TOML
+[server]
+workers = 1
+[admin]
+listen = "off"
+[[listeners]]
+name = "main"
+address = "127.0.0.1:$PORT"
+[[clusters]]
+name = "origin"
+servers = [{ address = "127.0.0.1:$STUB_PORT" }]
+[[clusters]]
+name = "other"
+servers = [{ address = "127.0.0.1:$STUB_PORT" }]
+[[routes]]
+name = "all"
+cluster = "other"
+TOML
+}
+
+base > "$WORK/none.toml"
+{ base; cat <<TOML
+[[filters]]
+name = "in"
+type = "headers"
+stage = "pre"
+set = { x-in = "1" }
+[[filters]]
+name = "pick"
+type = "reroute"
+stage = "route"
+cluster = "origin"
+[[filters]]
+name = "out"
+type = "headers"
+stage = "post"
+add = { x-out = "1" }
+TOML
+} > "$WORK/native.toml"
+mkdir -p "$WORK/lua"
+echo 'return { stage = "pre", run = function(ctx) ctx:set_header("x-in", "1") end }' > "$WORK/lua/in.lua"
+echo 'return { stage = "route", run = function(ctx) ctx:set_cluster("origin") end }' > "$WORK/lua/pick.lua"
+echo 'return { stage = "post", run = function(ctx) ctx:add_response_header("x-out", "1") end }' > "$WORK/lua/out.lua"
+{ base; printf '[lua]\ndir = "%s"\nwatch = false\n' "$WORK/lua"; } > "$WORK/lua.toml"
+
+for c in none native lua; do
+  a=$(measure "$WORK/$c.toml" "$N1")
+  b=$(measure "$WORK/$c.toml" "$N2")
+  awk -v n="$c" -v a="$a" -v b="$b" -v n1="$N1" -v n2="$N2" \
+    'BEGIN { printf "%-8s %8.0f instructions/request\n", n, (b - a) / (n2 - n1) }'
+done
