@@ -365,28 +365,14 @@ impl Gateway {
         if let Some(sock) = admin_socket {
             let shared = shared.clone();
             let rx = admin_rx;
-            let t = std::thread::Builder::new()
-                .name("keymaster-admin".into())
-                .spawn(move || {
-                    let rt = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt,
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot start admin runtime");
-                            return;
-                        }
-                    };
-                    rt.block_on(async move {
-                        let _ = sock.set_nonblocking(true);
-                        match tokio::net::TcpListener::from_std(sock) {
-                            Ok(l) => crate::admin::serve(shared, l, rx).await,
-                            Err(e) => tracing::error!(error = %e, "cannot start admin listener"),
-                        }
-                    });
-                })
-                .map_err(|e| format!("cannot start admin thread: {e}"))?;
+            let t = crate::runtime_thread::spawn("keymaster-admin", move || async move {
+                let _ = sock.set_nonblocking(true);
+                match tokio::net::TcpListener::from_std(sock) {
+                    Ok(l) => crate::admin::serve(shared, l, rx).await,
+                    Err(e) => tracing::error!(error = %e, "cannot start admin listener"),
+                }
+            })
+            .map_err(|e| format!("cannot start admin thread: {e}"))?;
             admin_thread = Some(t);
         }
         Ok(Gateway {

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`gateway`] | start, reload (atomic config swap), graceful shutdown, signals |
 //! | `worker` | worker threads: one current-thread runtime + `LocalSet` each |
+//! | `runtime_thread` | background threads (admin, health checks, discovery), a runtime each |
 //! | `downstream` | listeners, accept loop, client connections, slowloris/idle timeouts |
 //! | `proxy_protocol` | the PROXY protocol header (v1/v2) on listeners behind L4 balancers |
 //! | [`filter`] | the Zuul filter chain: stages, native filter trait, built-in filters |
@@ -37,6 +38,7 @@ mod proxy;
 mod proxy_protocol;
 mod respond;
 mod route;
+mod runtime_thread;
 mod snapshot;
 mod tls;
 mod upgrade;

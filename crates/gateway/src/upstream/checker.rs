@@ -30,21 +30,7 @@ pub(crate) fn start(
     shared: Arc<Shared>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("keymaster-health".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start the health-check runtime");
-                    return;
-                }
-            };
-            rt.block_on(run(shared, shutdown));
-        })
+    crate::runtime_thread::spawn("keymaster-health", move || run(shared, shutdown))
 }
 
 async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {

@@ -213,54 +213,40 @@ pub(crate) fn spawn(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("keymaster-discovery".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start the discovery runtime");
-                    return;
+    crate::runtime_thread::spawn("keymaster-discovery", move || async move {
+        let mut due: HashMap<String, Instant> = HashMap::new();
+        let mut current: Option<(DnsConfig, TokioResolver)> = None;
+        loop {
+            let snap = shared.snapshot.load_full();
+            let mut next = Instant::now() + Duration::from_secs(3600);
+            for c in &snap.config.clusters {
+                let Some(d) = &c.discovery else { continue };
+                let at = *due
+                    .entry(c.name.clone())
+                    .or_insert_with(|| Instant::now() + d.interval.get());
+                if at <= Instant::now() {
+                    round(&shared, &snap, c, &mut current).await;
+                    due.insert(c.name.clone(), Instant::now() + d.interval.get());
                 }
-            };
-            rt.block_on(async move {
-                let mut due: HashMap<String, Instant> = HashMap::new();
-                let mut current: Option<(DnsConfig, TokioResolver)> = None;
-                loop {
-                    let snap = shared.snapshot.load_full();
-                    let mut next = Instant::now() + Duration::from_secs(3600);
-                    for c in &snap.config.clusters {
-                        let Some(d) = &c.discovery else { continue };
-                        let at = *due
-                            .entry(c.name.clone())
-                            .or_insert_with(|| Instant::now() + d.interval.get());
-                        if at <= Instant::now() {
-                            round(&shared, &snap, c, &mut current).await;
-                            due.insert(c.name.clone(), Instant::now() + d.interval.get());
-                        }
-                        next = next.min(due[&c.name]);
-                    }
-                    due.retain(|name, _| {
-                        snap.config
-                            .clusters
-                            .iter()
-                            .any(|c| &c.name == name && c.discovery.is_some())
-                    });
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(next) => {}
-                        _ = shared.discovery_wake.notified() => {}
-                        r = shutdown.changed() => {
-                            if r.is_err() || *shutdown.borrow() {
-                                break;
-                            }
-                        }
-                    }
-                }
+                next = next.min(due[&c.name]);
+            }
+            due.retain(|name, _| {
+                snap.config
+                    .clusters
+                    .iter()
+                    .any(|c| &c.name == name && c.discovery.is_some())
             });
-        })
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => {}
+                _ = shared.discovery_wake.notified() => {}
+                r = shutdown.changed() => {
+                    if r.is_err() || *shutdown.borrow() {
+                        break;
+                    }
+                }
+            }
+        }
+    })
 }
 
 /// One discovery round of cluster `c` of `snap`.
