@@ -3,8 +3,9 @@
 //! ALPN h2 — and every case must pass, in h2spec's strict mode.
 //!
 //! h2spec is found through `$H2SPEC`, `PATH`, `$GOBIN`, `$GOPATH/bin` or `~/go/bin` (`.ci/run`
-//! installs it). A missing h2spec FAILS the test; set `KEYMASTER_SKIP_H2SPEC=1` to skip it
-//! (a message says so).
+//! installs it); when none is there the test installs it with `go install` into the target
+//! directory. An h2spec that can be neither found nor installed FAILS the test; set
+//! `KEYMASTER_SKIP_H2SPEC=1` to skip it (a message says so).
 mod support;
 mod tls_support;
 
@@ -34,13 +35,45 @@ fn h2spec_binary() -> Option<PathBuf> {
     dirs.into_iter().find_map(|d| exists(d.join("h2spec")))
 }
 
+/// A fresh machine (the README's `cargo test --workspace`) may not have h2spec yet: install it
+/// once with Go (present on the build machines; the Go module proxy is reachable) into this
+/// target directory, as `.ci/run` does into `~/go/bin`.
+fn install_h2spec() -> Option<PathBuf> {
+    static INSTALLED: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            let gobin = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tools");
+            let bin = gobin.join("h2spec");
+            if bin.is_file() {
+                return Some(bin);
+            }
+            let go = ["go", "/usr/local/go/bin/go"]
+                .into_iter()
+                .find(|g| Command::new(g).arg("version").output().is_ok())?;
+            eprintln!("h2spec not found: installing it with `go install` into {gobin:?}");
+            for version in ["v2.2.1+incompatible", "latest"] {
+                let ok = Command::new(go)
+                    .arg("install")
+                    .arg(format!("github.com/summerwind/h2spec/cmd/h2spec@{version}"))
+                    .env("GOBIN", &gobin)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                if ok && bin.is_file() {
+                    return Some(bin);
+                }
+            }
+            None
+        })
+        .clone()
+}
+
 /// The h2spec binary, or `None` when the run is told to skip (missing h2spec panics).
 fn h2spec_or_skip() -> Option<PathBuf> {
     if std::env::var("KEYMASTER_SKIP_H2SPEC").as_deref() == Ok("1") {
         eprintln!("SKIPPED: KEYMASTER_SKIP_H2SPEC=1 is set; h2spec conformance not checked");
         return None;
     }
-    match h2spec_binary() {
+    match h2spec_binary().or_else(install_h2spec) {
         Some(p) => Some(p),
         None => panic!(
             "h2spec not found (PATH, $H2SPEC, $GOBIN, $GOPATH/bin, ~/go/bin). Install it with \

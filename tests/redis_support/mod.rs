@@ -1,6 +1,7 @@
 //! Test harness for cluster-wide rate limits: a real `redis-server` (Debian's package; CI
-//! installs it) on a unix socket in a temporary directory, and real `keymaster` processes
-//! started from config files. Both are killed by PID when dropped.
+//! installs it, and on a machine without it the harness installs it once, as `.ci/run` does)
+//! on a unix socket in a temporary directory, and real `keymaster` processes started from
+//! config files. Both are killed by PID when dropped.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -35,6 +36,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
+        ensure_redis_server();
         let child = Command::new("redis-server")
             .args(["--port", "0", "--unixsocket"])
             .arg(self.socket())
@@ -103,6 +105,39 @@ impl Drop for RedisServer {
 }
 
 /// Send `sig` to our own child `pid` (std has no signal sender).
+/// Make `redis-server` available: a fresh machine (the README's `cargo test --workspace`) may
+/// not have Debian's package yet; install it once per test binary with apt (root), like
+/// `.ci/run`. Without root or apt the spawn below fails with its own message.
+fn ensure_redis_server() {
+    static READY: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    READY.get_or_init(|| {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("redis-server").is_file()));
+        if found {
+            return;
+        }
+        eprintln!("redis-server not found: installing Debian's redis-server package");
+        let apt = |args: &[&str]| {
+            Command::new("apt-get")
+                .args(args)
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !apt(&["install", "-y", "-qq", "redis-server"]) {
+            apt(&["update", "-qq"]);
+            apt(&["install", "-y", "-qq", "redis-server"]);
+        }
+        // The package's own service is not needed: each test runs its own server.
+        let _ = Command::new("service")
+            .args(["redis-server", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    });
+}
+
 fn signal(pid: i32, sig: i32) -> bool {
     // SAFETY: kill(2) takes two integers and touches no memory of this process; `pid` is a
     // child we spawned and have not reaped (reaping happens only in `stop`, which also
