@@ -90,6 +90,11 @@ impl Conn {
 /// connection was used before (a failure on it may be the keep-alive race). With a PROXY
 /// protocol header the connection is new and HTTP/1.1, never from the shared pools (it
 /// belongs to one client connection; validation keeps such clusters on `http1`).
+///
+/// Connecting and HTTP/2 checkout are boxed: their states (TCP, TLS and HTTP handshakes) are
+/// large, and inline they would size every client connection's request future (kept for the
+/// connection's life by hyper), while a pooled HTTP/1.1 connection, the common case, needs
+/// none of it.
 pub(crate) async fn checkout(
     pools: &Pools,
     cluster: &Cluster,
@@ -100,7 +105,7 @@ pub(crate) async fn checkout(
 ) -> Result<(Conn, bool), Error> {
     let streams = cluster.config.pool.max_streams;
     if let Some(h) = proxy_header {
-        return match connect(cluster, server, timeout, streams, Some(h)).await? {
+        return match Box::pin(connect(cluster, server, timeout, streams, Some(h))).await? {
             Connected::H1(c) => Ok((c, false)),
             Connected::H2(_) => Err(Error::new(
                 Kind::OriginProtocol,
@@ -109,7 +114,7 @@ pub(crate) async fn checkout(
         };
     }
     if pools.h2.wants_h2(server) {
-        return pools.h2.checkout(cluster, server, timeout).await;
+        return Box::pin(pools.h2.checkout(cluster, server, timeout)).await;
     }
     if reuse {
         if let Some(c) = pools.checkout(server.state.id, Instant::now()) {
@@ -117,7 +122,7 @@ pub(crate) async fn checkout(
             return Ok((c, true));
         }
     }
-    match connect(cluster, server, timeout, streams, None).await? {
+    match Box::pin(connect(cluster, server, timeout, streams, None)).await? {
         Connected::H1(c) => Ok((c, false)),
         Connected::H2(c) => {
             // An `auto` origin negotiated h2 on its first connection: share it from now on.
