@@ -13,28 +13,8 @@ N2=${2:-700}
 KM=${KM:-$(dirname "$0")/../target/release/keymaster}
 STUB_PORT=18281
 PORT=18290
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-wait_port() { for _ in $(seq 1 600); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
-
-"$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
-wait_port $STUB_PORT
-
-drive() { # port count
-  python3 - "$1" "$2" <<'PY'
-import http.client, sys
-port, n = int(sys.argv[1]), int(sys.argv[2])
-c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-for _ in range(n):
-    c.request("GET", "/?length=1000")
-    r = c.getresponse()
-    body = r.read()
-    assert r.status == 200 and len(body) == 1000, (r.status, len(body))
-c.close()
-PY
-}
+# shellcheck source=lib/callgrind-common.sh
+. "$(dirname "$0")/lib/callgrind-common.sh"
 
 measure() { # config count
   local out="$WORK/$(basename "$1").$2.log"

@@ -1,0 +1,24 @@
+# Shared by the callgrind scripts: temp dir and child cleanup, port wait, the 1000-byte
+# keep-alive driver, and one stub origin on $STUB_PORT. Source after setting KM and STUB_PORT.
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+trap cleanup EXIT
+wait_port() { for _ in $(seq 1 600); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+
+drive() { # port count
+  python3 - "$1" "$2" <<'PY'
+import http.client, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+for _ in range(n):
+    c.request("GET", "/?length=1000")
+    r = c.getresponse()
+    body = r.read()
+    assert r.status == 200 and len(body) == 1000, (r.status, len(body))
+c.close()
+PY
+}
+
+"$KM" stub --listen 127.0.0.1:"$STUB_PORT" --workers 1 >/dev/null 2>&1 & PIDS+=($!)
+wait_port "$STUB_PORT"
