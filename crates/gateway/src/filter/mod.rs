@@ -201,13 +201,28 @@ impl FilterCtx {
         tls: Option<&crate::tls::TlsFacts>,
         route: Arc<str>,
     ) -> FilterCtx {
+        let tls = tls.map(|t| t.client_identity.clone());
+        let (method, uri) = (parts.method.clone(), parts.uri.clone());
+        FilterCtx::fresh(FilterStage::Pre, method, uri, headers, client, tls, route)
+    }
+
+    /// A context with the request facts given and nothing decided yet.
+    fn fresh(
+        stage: FilterStage,
+        method: Method,
+        uri: Uri,
+        headers: HeaderMap,
+        client: SocketAddr,
+        tls: Option<Option<String>>,
+        route: Arc<str>,
+    ) -> FilterCtx {
         FilterCtx {
-            stage: FilterStage::Pre,
-            method: parts.method.clone(),
-            uri: parts.uri.clone(),
+            stage,
+            method,
+            uri,
             headers,
             client,
-            tls: tls.map(|t| t.client_identity.clone()),
+            tls,
             route,
             meta: HashMap::new(),
             cluster: None,
@@ -238,25 +253,15 @@ impl FilterCtx {
         thread_local! {
             static NONE: Arc<str> = Arc::from("");
         }
-        let placeholder = FilterCtx {
-            stage: self.stage,
-            method: Method::GET,
-            uri: Uri::default(),
-            headers: HeaderMap::new(),
-            client: SocketAddr::from(([0, 0, 0, 0], 0)),
-            tls: None,
-            route: NONE.with(|r| r.clone()),
-            meta: HashMap::new(),
-            cluster: None,
-            path: None,
-            host: None,
-            local: None,
-            response: None,
-            failure: None,
-            debug: None,
-            request_body: None,
-            response_body: None,
-        };
+        let placeholder = FilterCtx::fresh(
+            self.stage,
+            Method::GET,
+            Uri::default(),
+            HeaderMap::new(),
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+            None,
+            NONE.with(|r| r.clone()),
+        );
         std::mem::replace(self, placeholder)
     }
 
