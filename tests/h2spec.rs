@@ -138,10 +138,11 @@ async fn run_h2spec(bin: PathBuf, addr: SocketAddr, tls: bool, what: &str, allow
     }
 }
 
-/// An origin that reads each request body to its end before answering. h2spec's request-side
-/// cases (bad trailers, bad DATA) then always meet the stream's error before any response: an
-/// origin that answers at once could let a loaded machine send the response first. The
-/// 1000-byte body is long enough for the flow-control cases (a short one makes h2spec skip).
+/// An origin that reads each request body to its end, then waits 50 ms before answering.
+/// h2spec's stream-level cases (bad trailers, WINDOW_UPDATE overflow) then always meet the
+/// stream's error before the response closes it: an origin that answers at once lets a
+/// loaded machine finish the stream first. The 1000-byte body is long enough for the
+/// flow-control cases (a short one makes h2spec skip).
 async fn body_reading_origin() -> SocketAddr {
     use http_body_util::{BodyExt, Full};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -152,6 +153,9 @@ async fn body_reading_origin() -> SocketAddr {
                 let svc = hyper::service::service_fn(
                     |req: http::Request<hyper::body::Incoming>| async move {
                         let body = req.into_body().collect().await;
+                        // A short pause keeps the stream open for h2spec's stream-level cases
+                        // (WINDOW_UPDATE overflow, bad trailers) that follow a complete request.
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         let status = if body.is_ok() { 200 } else { 400 };
                         let resp = http::Response::builder()
                             .status(status)
