@@ -17,6 +17,7 @@ use tokio::time::Sleep;
 
 use crate::error::BoxError;
 use crate::proxy::Exchange;
+use crate::upstream::conn::UpstreamBody;
 
 /// Shared between a [`RequestBody`] and the proxy stage: did the body end, did it overflow?
 #[derive(Debug, Default)]
@@ -157,7 +158,7 @@ impl ResponseBody {
 pub struct OriginBody {
     /// A body buffered for post filters (body opt-in), sent before `inner` (then at its end).
     pub(crate) prefix: Option<Bytes>,
-    pub(crate) inner: Incoming,
+    pub(crate) inner: UpstreamBody,
     pub(crate) exchange: Exchange,
     pub(crate) deadline: Option<Pin<Box<Sleep>>>,
     /// A gRPC call: a deadline that passes mid-body ends it with DEADLINE_EXCEEDED trailers
@@ -165,6 +166,16 @@ pub struct OriginBody {
     pub(crate) grpc: bool,
     /// Ended by the gateway (the gRPC trailers were sent).
     pub(crate) ended: bool,
+}
+
+impl Drop for OriginBody {
+    /// An HTTP/1.1 connection whose body ended cleanly goes back to the exchange (which
+    /// pools it, as it is dropped right after this).
+    fn drop(&mut self) {
+        if let Some(c) = self.inner.take_reusable() {
+            self.exchange.give_back(c);
+        }
+    }
 }
 
 impl Body for ResponseBody {
@@ -217,7 +228,7 @@ impl Body for ResponseBody {
                     }
                     Some(Err(e)) => {
                         o.exchange.fail_body("origin_body_failure");
-                        Poll::Ready(Some(Err(Box::new(e))))
+                        Poll::Ready(Some(Err(e)))
                     }
                     None => {
                         o.exchange.body_complete();

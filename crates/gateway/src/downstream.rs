@@ -199,7 +199,7 @@ pub(crate) struct ConnCtx {
     pub(crate) local: SocketAddr,
     /// The upstream connection kept for this client alone: clusters that send a PROXY
     /// header name this client on the connection, so it is never shared through the pool.
-    pub(crate) private_upstream: std::cell::RefCell<Option<crate::upstream::pool::Conn>>,
+    pub(crate) private_upstream: std::cell::RefCell<Option<crate::upstream::conn::Conn>>,
     /// The connection's slot on its listener: released when the last holder (the hyper
     /// connection, a streaming response, an upgrade tunnel) lets go of the context.
     pub(crate) _open: OpenGuard,

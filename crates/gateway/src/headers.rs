@@ -158,7 +158,16 @@ pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
     std::str::from_utf8(v).ok()?.parse().ok()
 }
 
-fn final_coding_is_chunked(headers: &HeaderMap) -> bool {
+/// Does any `name` field line list `token` (comma-separated, case-insensitive)?
+pub(crate) fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.to_str()
+            .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+            .unwrap_or(false)
+    })
+}
+
+pub(crate) fn final_coding_is_chunked(headers: &HeaderMap) -> bool {
     let last = headers
         .get_all(header::TRANSFER_ENCODING)
         .iter()

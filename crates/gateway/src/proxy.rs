@@ -30,7 +30,7 @@ use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
 use crate::upgrade;
-use crate::upstream::{limits::Slot, pool::Conn, Cluster};
+use crate::upstream::{conn::Conn, limits::Slot, Cluster};
 use keymaster_config::ProxyProtocol;
 
 mod attempt;
@@ -439,7 +439,7 @@ async fn proxy(
     let mut prefix = None; // a response body buffered for post filters (filter::body)
     let rscan = hdr::HeadScan::of(&rparts.headers);
     hdr::validate_response_head(&rparts.headers, &rscan)?;
-    let switch = upgrade::accept_response(upgrade, &mut rparts)?;
+    let switch = upgrade::accept_response(upgrade, &mut rparts, &mut rbody)?;
     let origin_close = rscan.connection
         && rparts
             .headers
@@ -573,6 +573,12 @@ pub(crate) struct Exchange {
 }
 
 impl Exchange {
+    /// The HTTP/1.1 connection back from a body that ended cleanly.
+    pub(crate) fn give_back(&mut self, c: crate::upstream::h1::Connection) {
+        if let Some(conn) = self.conn.as_mut() {
+            conn.give_back(c);
+        }
+    }
     pub(crate) fn body_complete(&mut self) {
         self.complete = true;
     }

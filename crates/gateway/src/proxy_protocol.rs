@@ -27,7 +27,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use crate::metrics::ListenerMetrics;
-use crate::upstream::pool::Conn;
+use crate::upstream::conn::Conn;
 use keymaster_config::ProxyProtocol;
 
 /// Largest accepted header (v2 with TLVs); v1 is at most 107 bytes by its spec.
@@ -258,14 +258,15 @@ pub(crate) fn take_private(
     server: &crate::upstream::OriginServer,
 ) -> Option<Conn> {
     let mut slot = cx.private_upstream.borrow_mut();
-    match slot.take() {
-        Some(c) if c.server.state.id == server.state.id && c.sender.is_ready() => Some(c),
-        Some(c) if !c.sender.is_closed() => {
-            *slot = Some(c); // busy or another server's: keep it, open a new one
-            None
-        }
-        _ => None,
+    let mut c = slot.take()?;
+    if c.is_closed() {
+        return None;
     }
+    if c.server.state.id == server.state.id {
+        return Some(c);
+    }
+    *slot = Some(c); // another server's: keep it, open a new one
+    None
 }
 
 fn as_v6(a: SocketAddr) -> SocketAddr {

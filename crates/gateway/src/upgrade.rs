@@ -6,7 +6,7 @@
 //!   ─► take_request        the route allows every offered protocol? keep the client's OnUpgrade
 //!   ─► restore_request     Upgrade + Connection: upgrade put back after hop-by-hop removal
 //!   ─► send                on a pooled or fresh origin connection
-//!   ─► accept_response     origin said 101: keep its OnUpgrade and Upgrade value
+//!   ─► accept_response     origin said 101: take its connection (keymaster's HTTP/1.1 client) and Upgrade value
 //!                          (any other status is an ordinary response, streamed as usual)
 //!   ─► Switch::start       101 to the client; a local task joins both upgraded sockets:
 //!                          tokio copy_bidirectional (fixed buffers: backpressure both ways),
@@ -39,9 +39,11 @@ use tokio::time::Instant;
 
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind};
-use crate::headers::HeadScan;
+use crate::headers::{has_token, HeadScan};
 use crate::metrics::TunnelMetrics;
 use crate::proxy::InFlight;
+use crate::upstream::conn::UpstreamBody;
+use crate::upstream::h1::Upgraded;
 
 /// A route's upgrade settings, compiled.
 #[derive(Debug, Clone)]
@@ -75,14 +77,6 @@ impl UpgradePolicy {
 
 fn protocol_name(p: &str) -> &str {
     p.split('/').next().unwrap_or("").trim()
-}
-
-fn has_token(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|v| {
-        v.to_str()
-            .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-            .unwrap_or(false)
-    })
 }
 
 /// A client's request to switch protocols that its route allows.
@@ -193,7 +187,7 @@ pub(crate) fn restore_request(headers: &mut HeaderMap, up: &UpgradeRequest) {
 pub(crate) struct Switch {
     upgrade: HeaderValue,
     client: OnUpgrade,
-    origin: OnUpgrade,
+    origin: Upgraded,
     h2: bool,
 }
 
@@ -203,6 +197,7 @@ pub(crate) struct Switch {
 pub(crate) fn accept_response(
     up: Option<UpgradeRequest>,
     rparts: &mut response::Parts,
+    rbody: &mut UpstreamBody,
 ) -> Result<Option<Switch>, Error> {
     if rparts.status != StatusCode::SWITCHING_PROTOCOLS {
         return Ok(None);
@@ -219,7 +214,7 @@ pub(crate) fn accept_response(
                 "origin sent 101 without an Upgrade header",
             )
         })?;
-    let origin = rparts.extensions.remove::<OnUpgrade>().ok_or_else(refuse)?;
+    let origin = rbody.take_upgraded().ok_or_else(refuse)?;
     Ok(Some(Switch {
         upgrade,
         client: up.client,
@@ -256,25 +251,14 @@ impl Switch {
         metrics.active.inc();
         tokio::task::spawn_local(async move {
             let _held = (cx, inflight, Active(metrics.active.clone()));
-            let (client, origin) = tokio::join!(self.client, self.origin);
-            let (client, origin) = match (client, origin) {
-                (Ok(c), Ok(o)) => (c, o),
-                (c, o) => {
-                    tracing::debug!(
-                        client = ?c.err(),
-                        origin = ?o.err(),
-                        "upgrade did not complete on both sides"
-                    );
+            let client = match self.client.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(error = %e, "the client's upgrade did not complete");
                     return;
                 }
             };
-            tunnel(
-                TokioIo::new(client),
-                TokioIo::new(origin),
-                idle_timeout,
-                &metrics,
-            )
-            .await;
+            tunnel(TokioIo::new(client), self.origin, idle_timeout, &metrics).await;
         });
     }
 }

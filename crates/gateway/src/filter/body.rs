@@ -112,7 +112,7 @@ fn too_large_request() -> Error {
 /// Read the origin's body to its end (within `wait`), failing with 502 past `cap` bytes.
 /// `body` stays usable: it is at its end afterwards, so the exchange completes normally.
 pub(crate) async fn read_response(
-    body: &mut Incoming,
+    body: &mut crate::upstream::conn::UpstreamBody,
     cap: u64,
     wait: std::time::Duration,
 ) -> Result<Bytes, Error> {

@@ -18,7 +18,6 @@
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response};
-use hyper::body::Incoming;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,8 +28,9 @@ use crate::body::{RequestBody, RequestBodyState};
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind};
 use crate::route::Route;
+use crate::upstream::conn::{Conn, UpstreamBody};
 use crate::upstream::limits::RetryToken;
-use crate::upstream::pool::{checkout, Conn};
+use crate::upstream::pool::checkout;
 use crate::upstream::{Cluster, OriginServer};
 
 /// The Host header each attempt sends.
@@ -54,7 +54,7 @@ pub(super) struct Upstream<'a> {
 
 /// The attempt that got a response head to pass on.
 pub(super) struct Sent {
-    pub(super) resp: Response<Incoming>,
+    pub(super) resp: Response<UpstreamBody>,
     pub(super) conn: Conn,
     pub(super) outstanding: Outstanding,
     /// Requests sent upstream for this client request (retries and resends included).
@@ -343,7 +343,7 @@ async fn one(
     template: &mut Option<Template>,
     rebuildable: bool,
     body_state: Option<&RequestBodyState>,
-) -> Result<(Response<Incoming>, Conn, u32), Failed> {
+) -> Result<(Response<UpstreamBody>, Conn, u32), Failed> {
     let (cluster, route) = (up.cluster, up.route);
     let proxy_header =
         crate::proxy_protocol::header_for(cluster.config.proxy_protocol, up.cx.peer, up.cx.local);
@@ -363,8 +363,8 @@ async fn one(
             if reused {
                 cluster.metrics.reused.inc();
                 // The keep-alive race needs the request again if it was sent on a dead
-                // connection.
-                if template.is_none() && rebuildable {
+                // connection (HTTP/1.1 hands it back itself; hyper's HTTP/2 does not).
+                if template.is_none() && rebuildable && !c.is_h1() {
                     *template = Some(template_of(&req, None));
                 }
             }
@@ -392,9 +392,7 @@ async fn one(
                 sends: 1,
             })
         }
-        Ok(Err(mut e)) => {
-            let unsent = e.take_message();
-            let err = e.into_error();
+        Ok(Err(f)) => {
             if let Some(client) = body_error(body_state) {
                 return Err(Failed {
                     err: client,
@@ -402,12 +400,13 @@ async fn one(
                     sends: 1,
                 });
             }
-            match (unsent, template.as_ref()) {
-                (Some(r), _) if is_reused => r,
-                (None, Some(t)) if is_reused && stale_connection_error(&err) => t.build(),
-                (unsent, _) => {
+            match (f.unsent, f.resend, template.as_ref()) {
+                (Some(r), _, _) if is_reused => r,
+                (None, Some(r), _) if is_reused && f.stale => r,
+                (None, None, Some(t)) if is_reused && f.stale => t.build(),
+                (unsent, _, _) => {
                     return Err(Failed {
-                        err: map_send_error(err),
+                        err: f.err,
                         unsent,
                         sends: 1,
                     })
@@ -433,9 +432,9 @@ async fn one(
     let head_timeout = HeadTimeout::new(head_wait(route), up.deadline);
     match tokio::time::timeout(head_timeout.wait, conn.send(resend)).await {
         Ok(Ok(resp)) => Ok((resp, conn, 2)),
-        Ok(Err(e)) => Err(Failed {
-            err: body_error(body_state).unwrap_or_else(|| map_send_error(e.into_error())),
-            unsent: None,
+        Ok(Err(f)) => Err(Failed {
+            err: body_error(body_state).unwrap_or(f.err),
+            unsent: f.unsent,
             sends: 2,
         }),
         Err(_) => Err(Failed {
@@ -476,37 +475,6 @@ async fn checkout_within(
         proxy_header,
     )
     .await
-}
-
-/// The failure looks like the origin closed an idle connection under us.
-fn stale_connection_error(e: &hyper::Error) -> bool {
-    if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
-        return true;
-    }
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::BrokenPipe
-                    | std::io::ErrorKind::ConnectionAborted
-            );
-        }
-        src = s.source();
-    }
-    false
-}
-
-fn map_send_error(e: hyper::Error) -> Error {
-    if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
-        Error::new(Kind::OriginProtocol, "origin sent a malformed response").with_source(e)
-    } else if e.is_user() || e.is_body_write_aborted() {
-        // Our request body failed: the client stopped sending it.
-        Error::new(Kind::ClientGone, "client request body failed").with_source(e)
-    } else {
-        Error::new(Kind::OriginReset, "origin closed the connection").with_source(e)
-    }
 }
 
 /// Counts a request as outstanding on its server until dropped (least-outstanding balancing).

@@ -1,9 +1,10 @@
 //! Opening an upstream connection: TCP connect and, for TLS clusters, the TLS handshake,
 //! together within the connect timeout; then hyper's HTTP/1 or HTTP/2 client handshake
-//! (HTTP/2 when the cluster says `h2`, or ALPN chose it for `auto`), and a local task that
-//! drives the connection and keeps the open count.
+//! (HTTP/2 when the cluster says `h2`, or ALPN chose it for `auto`; its connection runs as a
+//! local task), or keymaster's own HTTP/1.1 client connection ([`super::h1`]), which needs
+//! no handshake and no task.
 
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_util::rt::TokioIo;
 use std::cell::RefCell;
 use std::future::Future;
@@ -14,8 +15,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use super::conn::Conn;
+use super::h1::{self, Io};
 use super::h2::{H2Conn, LocalExec, StreamLimit};
-use super::pool::Conn;
 use super::{Cluster, OriginServer};
 use crate::body::RequestBody;
 use crate::error::{Error, Kind};
@@ -46,7 +48,10 @@ pub(crate) async fn connect(
         state.open_connections.fetch_sub(1, Ordering::AcqRel);
         return Err(Error::new(Kind::PoolFull, "origin connection cap reached"));
     }
-    let slot = OpenSlot(Some(state.clone()));
+    let slot = OpenSlot {
+        state: state.clone(),
+        gauge: None,
+    };
     cluster.metrics.connect_attempts.inc();
     let opened =
         match tokio::time::timeout(timeout, open_transport(cluster, server, proxy_header)).await {
@@ -58,10 +63,10 @@ pub(crate) async fn connect(
         };
     let transport = opened.inspect_err(|_| cluster.metrics.connect_failures.inc())?;
     match transport {
-        Transport::Plain(tcp) => {
-            let h2 = server.protocol == UpstreamProtocol::H2;
-            handshake(cluster, server, tcp, h2, h2_streams, slot).await
+        Transport::Plain(tcp) if server.protocol == UpstreamProtocol::H2 => {
+            handshake_h2(cluster, tcp, h2_streams, slot).await
         }
+        Transport::Plain(tcp) => Ok(h1_conn(cluster, server, Io::Tcp(tcp), slot)),
         Transport::Tls(tls, alpn_h2) => {
             let h2 = match server.protocol {
                 UpstreamProtocol::H2 if !alpn_h2 => {
@@ -75,7 +80,11 @@ pub(crate) async fn connect(
                 UpstreamProtocol::Http1 => false,
                 UpstreamProtocol::Auto => alpn_h2,
             };
-            handshake(cluster, server, *tls, h2, h2_streams, slot).await
+            if h2 {
+                handshake_h2(cluster, *tls, h2_streams, slot).await
+            } else {
+                Ok(h1_conn(cluster, server, Io::Tls(tls), slot))
+            }
         }
     }
 }
@@ -113,62 +122,60 @@ async fn open_transport(
     }
 }
 
-async fn handshake<T>(
+/// An HTTP/1.1 connection: nothing to negotiate, nothing to spawn.
+fn h1_conn(cluster: &Cluster, server: &Arc<OriginServer>, io: Io, mut slot: OpenSlot) -> Connected {
+    let gauge = cluster.metrics.open_connections.clone();
+    gauge.inc();
+    slot.gauge = Some(gauge);
+    Connected::H1(Conn::new(h1::Connection::new(io, slot), server.clone()))
+}
+
+/// hyper's HTTP/2 client handshake; a local task drives the connection.
+async fn handshake_h2<T>(
     cluster: &Cluster,
-    server: &Arc<OriginServer>,
     io: T,
-    h2: bool,
     h2_streams: usize,
-    slot: OpenSlot,
+    mut slot: OpenSlot,
 ) -> Result<Connected, Error>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let open_gauge = cluster.metrics.open_connections.clone();
-    if h2 {
-        let (sender, conn) = http2::Builder::new(LocalExec)
-            .initial_max_send_streams(h2_streams)
-            .handshake::<_, RequestBody>(TokioIo::new(io))
-            .await
-            .map_err(|e| Error::new(Kind::Connect, "origin h2 handshake failed").with_source(e))?;
-        // The connection task owns the connection; the pool reads the origin's current
-        // stream limit through a weak handle between polls.
-        let conn = Rc::new(RefCell::new(Box::pin(conn)));
-        let weak = Rc::downgrade(&conn);
-        let limit: StreamLimit = Box::new(move || {
-            let c = weak.upgrade()?;
-            let c = c.try_borrow().ok()?;
-            Some(c.current_max_send_streams())
-        });
-        open_gauge.inc();
-        tokio::task::spawn_local(async move {
-            let _slot = slot; // released when the connection ends
-            let _ = std::future::poll_fn(|cx| conn.borrow_mut().as_mut().poll(cx)).await;
-            open_gauge.dec();
-        });
-        return Ok(Connected::H2(H2Conn::new(sender, limit, h2_streams)));
-    }
-    let (sender, driver) = http1::Builder::new()
-        .max_buf_size(1024 * 1024)
+    let (sender, conn) = http2::Builder::new(LocalExec)
+        .initial_max_send_streams(h2_streams)
         .handshake::<_, RequestBody>(TokioIo::new(io))
         .await
-        .map_err(|e| Error::new(Kind::Connect, "origin handshake failed").with_source(e))?;
-    open_gauge.inc();
+        .map_err(|e| Error::new(Kind::Connect, "origin h2 handshake failed").with_source(e))?;
+    // The connection task owns the connection; the pool reads the origin's current
+    // stream limit through a weak handle between polls.
+    let conn = Rc::new(RefCell::new(Box::pin(conn)));
+    let weak = Rc::downgrade(&conn);
+    let limit: StreamLimit = Box::new(move || {
+        let c = weak.upgrade()?;
+        let c = c.try_borrow().ok()?;
+        Some(c.current_max_send_streams())
+    });
+    let gauge = cluster.metrics.open_connections.clone();
+    gauge.inc();
+    slot.gauge = Some(gauge);
     tokio::task::spawn_local(async move {
         let _slot = slot; // released when the connection ends
-        let _ = driver.with_upgrades().await; // a 101 hands the socket to a tunnel
-        open_gauge.dec();
+        let _ = std::future::poll_fn(|cx| conn.borrow_mut().as_mut().poll(cx)).await;
     });
-    Ok(Connected::H1(Conn::new(sender, server.clone())))
+    Ok(Connected::H2(H2Conn::new(sender, limit, h2_streams)))
 }
 
-/// Releases one unit of a server's open-connection count on drop.
-struct OpenSlot(Option<Arc<super::OriginState>>);
+/// One open connection in a server's open-connection count (the cluster's cap) and, once
+/// established, in the cluster's open-connections gauge; both are released on drop.
+pub(crate) struct OpenSlot {
+    state: Arc<super::OriginState>,
+    gauge: Option<prometheus::IntGauge>,
+}
 
 impl Drop for OpenSlot {
     fn drop(&mut self) {
-        if let Some(s) = self.0.take() {
-            s.open_connections.fetch_sub(1, Ordering::AcqRel);
+        self.state.open_connections.fetch_sub(1, Ordering::AcqRel);
+        if let Some(g) = &self.gauge {
+            g.dec();
         }
     }
 }

@@ -25,8 +25,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::conn::{Conn, Sender};
 use super::connect::{connect, Connected};
-use super::pool::{Conn, Sender};
 use super::{Cluster, OriginServer};
 use crate::body::RequestBody;
 use crate::error::{Error, Kind};

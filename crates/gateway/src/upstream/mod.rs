@@ -1,9 +1,12 @@
-//! The upstream (origin) side: clusters of origin servers, balancing, and the per-worker
-//! connection pools built on hyper's client connection API.
+//! The upstream (origin) side: clusters of origin servers, balancing, the per-worker
+//! connection pools, keymaster's own HTTP/1.1 client and hyper's HTTP/2 client.
 //!
 //! - [`Cluster`], [`OriginServer`]: what a config version says about origins.
 //! - [`balance`]: picks a server (random, round robin, least outstanding).
 //! - [`pool`]: idle keep-alive connections per origin server, per worker thread; no locks.
+//! - [`conn`]: a request's hold on an origin (HTTP/1.1 connection or HTTP/2 stream), sending
+//!   on it, and the response body of either.
+//! - [`h1`]: keymaster's HTTP/1.1 client: the connection is a value, not a task.
 //! - [`connect`]: opening a connection (TCP, TLS, HTTP/1 or HTTP/2) within the connect timeout.
 //! - [`tls`]: outbound TLS per cluster (SNI, CA, client certificate, versions, ALPN).
 //! - [`h2`]: multiplexed HTTP/2 connections per origin server, per worker.
@@ -15,8 +18,10 @@
 
 pub(crate) mod balance;
 pub(crate) mod checker;
+pub(crate) mod conn;
 pub(crate) mod connect;
 pub(crate) mod discovery;
+pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod health;
 pub(crate) mod limits;

@@ -6,84 +6,20 @@
 //! HTTP/2 connections are shared rather than checked out: see [`super::h2`], whose pools
 //! live here too so the worker sweeps and clears both.
 
-use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
-use hyper::client::conn::{http2, TrySendError};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+use super::conn::Conn;
 use super::connect::{connect, Connected};
-use super::h2::{H2Pools, Lease};
+use super::h2::H2Pools;
 use super::{Cluster, OriginServer};
-use crate::body::RequestBody;
 use crate::error::{Error, Kind};
 
 /// How many idle connections a checkout looks at before opening a new one.
 const CHECKOUT_SCAN: usize = 8;
-
-/// How requests are sent on a connection.
-pub(crate) enum Sender {
-    /// HTTP/1.1: the connection is checked out for one exchange.
-    H1(SendRequest<RequestBody>),
-    /// HTTP/2: a handle to a shared connection; the [`Lease`] counts the stream.
-    H2(http2::SendRequest<RequestBody>),
-}
-
-impl Sender {
-    pub(crate) fn is_closed(&self) -> bool {
-        match self {
-            Sender::H1(s) => s.is_closed(),
-            Sender::H2(s) => s.is_closed(),
-        }
-    }
-    pub(crate) fn is_ready(&self) -> bool {
-        match self {
-            Sender::H1(s) => s.is_ready(),
-            Sender::H2(s) => s.is_ready(),
-        }
-    }
-}
-
-/// One upstream connection (HTTP/1.1) or one stream on a shared one (HTTP/2).
-pub(crate) struct Conn {
-    pub(crate) sender: Sender,
-    pub(crate) server: Arc<OriginServer>,
-    /// Requests sent on this connection so far.
-    pub(crate) requests: u64,
-    /// HTTP/2: this request's stream on the shared connection, given back on drop.
-    pub(crate) _stream: Option<Lease>,
-}
-
-impl Conn {
-    pub(crate) fn new(sender: SendRequest<RequestBody>, server: Arc<OriginServer>) -> Self {
-        Conn {
-            sender: Sender::H1(sender),
-            server,
-            requests: 0,
-            _stream: None,
-        }
-    }
-
-    /// An HTTP/1.1 connection, which goes back to the idle pool after a clean exchange.
-    pub(crate) fn is_h1(&self) -> bool {
-        matches!(self.sender, Sender::H1(_))
-    }
-
-    /// Send a request; hyper hands it back if it was never sent.
-    pub(crate) async fn send(
-        &mut self,
-        req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, TrySendError<Request<RequestBody>>> {
-        match &mut self.sender {
-            Sender::H1(s) => s.try_send_request(req).await,
-            Sender::H2(s) => super::h2::send(s, &self.server, req).await,
-        }
-    }
-}
 
 /// A connection for one request to `server`: for HTTP/2 a stream on a shared connection;
 /// for HTTP/1.1 a pooled idle connection (when `reuse`) or a new one. Returns whether the
@@ -155,23 +91,21 @@ impl Pools {
     pub(crate) fn checkout(&self, origin_id: usize, now: Instant) -> Option<Conn> {
         let mut pools = self.by_origin.borrow_mut();
         let pool = pools.get_mut(origin_id)?;
-        // Newest first; a connection hyper has not yet marked idle after its last exchange
-        // is skipped (left in place) rather than waited for: waiting would park this request
-        // behind every other task on the worker.
+        // Newest first; closed ones are dropped on the way.
         let mut i = pool.idle.len();
         let mut scanned = 0;
         while i > 0 && scanned < CHECKOUT_SCAN {
             i -= 1;
             scanned += 1;
-            let idle = &pool.idle[i];
+            let idle = &mut pool.idle[i];
             if now.saturating_duration_since(idle.since) >= idle.idle_timeout {
                 // This one and all older ones are expired.
                 pool.idle.drain(..=i);
                 return None;
             }
-            if idle.conn.sender.is_closed() {
+            if idle.conn.is_closed() {
                 pool.idle.remove(i);
-            } else if idle.conn.sender.is_ready() {
+            } else if idle.conn.is_ready() {
                 return pool.idle.remove(i).map(|idle| idle.conn);
             }
         }
@@ -180,7 +114,8 @@ impl Pools {
 
     /// Return a connection after a clean exchange; dropped if the pool is full.
     pub(crate) fn put(&self, conn: Conn, max_idle: usize, idle_timeout: Duration, now: Instant) {
-        if !conn.is_h1() || conn.sender.is_closed() || max_idle == 0 {
+        // An HTTP/1.1 connection in hand (given back by its response body).
+        if !conn.is_h1() || !conn.is_ready() || max_idle == 0 {
             return;
         }
         let id = conn.server.state.id;
@@ -211,9 +146,8 @@ impl Pools {
                 pool.idle.clear();
                 continue;
             }
-            pool.idle.retain(|i| {
-                now.saturating_duration_since(i.since) < i.idle_timeout
-                    && !i.conn.sender.is_closed()
+            pool.idle.retain_mut(|i| {
+                now.saturating_duration_since(i.since) < i.idle_timeout && !i.conn.is_closed()
             });
         }
     }

@@ -1,0 +1,195 @@
+//! One request's hold on an origin: an HTTP/1.1 connection checked out of the pool
+//! (keymaster's own client, [`super::h1`]) or a stream on a shared HTTP/2 connection
+//! (hyper's), and the response body either one produces.
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http2;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::h1;
+use super::h2::Lease;
+use super::OriginServer;
+use crate::body::RequestBody;
+use crate::error::{BoxError, Error, Kind};
+
+pub(crate) use h1::Failure as SendFailure;
+
+/// How requests are sent on a connection.
+pub(crate) enum Sender {
+    /// HTTP/1.1: the connection, checked out for one exchange. `None` while a response body
+    /// owns it (it comes back at the body's clean end, see [`Conn::give_back`]).
+    H1(Option<h1::Connection>),
+    /// HTTP/2: a handle to a shared connection; the [`Lease`] counts the stream.
+    H2(http2::SendRequest<RequestBody>),
+}
+
+/// One upstream connection (HTTP/1.1) or one stream on a shared one (HTTP/2).
+pub(crate) struct Conn {
+    pub(crate) sender: Sender,
+    pub(crate) server: Arc<OriginServer>,
+    /// Requests sent on this connection so far.
+    pub(crate) requests: u64,
+    /// HTTP/2: this request's stream on the shared connection, given back on drop.
+    pub(crate) _stream: Option<Lease>,
+}
+
+impl Conn {
+    pub(crate) fn new(c: h1::Connection, server: Arc<OriginServer>) -> Self {
+        Conn {
+            sender: Sender::H1(Some(c)),
+            server,
+            requests: 0,
+            _stream: None,
+        }
+    }
+
+    /// An HTTP/1.1 connection, which goes back to the idle pool after a clean exchange.
+    pub(crate) fn is_h1(&self) -> bool {
+        matches!(self.sender, Sender::H1(_))
+    }
+
+    /// The connection cannot carry a request (closed by the origin, or not given back).
+    pub(crate) fn is_closed(&mut self) -> bool {
+        match &mut self.sender {
+            Sender::H1(c) => c.as_mut().is_none_or(h1::Connection::is_closed),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
+
+    /// hyper's HTTP/2 handle may be briefly busy; an HTTP/1.1 connection in hand is ready.
+    pub(crate) fn is_ready(&self) -> bool {
+        match &self.sender {
+            Sender::H1(c) => c.is_some(),
+            Sender::H2(s) => s.is_ready(),
+        }
+    }
+
+    /// The HTTP/1.1 connection back from a response body that ended cleanly.
+    pub(crate) fn give_back(&mut self, c: h1::Connection) {
+        self.sender = Sender::H1(Some(c));
+    }
+
+    /// Send a request and wait for the response head.
+    pub(crate) async fn send(
+        &mut self,
+        req: Request<RequestBody>,
+    ) -> Result<Response<UpstreamBody>, SendFailure> {
+        match &mut self.sender {
+            Sender::H1(c) => {
+                let Some(c) = c.take() else {
+                    return Err(SendFailure {
+                        err: Error::new(Kind::OriginReset, "origin connection not available"),
+                        unsent: Some(req),
+                        resend: None,
+                        stale: true,
+                    });
+                };
+                h1::send(c, req).await.map(|r| r.map(UpstreamBody::H1))
+            }
+            Sender::H2(s) => match super::h2::send(s, &self.server, req).await {
+                Ok(r) => Ok(r.map(UpstreamBody::H2)),
+                Err(mut e) => {
+                    let unsent = e.take_message();
+                    let e = e.into_error();
+                    Err(SendFailure {
+                        stale: stale_connection_error(&e),
+                        err: map_send_error(e),
+                        unsent,
+                        resend: None,
+                    })
+                }
+            },
+        }
+    }
+}
+
+/// The failure looks like the origin closed the connection under us.
+fn stale_connection_error(e: &hyper::Error) -> bool {
+    if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
+        return true;
+    }
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionAborted
+            );
+        }
+        src = s.source();
+    }
+    false
+}
+
+fn map_send_error(e: hyper::Error) -> Error {
+    if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
+        Error::new(Kind::OriginProtocol, "origin sent a malformed response").with_source(e)
+    } else if e.is_user() || e.is_body_write_aborted() {
+        // Our request body failed: the client stopped sending it.
+        Error::new(Kind::ClientGone, "client request body failed").with_source(e)
+    } else {
+        Error::new(Kind::OriginReset, "origin closed the connection").with_source(e)
+    }
+}
+
+/// A response body from an origin, over HTTP/1.1 or HTTP/2.
+pub(crate) enum UpstreamBody {
+    H1(h1::Body),
+    H2(Incoming),
+}
+
+impl UpstreamBody {
+    /// The HTTP/1.1 connection, if the body ended cleanly and it may be reused.
+    pub(crate) fn take_reusable(&mut self) -> Option<h1::Connection> {
+        match self {
+            UpstreamBody::H1(b) => b.take_reusable(),
+            UpstreamBody::H2(_) => None,
+        }
+    }
+
+    /// After a 101: the origin connection for a tunnel.
+    pub(crate) fn take_upgraded(&mut self) -> Option<h1::Upgraded> {
+        match self {
+            UpstreamBody::H1(b) => b.take_upgraded(),
+            UpstreamBody::H2(_) => None,
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            UpstreamBody::H1(b) => Pin::new(b).poll_frame(cx),
+            UpstreamBody::H2(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map_err(|e| Box::new(e) as BoxError))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::H1(b) => b.is_end_stream(),
+            UpstreamBody::H2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::H1(b) => b.size_hint(),
+            UpstreamBody::H2(b) => b.size_hint(),
+        }
+    }
+}

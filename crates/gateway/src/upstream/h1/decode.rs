@@ -1,0 +1,562 @@
+//! Reading an origin's HTTP/1.1 response from the connection's read buffer: the head
+//! (httparse; 1xx heads other than 101 are skipped) and the body's framing (RFC 9112 §6.3):
+//! none, Content-Length, chunked (with trailers), or until the origin closes. Everything here
+//! works on bytes already read, so it is tested without sockets.
+//!
+//! Rules kept strict because an edge gateway must never pass on an ambiguous message: both
+//! Transfer-Encoding and Content-Length, differing Content-Length values, a Transfer-Encoding
+//! not ending in `chunked`, obs-fold, bad chunk lines: all are errors (502 before the head
+//! reaches the client, an aborted response after).
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
+
+use crate::error::{Error, Kind};
+use crate::headers::{final_coding_is_chunked, has_token, parse_content_length};
+
+/// The largest response head read (status line and fields).
+pub(super) const MAX_HEAD: usize = 64 * 1024;
+/// The most header fields in a response head.
+const MAX_HEADERS: usize = 128;
+/// The longest chunk-size line (size and extensions).
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+/// The largest trailer section.
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// How a response's body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Framing {
+    /// No body: HEAD, 204, 304.
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Until the origin closes (no Content-Length or Transfer-Encoding).
+    Close,
+    /// 101: the connection now carries another protocol.
+    Upgrade,
+}
+
+/// A final (non-1xx, or 101) response head.
+#[derive(Debug)]
+pub(super) struct Head {
+    pub(super) status: StatusCode,
+    pub(super) version: Version,
+    pub(super) headers: HeaderMap,
+    /// The origin allows another request on this connection after this response.
+    pub(super) keep_alive: bool,
+    pub(super) framing: Framing,
+    /// A reason phrase other than the status code's canonical one, passed on as it is.
+    pub(super) reason: Option<hyper::ext::ReasonPhrase>,
+}
+
+fn malformed(detail: &'static str) -> Error {
+    Error::new(Kind::OriginProtocol, detail)
+}
+
+/// Parse a response head from the front of `buf`, consuming it (and any 1xx heads before
+/// it). `Ok(None)`: more bytes are needed.
+pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, Error> {
+    loop {
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        // Field positions as offsets, so the values can share the head's memory.
+        let mut ranges = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+        let (len, code, minor, count, reason) = {
+            let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut res = httparse::Response::new(&mut slots);
+            let len = match res.parse(buf) {
+                Ok(httparse::Status::Complete(len)) => len,
+                Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+                    return Err(malformed("origin response head too large"))
+                }
+                Ok(httparse::Status::Partial) => return Ok(None),
+                Err(httparse::Error::TooManyHeaders) => {
+                    return Err(malformed("origin response has too many header fields"))
+                }
+                Err(e) => return Err(malformed("origin sent a malformed response").with_source(e)),
+            };
+            if len > MAX_HEAD {
+                return Err(malformed("origin response head too large"));
+            }
+            let base = buf.as_ptr() as usize;
+            for (slot, h) in ranges.iter_mut().zip(res.headers.iter()) {
+                let n = h.name.as_ptr() as usize - base;
+                let v = h.value.as_ptr() as usize - base;
+                *slot = (
+                    n as u32,
+                    (n + h.name.len()) as u32,
+                    v as u32,
+                    (v + h.value.len()) as u32,
+                );
+            }
+            let code = res.code.unwrap_or(0);
+            let reason = res.reason.filter(|r| {
+                StatusCode::from_u16(code).is_ok_and(|s| s.canonical_reason() != Some(*r))
+            });
+            let reason = reason.and_then(|r| hyper::ext::ReasonPhrase::try_from(r.as_bytes()).ok());
+            (
+                len,
+                code,
+                res.version.unwrap_or(1),
+                res.headers.len(),
+                reason,
+            )
+        };
+        let head = buf.split_to(len).freeze();
+        let status = StatusCode::from_u16(code)
+            .map_err(|_| malformed("origin sent an invalid status code"))?;
+        if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+            continue; // 100 Continue, 103 Early Hints...: not passed on
+        }
+        let version = if minor == 1 {
+            Version::HTTP_11
+        } else {
+            Version::HTTP_10
+        };
+        let mut headers = HeaderMap::with_capacity(count);
+        for &(n0, n1, v0, v1) in &ranges[..count] {
+            let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
+                .map_err(|_| malformed("origin sent an invalid header name"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
+                .map_err(|_| malformed("origin sent an invalid header value"))?;
+            headers.append(name, value);
+        }
+        let framing = framing(status, version, method, &headers)?;
+        let keep_alive = framing != Framing::Close
+            && framing != Framing::Upgrade
+            && !has_token(&headers, header::CONNECTION, "close")
+            && (version == Version::HTTP_11
+                || has_token(&headers, header::CONNECTION, "keep-alive"));
+        return Ok(Some(Head {
+            status,
+            version,
+            headers,
+            keep_alive,
+            framing,
+            reason,
+        }));
+    }
+}
+
+fn framing(
+    status: StatusCode,
+    version: Version,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Result<Framing, Error> {
+    match status.as_u16() {
+        101 => return Ok(Framing::Upgrade),
+        204 | 304 => return Ok(Framing::Empty),
+        _ if method == Method::HEAD => return Ok(Framing::Empty),
+        // A tunnel we never asked for: no body, and the connection is not reused.
+        200..=299 if method == Method::CONNECT => return Ok(Framing::Close),
+        _ => {}
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        if version == Version::HTTP_10 {
+            return Err(malformed("HTTP/1.0 origin sent Transfer-Encoding"));
+        }
+        if headers.contains_key(header::CONTENT_LENGTH) {
+            return Err(malformed(
+                "origin sent both Transfer-Encoding and Content-Length",
+            ));
+        }
+        if !final_coding_is_chunked(headers) {
+            return Err(malformed(
+                "origin sent a Transfer-Encoding that does not end in chunked",
+            ));
+        }
+        return Ok(Framing::Chunked);
+    }
+    let mut length = None;
+    for v in headers.get_all(header::CONTENT_LENGTH) {
+        // A list of identical values is one value (RFC 9110 §8.6); anything else is invalid.
+        for part in v.as_bytes().split(|&b| b == b',') {
+            let n = parse_content_length(part.trim_ascii())
+                .ok_or_else(|| malformed("origin sent an invalid Content-Length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(malformed("origin sent conflicting Content-Length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => Framing::Length(n),
+        None => Framing::Close,
+    })
+}
+
+/// What the body decoder produced from the buffer.
+#[derive(Debug)]
+pub(super) enum Step {
+    Data(Bytes),
+    Trailers(HeaderMap),
+    /// The body is complete.
+    End,
+    /// More bytes are needed.
+    More,
+}
+
+/// Where a chunked body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Chunk {
+    Size,
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    Trailers,
+}
+
+/// The body's decoder: takes body bytes off the front of the read buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Decoder {
+    Length(u64),
+    Chunked(Chunk),
+    Close,
+    Done,
+}
+
+impl Decoder {
+    pub(super) fn new(framing: Framing) -> Decoder {
+        match framing {
+            Framing::Empty | Framing::Upgrade | Framing::Length(0) => Decoder::Done,
+            Framing::Length(n) => Decoder::Length(n),
+            Framing::Chunked => Decoder::Chunked(Chunk::Size),
+            Framing::Close => Decoder::Close,
+        }
+    }
+
+    pub(super) fn is_done(&self) -> bool {
+        *self == Decoder::Done
+    }
+
+    /// Bytes still expected, when the length is known.
+    pub(super) fn remaining(&self) -> Option<u64> {
+        match self {
+            Decoder::Length(n) => Some(*n),
+            Decoder::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    /// Decode the next piece of the body from `buf`.
+    pub(super) fn decode(&mut self, buf: &mut BytesMut) -> Result<Step, Error> {
+        loop {
+            match self {
+                Decoder::Done => return Ok(Step::End),
+                Decoder::Length(n) => {
+                    if buf.is_empty() {
+                        return Ok(Step::More);
+                    }
+                    let take = (*n).min(buf.len() as u64) as usize;
+                    *n -= take as u64;
+                    if *n == 0 {
+                        *self = Decoder::Done;
+                    }
+                    return Ok(Step::Data(buf.split_to(take).freeze()));
+                }
+                Decoder::Close => {
+                    if buf.is_empty() {
+                        return Ok(Step::More);
+                    }
+                    return Ok(Step::Data(buf.split().freeze()));
+                }
+                Decoder::Chunked(Chunk::Size) => {
+                    let Some(lf) = buf.iter().position(|&b| b == b'\n') else {
+                        if buf.len() > MAX_CHUNK_LINE {
+                            return Err(malformed("origin sent a chunk-size line too long"));
+                        }
+                        return Ok(Step::More);
+                    };
+                    let size = chunk_size(&buf[..lf])?;
+                    buf.advance(lf + 1);
+                    *self = Decoder::Chunked(if size == 0 {
+                        Chunk::Trailers
+                    } else {
+                        Chunk::Data(size)
+                    });
+                }
+                Decoder::Chunked(Chunk::Data(n)) => {
+                    if buf.is_empty() {
+                        return Ok(Step::More);
+                    }
+                    let take = (*n).min(buf.len() as u64) as usize;
+                    *n -= take as u64;
+                    let data = buf.split_to(take).freeze();
+                    if *n == 0 {
+                        *self = Decoder::Chunked(Chunk::DataEnd);
+                        // Finish the chunk now if its CRLF is here, so a body whose last
+                        // chunk arrived whole reads as ended without another poll.
+                        self.skip_data_end(buf)?;
+                    }
+                    return Ok(Step::Data(data));
+                }
+                Decoder::Chunked(Chunk::DataEnd) => {
+                    if !self.skip_data_end(buf)? {
+                        return Ok(Step::More);
+                    }
+                }
+                Decoder::Chunked(Chunk::Trailers) => {
+                    if buf.len() < 2 {
+                        return Ok(Step::More);
+                    }
+                    if buf.starts_with(b"\r\n") {
+                        buf.advance(2);
+                        *self = Decoder::Done;
+                        return Ok(Step::End);
+                    }
+                    let mut slots = [httparse::EMPTY_HEADER; 32];
+                    match httparse::parse_headers(buf, &mut slots) {
+                        Ok(httparse::Status::Complete((len, fields))) => {
+                            let mut trailers = HeaderMap::with_capacity(fields.len());
+                            for f in fields {
+                                let name = HeaderName::from_bytes(f.name.as_bytes())
+                                    .map_err(|_| malformed("origin sent an invalid trailer"))?;
+                                let value = HeaderValue::from_bytes(f.value)
+                                    .map_err(|_| malformed("origin sent an invalid trailer"))?;
+                                trailers.append(name, value);
+                            }
+                            buf.advance(len);
+                            *self = Decoder::Done;
+                            return Ok(Step::Trailers(trailers));
+                        }
+                        Ok(httparse::Status::Partial) if buf.len() > MAX_TRAILERS => {
+                            return Err(malformed("origin sent a trailer section too large"))
+                        }
+                        Ok(httparse::Status::Partial) => return Ok(Step::More),
+                        Err(e) => {
+                            return Err(malformed("origin sent invalid trailers").with_source(e))
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// In `DataEnd`: consume the CRLF if it is there. `Ok(false)`: not yet.
+    fn skip_data_end(&mut self, buf: &mut BytesMut) -> Result<bool, Error> {
+        if buf.len() < 2 {
+            return Ok(false);
+        }
+        if !buf.starts_with(b"\r\n") {
+            return Err(malformed("origin sent chunk data longer than its size"));
+        }
+        buf.advance(2);
+        *self = Decoder::Chunked(Chunk::Size);
+        Ok(true)
+    }
+
+    /// The origin closed the connection: the end of a close-delimited body, otherwise a
+    /// truncated one.
+    pub(super) fn on_eof(&mut self) -> Result<Step, Error> {
+        match self {
+            Decoder::Close | Decoder::Done => {
+                *self = Decoder::Done;
+                Ok(Step::End)
+            }
+            _ => Err(Error::new(
+                Kind::OriginReset,
+                "origin closed the connection before the body ended",
+            )),
+        }
+    }
+}
+
+/// The size from a chunk-size line (without its LF): hex digits, then optional extensions
+/// (`;name=value`, ignored), then CR.
+fn chunk_size(line: &[u8]) -> Result<u64, Error> {
+    let bad = || malformed("origin sent an invalid chunk size");
+    let line = line.strip_suffix(b"\r").ok_or_else(bad)?;
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 16 {
+        return Err(bad());
+    }
+    let rest = &line[digits..];
+    let ext_ok = rest.is_empty()
+        || rest
+            .iter()
+            .position(|&b| b != b' ' && b != b'\t')
+            .is_some_and(|i| rest[i] == b';')
+            && rest
+                .iter()
+                .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b));
+    if !ext_ok {
+        return Err(bad());
+    }
+    let hex = std::str::from_utf8(&line[..digits]).map_err(|_| bad())?;
+    u64::from_str_radix(hex, 16).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(bytes: &[u8], method: Method) -> Result<Option<Head>, Error> {
+        parse_head(&mut BytesMut::from(bytes), &method)
+    }
+
+    fn framing_of(bytes: &[u8]) -> Framing {
+        head(bytes, Method::GET).unwrap().unwrap().framing
+    }
+
+    fn is_malformed(bytes: &[u8]) -> bool {
+        head(bytes, Method::GET).is_err()
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        assert_eq!(
+            framing_of(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
+            Framing::Length(5)
+        );
+        assert_eq!(
+            framing_of(b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n"),
+            Framing::Length(5)
+        );
+        assert_eq!(
+            framing_of(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            Framing::Chunked
+        );
+        assert_eq!(framing_of(b"HTTP/1.1 200 OK\r\n\r\n"), Framing::Close);
+        assert_eq!(
+            framing_of(b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"),
+            Framing::Empty
+        );
+        assert_eq!(
+            framing_of(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"),
+            Framing::Upgrade
+        );
+        let h = head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+            Method::HEAD,
+        );
+        assert_eq!(h.unwrap().unwrap().framing, Framing::Empty);
+    }
+
+    #[test]
+    fn ambiguous_framing_is_refused() {
+        assert!(is_malformed(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ));
+        assert!(is_malformed(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"
+        ));
+        assert!(is_malformed(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n"
+        ));
+        assert!(is_malformed(
+            b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n"
+        ));
+        assert!(is_malformed(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0x5\r\n\r\n"
+        ));
+        assert!(is_malformed(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"
+        ));
+        assert!(is_malformed(
+            b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ));
+        assert!(is_malformed(b"HTTP/1.1 2OO OK\r\n\r\n"));
+        assert!(is_malformed(b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\n\r\n"));
+    }
+
+    #[test]
+    fn informational_heads_are_skipped_and_partial_heads_wait() {
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"[..],
+        );
+        let h = parse_head(&mut buf, &Method::POST).unwrap().unwrap();
+        assert_eq!(h.status, 200);
+        assert_eq!(&buf[..], b"ok");
+        let mut partial = BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Le"[..]);
+        assert!(parse_head(&mut partial, &Method::GET).unwrap().is_none());
+        let mut huge = BytesMut::from(&b"HTTP/1.1 200 OK\r\nX: "[..]);
+        huge.extend(std::iter::repeat_n(b'a', MAX_HEAD));
+        assert!(parse_head(&mut huge, &Method::GET).is_err());
+    }
+
+    #[test]
+    fn keep_alive_by_version_and_connection() {
+        let ka = |b: &[u8]| head(b, Method::GET).unwrap().unwrap().keep_alive;
+        assert!(ka(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(!ka(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(!ka(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(ka(
+            b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(!ka(b"HTTP/1.1 200 OK\r\n\r\n"));
+    }
+
+    /// Feed `input` to a decoder `step` bytes at a time; return the data and trailers.
+    fn decode_all(framing: Framing, input: &[u8], step: usize) -> Result<(Vec<u8>, usize), Error> {
+        let mut d = Decoder::new(framing);
+        let mut buf = BytesMut::new();
+        let (mut data, mut trailers) = (Vec::new(), 0);
+        let mut fed = 0;
+        loop {
+            match d.decode(&mut buf)? {
+                Step::Data(b) => data.extend_from_slice(&b),
+                Step::Trailers(t) => trailers += t.len(),
+                Step::End => return Ok((data, trailers)),
+                Step::More if fed == input.len() => {
+                    d.on_eof()?;
+                    return Ok((data, trailers));
+                }
+                Step::More => {
+                    let n = step.min(input.len() - fed);
+                    buf.extend_from_slice(&input[fed..fed + n]);
+                    fed += n;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_decode_in_any_split() {
+        let body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nx-sum: 1\r\nx-b: 2\r\n\r\n";
+        for step in [1, 2, 3, 7, body.len()] {
+            let (data, trailers) = decode_all(Framing::Chunked, body, step).unwrap();
+            assert_eq!(data, b"hello world", "step {step}");
+            assert_eq!(trailers, 2, "step {step}");
+        }
+        let (data, t) = decode_all(Framing::Chunked, b"3\r\nabc\r\n0\r\n\r\n", 1).unwrap();
+        assert_eq!((data.as_slice(), t), (&b"abc"[..], 0));
+    }
+
+    #[test]
+    fn bad_or_truncated_chunked_bodies_fail() {
+        for bad in [
+            &b"5\r\nhelloX\r\n0\r\n\r\n"[..],
+            b"zz\r\nhello\r\n",
+            b"5 x\r\nhello\r\n0\r\n\r\n",
+            b"5\nhello\r\n0\r\n\r\n",
+            b"11111111111111111\r\n",
+            b"5\r\nhel",
+        ] {
+            assert!(
+                decode_all(Framing::Chunked, bad, 1).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn length_and_close_bodies() {
+        let (data, _) = decode_all(Framing::Length(5), b"hello", 2).unwrap();
+        assert_eq!(data, b"hello");
+        assert!(decode_all(Framing::Length(5), b"hel", 2).is_err());
+        let (data, _) = decode_all(Framing::Close, b"until close", 4).unwrap();
+        assert_eq!(data, b"until close");
+        // Bytes past the declared length stay in the buffer (the caller refuses to reuse).
+        let mut d = Decoder::new(Framing::Length(2));
+        let mut buf = BytesMut::from(&b"okEXTRA"[..]);
+        assert!(matches!(d.decode(&mut buf).unwrap(), Step::Data(b) if &b[..] == b"ok"));
+        assert!(d.is_done());
+        assert_eq!(&buf[..], b"EXTRA");
+    }
+}

@@ -1,0 +1,281 @@
+//! Writing a request to an origin over HTTP/1.1: the head in one buffer, then the body as
+//! it arrives from the client (Content-Length bodies as they are, others chunked), with
+//! backpressure: the next frame is pulled only once the last one is written.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::{self, HeaderName};
+use http::request::Parts;
+use http::Method;
+use http_body::Body;
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tokio::io::AsyncWrite;
+
+use super::io::Io;
+use crate::body::RequestBody;
+use crate::error::BoxError;
+
+/// Small buffered bodies go out in the same write as the head.
+const COALESCE: usize = 16 * 1024;
+
+/// How the request body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyFraming {
+    /// Nothing follows the head (or the body is already in the head's buffer).
+    None,
+    /// Exactly the data frames, as the Content-Length field says.
+    Raw,
+    Chunked,
+}
+
+/// Serialise the request head into `dst` and decide the body's framing. The target is the
+/// request's origin-form as it is (no normalisation); header names go out lower-case.
+fn encode_head(parts: &Parts, body: &RequestBody, dst: &mut Vec<u8>) -> BodyFraming {
+    let framing = match body {
+        RequestBody::Empty | RequestBody::Buffered(None) => BodyFraming::None,
+        RequestBody::Buffered(Some(_)) => BodyFraming::Raw,
+        RequestBody::Stream { .. } if parts.headers.contains_key(header::CONTENT_LENGTH) => {
+            BodyFraming::Raw
+        }
+        RequestBody::Stream { .. } => BodyFraming::Chunked,
+    };
+    dst.extend_from_slice(parts.method.as_str().as_bytes());
+    dst.push(b' ');
+    match parts.uri.path_and_query() {
+        Some(pq) => dst.extend_from_slice(pq.as_str().as_bytes()),
+        None => match parts.uri.authority() {
+            Some(a) if parts.method == Method::CONNECT => {
+                dst.extend_from_slice(a.as_str().as_bytes())
+            }
+            _ => dst.push(b'/'),
+        },
+    }
+    dst.extend_from_slice(b" HTTP/1.1\r\n");
+    // A buffered body's length is its own; a chunked body's framing is ours.
+    let own_length = matches!(body, RequestBody::Buffered(Some(_)));
+    for (name, value) in &parts.headers {
+        if *name == header::TRANSFER_ENCODING || (own_length && *name == header::CONTENT_LENGTH) {
+            continue;
+        }
+        if framing == BodyFraming::Chunked && *name == header::CONTENT_LENGTH {
+            continue;
+        }
+        dst.extend_from_slice(name.as_str().as_bytes());
+        dst.extend_from_slice(b": ");
+        dst.extend_from_slice(value.as_bytes());
+        dst.extend_from_slice(b"\r\n");
+    }
+    if let RequestBody::Buffered(Some(b)) = body {
+        dst.extend_from_slice(format!("content-length: {}\r\n", b.len()).as_bytes());
+    }
+    if framing == BodyFraming::Chunked {
+        dst.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    dst.extend_from_slice(b"\r\n");
+    framing
+}
+
+/// A failure while writing the request.
+pub(super) enum PumpError {
+    /// Writing to the origin failed.
+    Write(io::Error),
+    /// The client's body failed (went away, broke framing, or passed the route's cap).
+    Body(BoxError),
+}
+
+/// The request on its way out: the head, then the body's frames.
+pub(super) struct Pump {
+    /// The head (and a small buffered body), written from `head_at` on.
+    head: Vec<u8>,
+    head_at: usize,
+    /// A body frame being written.
+    out: Bytes,
+    body: RequestBody,
+    framing: BodyFraming,
+    /// Trailer fields the request announced (`Trailer`), the only ones sent (like hyper).
+    trailers_allowed: Vec<HeaderName>,
+    /// Bytes of the request written so far.
+    pub(super) written: u64,
+    done: bool,
+}
+
+impl Pump {
+    /// Start a request: the head (with a small buffered body) is the first write.
+    pub(super) fn new(parts: &Parts, body: RequestBody) -> Pump {
+        let mut head = Vec::with_capacity(64 + parts.headers.len() * 40);
+        let framing = encode_head(parts, &body, &mut head);
+        let mut body = body;
+        if let RequestBody::Buffered(b @ Some(_)) = &mut body {
+            if b.as_ref().is_some_and(|b| b.len() <= COALESCE) {
+                head.extend_from_slice(b.as_deref().unwrap_or_default());
+                *b = None;
+            }
+        }
+        let trailers_allowed = if framing == BodyFraming::Chunked {
+            parts
+                .headers
+                .get_all(header::TRAILER)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|s| s.split(','))
+                .filter_map(|s| HeaderName::from_bytes(s.trim().as_bytes()).ok())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Pump {
+            head,
+            head_at: 0,
+            out: Bytes::new(),
+            done: body.is_end_stream() && framing != BodyFraming::Chunked,
+            body,
+            framing,
+            trailers_allowed,
+            written: 0,
+        }
+    }
+
+    /// The body back, if none of it was taken yet (for a request never written).
+    pub(super) fn into_body(self) -> RequestBody {
+        self.body
+    }
+
+    /// Write what is pending and pull the body's frames until it is all written.
+    pub(super) fn poll(
+        &mut self,
+        io: &mut Io,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), PumpError>> {
+        while self.head_at < self.head.len() {
+            let n = ready!(Pin::new(&mut *io).poll_write(cx, &self.head[self.head_at..]))
+                .map_err(PumpError::Write)?;
+            if n == 0 {
+                return Poll::Ready(Err(PumpError::Write(io::ErrorKind::WriteZero.into())));
+            }
+            self.head_at += n;
+            self.written += n as u64;
+            if self.head_at == self.head.len() {
+                self.head = Vec::new(); // nothing of it is needed while the body streams
+                self.head_at = 0;
+            }
+        }
+        loop {
+            while !self.out.is_empty() {
+                let n = ready!(Pin::new(&mut *io).poll_write(cx, &self.out))
+                    .map_err(PumpError::Write)?;
+                if n == 0 {
+                    return Poll::Ready(Err(PumpError::Write(io::ErrorKind::WriteZero.into())));
+                }
+                self.out.advance(n);
+                self.written += n as u64;
+            }
+            if self.done {
+                ready!(Pin::new(&mut *io).poll_flush(cx)).map_err(PumpError::Write)?;
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) if data.is_empty() => {}
+                    Ok(data) => {
+                        self.out = match self.framing {
+                            BodyFraming::Chunked => chunk(&data),
+                            _ => data,
+                        };
+                        if self.framing == BodyFraming::Raw && self.body.is_end_stream() {
+                            self.done = true;
+                        }
+                    }
+                    Err(frame) => {
+                        if let (Ok(t), BodyFraming::Chunked) = (frame.into_trailers(), self.framing)
+                        {
+                            self.out = self.last_chunk(Some(&t));
+                            self.done = true;
+                        }
+                    }
+                },
+                Some(Err(e)) => return Poll::Ready(Err(PumpError::Body(e))),
+                None => {
+                    if self.framing == BodyFraming::Chunked {
+                        self.out = self.last_chunk(None);
+                    }
+                    self.done = true;
+                }
+            }
+        }
+    }
+
+    /// `0\r\n`, the allowed trailer fields, `\r\n`.
+    fn last_chunk(&self, trailers: Option<&http::HeaderMap>) -> Bytes {
+        let mut b = BytesMut::with_capacity(64);
+        b.put_slice(b"0\r\n");
+        for (name, value) in trailers.into_iter().flatten() {
+            if self.trailers_allowed.contains(name) {
+                b.put_slice(name.as_str().as_bytes());
+                b.put_slice(b": ");
+                b.put_slice(value.as_bytes());
+                b.put_slice(b"\r\n");
+            }
+        }
+        b.put_slice(b"\r\n");
+        b.freeze()
+    }
+}
+
+/// One chunk: size line, data, CRLF.
+fn chunk(data: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(data.len() + 20);
+    b.put_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    b.put_slice(data);
+    b.put_slice(b"\r\n");
+    b.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn head_of(req: Request<()>, body: &RequestBody) -> (String, BodyFraming) {
+        let (parts, ()) = req.into_parts();
+        let mut dst = Vec::new();
+        let f = encode_head(&parts, body, &mut dst);
+        (String::from_utf8(dst).unwrap(), f)
+    }
+
+    #[test]
+    fn head_is_verbatim_target_and_lower_case_fields() {
+        let req = Request::get("/a%2Fb?x=1&y")
+            .header("Host", "example")
+            .header("X-Thing", "v")
+            .body(())
+            .unwrap();
+        let (head, f) = head_of(req, &RequestBody::Empty);
+        assert_eq!(
+            head,
+            "GET /a%2Fb?x=1&y HTTP/1.1\r\nhost: example\r\nx-thing: v\r\n\r\n"
+        );
+        assert_eq!(f, BodyFraming::None);
+    }
+
+    #[test]
+    fn buffered_bodies_carry_their_own_length() {
+        let req = Request::post("/")
+            .header("content-length", "99")
+            .header("transfer-encoding", "chunked")
+            .body(())
+            .unwrap();
+        let body = RequestBody::Buffered(Some(Bytes::from_static(b"hello")));
+        let (head, f) = head_of(req, &body);
+        assert_eq!(head, "POST / HTTP/1.1\r\ncontent-length: 5\r\n\r\n");
+        assert_eq!(f, BodyFraming::Raw);
+    }
+
+    #[test]
+    fn chunks_are_framed() {
+        assert_eq!(
+            &chunk(b"hello world, this!")[..],
+            b"12\r\nhello world, this!\r\n"
+        );
+    }
+}

@@ -1,0 +1,407 @@
+//! keymaster's own HTTP/1.1 client for origin connections.
+//!
+//! hyper's client runs every connection as a task of its own and hands requests to it
+//! through a channel: two task switches and a wake-up per request, and a task with its
+//! buffers per pooled connection. Here the connection is a plain value instead: a request
+//! takes it out of the pool, writes on it and reads the response head inline, and the
+//! response body ([`Body`]) owns it while it streams and offers it back for the pool at a
+//! clean end. Nothing runs on an idle connection; the pool checks it without a syscall
+//! (tokio's cached readiness) when it is taken, and the worker's sweeper closes stale ones.
+//!
+//! ```text
+//! send(conn, request) ── Pump: head (+ small body) in one write, then body frames ──┐
+//!        │                                    (keeps going inside Body: full duplex) │
+//!        └─ read until a final head (decode::parse_head; 1xx skipped) ─► Response<Body>
+//! Body::poll_frame ── decode::Decoder (length / chunked / until close) ─► frames
+//!        └─ clean end, keep-alive, request fully written, no stray bytes ─► take_reusable
+//! ```
+//!
+//! - [`decode`]: response head and body framing, on bytes already read.
+//! - [`encode`]: request head and body writing.
+//! - [`io`]: the transport (TCP or TLS) and what a 101 leaves of it.
+
+mod decode;
+mod encode;
+pub(crate) mod io;
+
+use bytes::{Bytes, BytesMut};
+use http::{Request, Response};
+use http_body::{Frame, SizeHint};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll, Waker};
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio_util::io::poll_read_buf;
+
+use super::connect::OpenSlot;
+use crate::body::RequestBody;
+use crate::error::{BoxError, Error, Kind};
+use decode::{Decoder, Framing, Head, Step};
+use encode::{Pump, PumpError};
+pub(crate) use io::{Io, Upgraded};
+
+/// Idle connections keep a read buffer up to this size; larger ones are freed.
+const KEEP_BUFFER: usize = 8 * 1024;
+/// The largest read while a body streams.
+const MAX_READ: usize = 64 * 1024;
+
+/// An open HTTP/1.1 connection to an origin, idle or carrying one request.
+pub(crate) struct Connection {
+    io: Io,
+    /// Bytes read and not yet parsed.
+    buf: BytesMut,
+    /// Keeps the connection counted as open (the cluster's cap and gauge) until dropped.
+    open: OpenSlot,
+}
+
+/// Why a request failed before its response head, and what can be done about it.
+pub(crate) struct Failure {
+    pub(crate) err: Error,
+    /// The request, when no byte of it was written: safe to send anywhere, any method.
+    pub(crate) unsent: Option<Request<RequestBody>>,
+    /// The request again, when it was written but can be rebuilt (no body, or a buffered
+    /// one): for the keep-alive race.
+    pub(crate) resend: Option<Request<RequestBody>>,
+    /// The connection was dead before any response byte came: the keep-alive race if it
+    /// was a reused one.
+    pub(crate) stale: bool,
+}
+
+impl Failure {
+    fn new(err: Error) -> Failure {
+        Failure {
+            err,
+            unsent: None,
+            resend: None,
+            stale: false,
+        }
+    }
+}
+
+impl Connection {
+    pub(crate) fn new(io: Io, open: OpenSlot) -> Connection {
+        Connection {
+            io,
+            buf: BytesMut::new(),
+            open,
+        }
+    }
+
+    /// An idle connection is unusable: the origin closed or reset it, or sent bytes nobody
+    /// asked for. Costs no syscall while tokio knows the socket has nothing to read.
+    pub(crate) fn is_closed(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return true;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut byte = [0u8; 1];
+        let mut rb = ReadBuf::new(&mut byte);
+        Pin::new(&mut self.io)
+            .poll_read(&mut cx, &mut rb)
+            .is_ready()
+    }
+
+    /// Make room to read: at least a little for a head, up to `want` for a body.
+    fn reserve(&mut self, want: usize) {
+        let spare = self.buf.capacity() - self.buf.len();
+        if spare < 512 || spare < want.min(4096) {
+            self.buf.reserve(want.clamp(2048, MAX_READ));
+        }
+    }
+
+    /// Read until a final response head is parsed. `received`: any byte came.
+    fn poll_head(
+        &mut self,
+        method: &http::Method,
+        cx: &mut Context<'_>,
+        received: &mut bool,
+    ) -> Poll<Result<Head, Failure>> {
+        loop {
+            match decode::parse_head(&mut self.buf, method) {
+                Ok(Some(head)) => return Poll::Ready(Ok(head)),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Err(Failure::new(e))),
+            }
+            self.reserve(2048);
+            match ready!(poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)) {
+                Ok(0) if !*received => {
+                    let mut f = Failure::new(Error::new(
+                        Kind::OriginReset,
+                        "origin closed the connection before responding",
+                    ));
+                    f.stale = true;
+                    return Poll::Ready(Err(f));
+                }
+                Ok(0) => {
+                    return Poll::Ready(Err(Failure::new(Error::new(
+                        Kind::OriginReset,
+                        "origin closed the connection in the middle of the response head",
+                    ))))
+                }
+                Ok(_) => *received = true,
+                Err(e) => {
+                    let stale = !*received && is_reset(&e);
+                    let mut f = Failure::new(
+                        Error::new(Kind::OriginReset, "reading from the origin failed")
+                            .with_source(e),
+                    );
+                    f.stale = stale;
+                    return Poll::Ready(Err(f));
+                }
+            }
+        }
+    }
+}
+
+fn is_reset(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(e.kind(), ConnectionReset | BrokenPipe | ConnectionAborted)
+}
+
+/// Send `req` on `conn` and read the response head. The response body owns the connection.
+pub(crate) async fn send(
+    mut conn: Connection,
+    req: Request<RequestBody>,
+) -> Result<Response<Body>, Failure> {
+    let (parts, body) = req.into_parts();
+    // What a resend needs if the request goes out and the connection turns out dead.
+    let replay = match &body {
+        RequestBody::Empty => Some(RequestBody::Empty),
+        RequestBody::Buffered(b) => Some(RequestBody::Buffered(b.clone())),
+        RequestBody::Stream { .. } => None,
+    };
+    let mut pump = Some(Pump::new(&parts, body));
+    let mut write_error = None;
+    let mut received = false;
+    let head: Result<Head, Option<Failure>> = std::future::poll_fn(|cx| {
+        if let Some(p) = pump.as_mut().filter(|_| write_error.is_none()) {
+            match p.poll(&mut conn.io, cx) {
+                Poll::Ready(Ok(())) => pump = None,
+                Poll::Ready(Err(PumpError::Body(e))) => {
+                    let err = Error::new(Kind::ClientGone, "client request body failed");
+                    return Poll::Ready(Err(Some(Failure::new(err.with_source(e)))));
+                }
+                // The origin may have answered (and closed) before reading the whole
+                // request: look for its response before reporting the write failure.
+                Poll::Ready(Err(PumpError::Write(e))) => write_error = Some(e),
+                Poll::Pending => {}
+            }
+        }
+        match conn.poll_head(&parts.method, cx, &mut received) {
+            Poll::Pending if write_error.is_some() => Poll::Ready(Err(None)),
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(h)) => Poll::Ready(Ok(h)),
+            Poll::Ready(Err(f)) => Poll::Ready(Err(Some(f))),
+        }
+    })
+    .await;
+    let head = match head {
+        Ok(head) => head,
+        Err(failure) => {
+            let written = pump.as_ref().map_or(1, |p| p.written);
+            let mut f = failure.unwrap_or_else(|| {
+                let e = write_error
+                    .take()
+                    .unwrap_or_else(|| std::io::ErrorKind::Other.into());
+                let mut f = Failure::new(
+                    Error::new(Kind::OriginReset, "writing to the origin failed").with_source(e),
+                );
+                f.stale = !received;
+                f
+            });
+            if written == 0 {
+                if let Some(p) = pump {
+                    f.unsent = Some(Request::from_parts(parts, p.into_body()));
+                    f.stale = true;
+                }
+            } else if f.stale {
+                f.resend = replay.map(|b| Request::from_parts(parts, b));
+            }
+            return Err(f);
+        }
+    };
+    if pump.is_some() && write_error.is_some() {
+        // Answered, but the rest of the request cannot go out: never reused.
+        return Ok(respond(head, conn, None, true));
+    }
+    Ok(respond(head, conn, pump.map(Box::new), false))
+}
+
+/// The response, with a body that owns the connection (and the rest of the request).
+fn respond(head: Head, conn: Connection, pump: Option<Box<Pump>>, broken: bool) -> Response<Body> {
+    let body = Body {
+        decoder: Decoder::new(head.framing),
+        upgrade: head.framing == Framing::Upgrade,
+        keep_alive: head.keep_alive && !broken,
+        conn: Some(conn),
+        pump,
+        reusable: false,
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = head.status;
+    *resp.version_mut() = head.version;
+    *resp.headers_mut() = head.headers;
+    if let Some(r) = head.reason {
+        resp.extensions_mut().insert(r);
+    }
+    resp
+}
+
+/// An origin's response body, read from the connection it owns.
+pub(crate) struct Body {
+    conn: Option<Connection>,
+    decoder: Decoder,
+    /// The rest of the request, still being written (an origin may answer early; boxed, as
+    /// that is rare).
+    pump: Option<Box<Pump>>,
+    keep_alive: bool,
+    upgrade: bool,
+    /// The body ended cleanly and the connection can carry another request.
+    reusable: bool,
+}
+
+impl Body {
+    /// The connection, if the body ended cleanly and it may carry another request.
+    pub(crate) fn take_reusable(&mut self) -> Option<Connection> {
+        if self.decoder.is_done() {
+            self.finish();
+        }
+        if self.reusable {
+            self.reusable = false;
+            self.conn.take()
+        } else {
+            None
+        }
+    }
+
+    /// After a 101: the connection for a tunnel, with what the origin already sent.
+    pub(crate) fn take_upgraded(&mut self) -> Option<Upgraded> {
+        if !self.upgrade {
+            return None;
+        }
+        let mut c = self.conn.take()?;
+        Some(Upgraded {
+            read_ahead: c.buf.split().freeze(),
+            io: c.io,
+            _open: c.open,
+        })
+    }
+
+    /// The body is complete: keep the connection only if the origin allows it, the whole
+    /// request went out and nothing follows the response; otherwise close it now.
+    fn finish(&mut self) {
+        if self.reusable || self.upgrade {
+            return;
+        }
+        let clean = self.keep_alive
+            && self.pump.is_none()
+            && self.conn.as_ref().is_some_and(|c| c.buf.is_empty());
+        if clean {
+            if let Some(c) = self.conn.as_mut() {
+                if c.buf.capacity() > KEEP_BUFFER {
+                    c.buf = BytesMut::new();
+                }
+            }
+            self.reusable = true;
+        } else {
+            self.pump = None;
+            self.conn = None;
+        }
+    }
+
+    fn fail(&mut self, e: Error) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.conn = None;
+        self.pump = None;
+        self.decoder = Decoder::Done;
+        self.keep_alive = false;
+        Poll::Ready(Some(Err(Box::new(e))))
+    }
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.decoder.is_done() || this.upgrade {
+            this.finish();
+            return Poll::Ready(None);
+        }
+        let Some(conn) = this.conn.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if let Some(p) = this.pump.as_mut() {
+            match p.poll(&mut conn.io, cx) {
+                Poll::Ready(Ok(())) => this.pump = None,
+                Poll::Ready(Err(PumpError::Body(e))) => {
+                    let err = Error::new(Kind::ClientGone, "client request body failed");
+                    return this.fail(err.with_source(e));
+                }
+                Poll::Ready(Err(PumpError::Write(e))) => {
+                    // The origin stopped reading the request; its response may still end.
+                    tracing::debug!(error = %e, "origin stopped reading the request body");
+                    this.pump = None;
+                    this.keep_alive = false;
+                }
+                Poll::Pending => {}
+            }
+        }
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match this.decoder.decode(&mut conn.buf) {
+                Ok(Step::Data(data)) => {
+                    if this.decoder.is_done() {
+                        this.finish();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(Step::Trailers(t)) => {
+                    this.finish();
+                    return Poll::Ready(Some(Ok(Frame::trailers(t))));
+                }
+                Ok(Step::End) => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Ok(Step::More) => {}
+                Err(e) => return this.fail(e),
+            }
+            let want = this
+                .decoder
+                .remaining()
+                .map_or(16 * 1024, |r| r.min(MAX_READ as u64) as usize);
+            conn.reserve(want);
+            match ready!(poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf)) {
+                Ok(0) => match this.decoder.on_eof() {
+                    Ok(_) => {
+                        this.keep_alive = false;
+                        this.finish();
+                        return Poll::Ready(None);
+                    }
+                    Err(e) => return this.fail(e),
+                },
+                Ok(_) => {}
+                Err(e) => {
+                    let err = Error::new(Kind::OriginReset, "reading the origin's body failed");
+                    return this.fail(err.with_source(e));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.decoder.is_done() || self.upgrade
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.decoder.remaining() {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
