@@ -475,7 +475,8 @@ async fn serve_connection(
                 Ok(false) if listener.protocol == ListenerProtocol::H2c => {
                     // Not HTTP/2: RFC 9113 §3.4 says terminate the connection. Close it
                     // cleanly (FIN, not a reset from unread bytes) so the client sees why.
-                    lingering_close(stream, listener.header_read_timeout).await;
+                    // Boxed: its 4 KiB drain buffer would otherwise size every connection's task.
+                    Box::pin(lingering_close(stream, listener.header_read_timeout)).await;
                     return;
                 }
                 Ok(h2) => h2,

@@ -424,9 +424,10 @@ async fn proxy(
         .inspect_err(|_| cluster.metrics.overflow.inc())?;
     let upstream_body =
         attempt::buffer_for_replay(&up, &parts, upstream_body, body_state.as_deref()).await?;
+    let mut request = Some(Request::from_parts(parts, upstream_body));
     let sent = attempt::send(
         &up,
-        Request::from_parts(parts, upstream_body),
+        &mut request,
         body_state.as_deref(),
         info.log.as_deref_mut(),
     )

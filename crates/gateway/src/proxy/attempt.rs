@@ -144,32 +144,36 @@ fn body_error(state: Option<&RequestBodyState>) -> Option<Error> {
     }
 }
 
-/// One attempt's failure: the error, and the request back if it was never sent.
+/// One attempt's failure. A request never sent is back in the caller's slot.
 struct Failed {
     err: Error,
-    unsent: Option<Request<RequestBody>>,
     sends: u32,
 }
 
-/// Send with the route's retry policy. `body_state` is `None` for bodyless requests.
+/// Send with the route's retry policy. `slot` holds the request (taken when it goes out; put
+/// back when it was never sent). `body_state` is `None` for bodyless requests.
+///
+/// The request travels in a slot rather than by value so that the futures of this loop,
+/// which every in-flight request carries, hold it once instead of once per level.
 pub(super) async fn send(
     up: &Upstream<'_>,
-    req: Request<RequestBody>,
+    slot: &mut Option<Request<RequestBody>>,
     body_state: Option<&RequestBodyState>,
     mut log: Option<&mut LogRecord>,
 ) -> Result<Sent, Error> {
     let policy = &up.route.retry;
     let cluster = up.cluster;
-    let method = req.method().clone();
-    let may_repeat = idempotent(&method);
+    let Some(req) = slot.as_ref() else {
+        return Err(no_request());
+    };
+    let may_repeat = idempotent(req.method());
     // Only a bodyless or buffered request can be rebuilt after it was sent.
     let mut template = match req.body() {
-        RequestBody::Empty if policy.attempts > 1 => Some(template_of(&req, None)),
-        RequestBody::Buffered(b) => Some(template_of(&req, b.clone())),
+        RequestBody::Empty if policy.attempts > 1 => Some(template_of(req, None)),
+        RequestBody::Buffered(b) => Some(template_of(req, b.clone())),
         _ => None,
     };
     let rebuildable = matches!(req.body(), RequestBody::Empty | RequestBody::Buffered(_));
-    let mut next = Some(req);
     // Origin ids already tried (no allocation: attempts are at most 10 by validation).
     let mut tried = [0usize; 10];
     let mut n_tried = 0;
@@ -179,29 +183,29 @@ pub(super) async fn send(
     loop {
         attempt += 1;
         let server = cluster.choose(&tried[..n_tried])?;
-        if let Some(slot) = tried.get_mut(n_tried) {
-            *slot = server.state.id;
+        if let Some(s) = tried.get_mut(n_tried) {
+            *s = server.state.id;
             n_tried += 1;
         }
-        let mut req = match next.take() {
-            Some(r) => r,
-            None => match &template {
-                Some(t) => t.build(),
-                None => unreachable_no_request()?,
-            },
-        };
-        match &up.host {
-            UpstreamHost::Keep => {}
-            UpstreamHost::Origin => {
-                req.headers_mut()
-                    .insert(header::HOST, server.authority.clone());
-            }
-            UpstreamHost::Set(h) => {
-                req.headers_mut().insert(header::HOST, h.clone());
+        if slot.is_none() {
+            match &template {
+                Some(t) => *slot = Some(t.build()),
+                // Cannot happen: a retry is only chosen with the request or a template.
+                None => return Err(no_request()),
             }
         }
-        if let Some(t) = template.as_mut() {
-            if let Some(h) = req.headers().get(header::HOST) {
+        if let Some(req) = slot.as_mut() {
+            match &up.host {
+                UpstreamHost::Keep => {}
+                UpstreamHost::Origin => {
+                    req.headers_mut()
+                        .insert(header::HOST, server.authority.clone());
+                }
+                UpstreamHost::Set(h) => {
+                    req.headers_mut().insert(header::HOST, h.clone());
+                }
+            }
+            if let (Some(t), Some(h)) = (template.as_mut(), req.headers().get(header::HOST)) {
                 t.headers.insert(header::HOST, h.clone());
             }
         }
@@ -210,11 +214,12 @@ pub(super) async fn send(
         }
         let outstanding = Outstanding::new(server.clone());
         let started = Instant::now();
-        let result = one(up, &server, req, &mut template, rebuildable, body_state).await;
+        let result = one(up, &server, slot, &mut template, rebuildable, body_state).await;
         // A retry's budget token covers its attempt only.
         drop(token.take());
         let left = policy.attempts.saturating_sub(attempt);
-        match result {
+        // Decide in a block, so nothing of this attempt is held through the back-off.
+        let pause = match result {
             Ok((resp, conn, n)) => {
                 sends += n;
                 let status = resp.status().as_u16();
@@ -224,21 +229,17 @@ pub(super) async fn send(
                     && may_repeat
                     && template.is_some()
                     && policy.statuses.contains(&status);
-                if wants {
-                    if let Some((t, pause)) = plan_retry(up, attempt) {
-                        // Nothing of this attempt is kept through the back-off.
-                        drop((resp, conn, outstanding));
-                        tokio::time::sleep(pause).await;
-                        token = Some(t);
-                        continue;
+                match wants.then(|| plan_retry(up, attempt)).flatten() {
+                    Some(plan) => plan,
+                    None => {
+                        return Ok(Sent {
+                            resp,
+                            conn,
+                            outstanding,
+                            sends,
+                        })
                     }
                 }
-                return Ok(Sent {
-                    resp,
-                    conn,
-                    outstanding,
-                    sends,
-                });
             }
             Err(f) => {
                 sends += f.sends;
@@ -247,8 +248,8 @@ pub(super) async fn send(
                 }
                 note(&mut log, &server, || f.err.category().to_string(), started);
                 let wants = left > 0
-                    && if f.unsent.is_some() {
-                        true
+                    && if slot.is_some() {
+                        true // never sent: safe to send anywhere
                     } else if f.err.is_retry_safe() {
                         template.is_some()
                     } else {
@@ -257,27 +258,21 @@ pub(super) async fn send(
                             && (f.err.is_reset()
                                 || (f.err.is_timeout() && !f.err.is_request_deadline()))
                     };
-                if wants {
-                    if let Some((t, pause)) = plan_retry(up, attempt) {
-                        drop(outstanding);
-                        tokio::time::sleep(pause).await;
-                        token = Some(t);
-                        next = f.unsent;
-                        continue;
-                    }
+                match wants.then(|| plan_retry(up, attempt)).flatten() {
+                    Some(plan) => plan,
+                    None => return Err(f.err),
                 }
-                return Err(f.err);
             }
-        }
+        };
+        let (t, pause) = pause;
+        drop(outstanding);
+        tokio::time::sleep(pause).await;
+        token = Some(t);
     }
 }
 
-/// Cannot happen: a retry is only chosen with the unsent request or a template in hand.
-fn unreachable_no_request() -> Result<Request<RequestBody>, Error> {
-    Err(Error::new(
-        Kind::OriginReset,
-        "the request cannot be sent again",
-    ))
+fn no_request() -> Error {
+    Error::new(Kind::OriginReset, "the request cannot be sent again")
 }
 
 fn template_of(req: &Request<RequestBody>, body: Option<bytes::Bytes>) -> Template {
@@ -335,11 +330,12 @@ pub(super) fn backoff(policy: &keymaster_config::RetryConfig, retry: u32) -> std
 }
 
 /// One attempt on `server`: a pooled connection (resent once on a fresh one if it turns out
-/// stale) or a new one.
+/// stale) or a new one. The request is taken from `slot` when it goes out, and put back if it
+/// never did.
 async fn one(
     up: &Upstream<'_>,
     server: &Arc<OriginServer>,
-    req: Request<RequestBody>,
+    slot: &mut Option<Request<RequestBody>>,
     template: &mut Option<Template>,
     rebuildable: bool,
     body_state: Option<&RequestBodyState>,
@@ -358,37 +354,40 @@ async fn one(
         // HTTP/1.1: an idle pooled connection or a new one; HTTP/2: a stream on a shared one.
         None => checkout_within(up, server, true, proxy_header).await,
     };
-    let mut conn = match checked_out {
-        Ok((c, reused)) => {
-            if reused {
-                cluster.metrics.reused.inc();
-                // The keep-alive race needs the request again if it was sent on a dead
-                // connection (HTTP/1.1 hands it back itself; hyper's HTTP/2 does not).
-                if template.is_none() && rebuildable && !c.is_h1() {
-                    *template = Some(template_of(&req, None));
-                }
-            }
-            c
-        }
-        Err(err) => {
-            return Err(Failed {
-                err,
-                unsent: Some(req),
-                sends: 0,
-            })
-        }
+    let (mut conn, reused) = match checked_out {
+        Ok(c) => c,
+        Err(err) => return Err(Failed { err, sends: 0 }),
     };
+    if reused {
+        cluster.metrics.reused.inc();
+        // The keep-alive race needs the request again if it was sent on a dead connection
+        // (keymaster's HTTP/1.1 client hands it back itself; hyper's HTTP/2 does not).
+        if let (None, true, false, Some(req)) =
+            (template.as_ref(), rebuildable, conn.is_h1(), slot.as_ref())
+        {
+            *template = Some(template_of(req, None));
+        }
+    }
     let is_reused = conn.requests > 0;
-    cluster.metrics.requests.inc();
-    conn.requests += 1;
     let head_timeout = HeadTimeout::new(head_wait(route), up.deadline);
-    let first = tokio::time::timeout(head_timeout.wait, conn.send(req)).await;
-    let resend = match first {
+    // The request moves into the send inside this block, so no copy of it outlives the await.
+    let first = {
+        let Some(req) = slot.take() else {
+            return Err(Failed {
+                err: no_request(),
+                sends: 0,
+            });
+        };
+        cluster.metrics.requests.inc();
+        conn.requests += 1;
+        tokio::time::timeout(head_timeout.wait, conn.send(req))
+    }
+    .await;
+    match first {
         Ok(Ok(resp)) => return Ok((resp, conn, 1)),
         Err(_) => {
             return Err(Failed {
                 err: head_timeout.error(),
-                unsent: None,
                 sends: 1,
             })
         }
@@ -396,50 +395,56 @@ async fn one(
             if let Some(client) = body_error(body_state) {
                 return Err(Failed {
                     err: client,
-                    unsent: None,
                     sends: 1,
                 });
             }
-            match (f.unsent, f.resend, template.as_ref()) {
-                (Some(r), _, _) if is_reused => r,
-                (None, Some(r), _) if is_reused && f.stale => r,
-                (None, None, Some(t)) if is_reused && f.stale => t.build(),
-                (unsent, _, _) => {
+            match (f.unsent, f.resend) {
+                (Some(r), _) if is_reused => *slot = Some(*r),
+                (None, Some(r)) if is_reused && f.stale => *slot = Some(*r),
+                (None, None) if is_reused && f.stale && template.is_some() => {
+                    *slot = template.as_ref().map(Template::build)
+                }
+                (unsent, _) => {
+                    *slot = unsent.map(|r| *r);
                     return Err(Failed {
                         err: f.err,
-                        unsent,
                         sends: 1,
-                    })
+                    });
                 }
             }
         }
-    };
+    }
     // The keep-alive race: once more on a fresh connection, within the same deadline.
     cluster.metrics.retries.inc();
     drop(conn);
     let mut conn = match checkout_within(up, server, false, proxy_header).await {
         Ok((c, _)) => c,
-        Err(err) => {
+        Err(err) => return Err(Failed { err, sends: 1 }),
+    };
+    let head_timeout = HeadTimeout::new(head_wait(route), up.deadline);
+    let second = {
+        let Some(req) = slot.take() else {
             return Err(Failed {
-                err,
-                unsent: Some(resend),
+                err: no_request(),
                 sends: 1,
+            });
+        };
+        cluster.metrics.requests.inc();
+        conn.requests += 1;
+        tokio::time::timeout(head_timeout.wait, conn.send(req))
+    }
+    .await;
+    match second {
+        Ok(Ok(resp)) => Ok((resp, conn, 2)),
+        Ok(Err(f)) => {
+            *slot = f.unsent.map(|r| *r);
+            Err(Failed {
+                err: body_error(body_state).unwrap_or(f.err),
+                sends: 2,
             })
         }
-    };
-    cluster.metrics.requests.inc();
-    conn.requests += 1;
-    let head_timeout = HeadTimeout::new(head_wait(route), up.deadline);
-    match tokio::time::timeout(head_timeout.wait, conn.send(resend)).await {
-        Ok(Ok(resp)) => Ok((resp, conn, 2)),
-        Ok(Err(f)) => Err(Failed {
-            err: body_error(body_state).unwrap_or(f.err),
-            unsent: f.unsent,
-            sends: 2,
-        }),
         Err(_) => Err(Failed {
             err: head_timeout.error(),
-            unsent: None,
             sends: 2,
         }),
     }

@@ -7,6 +7,7 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -74,36 +75,62 @@ impl Conn {
         self.sender = Sender::H1(Some(c));
     }
 
-    /// Send a request and wait for the response head.
-    pub(crate) async fn send(
-        &mut self,
-        req: Request<RequestBody>,
-    ) -> Result<Response<UpstreamBody>, SendFailure> {
-        match &mut self.sender {
-            Sender::H1(c) => {
-                let Some(c) = c.take() else {
-                    return Err(SendFailure {
-                        err: Error::new(Kind::OriginReset, "origin connection not available"),
-                        unsent: Some(req),
-                        resend: None,
-                        stale: true,
-                    });
-                };
-                h1::send(c, req).await.map(|r| r.map(UpstreamBody::H1))
-            }
-            Sender::H2(s) => match super::h2::send(s, &self.server, req).await {
-                Ok(r) => Ok(r.map(UpstreamBody::H2)),
-                Err(mut e) => {
-                    let unsent = e.take_message();
-                    let e = e.into_error();
-                    Err(SendFailure {
-                        stale: stale_connection_error(&e),
-                        err: map_send_error(e),
-                        unsent,
-                        resend: None,
-                    })
-                }
+    /// Send a request; the future ends with the response head.
+    pub(crate) fn send(&mut self, req: Request<RequestBody>) -> Sending<'_> {
+        let Conn { sender, server, .. } = self;
+        match sender {
+            Sender::H1(c) => match c.take() {
+                Some(c) => Sending::H1(h1::send(c, req)),
+                None => Sending::Unavailable(Some(req)),
             },
+            Sender::H2(s) => Sending::H2(Box::pin(async move {
+                match super::h2::send(s, server, req).await {
+                    Ok(r) => Ok(r.map(UpstreamBody::H2)),
+                    Err(mut e) => {
+                        let unsent = e.take_message().map(Box::new);
+                        let e = e.into_error();
+                        Err(SendFailure {
+                            stale: stale_connection_error(&e),
+                            err: map_send_error(e),
+                            unsent,
+                            resend: None,
+                        })
+                    }
+                }
+            })),
+        }
+    }
+}
+
+type Sent = Result<Response<UpstreamBody>, SendFailure>;
+
+/// A request on its way to an origin, until the response head: HTTP/1.1 inline (the common
+/// case, and small), HTTP/2 boxed (hyper's future is large).
+// `H1` is the common case: boxing it would cost an allocation per request to save bytes
+// only on the rare `Unavailable`.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Sending<'a> {
+    H1(h1::Sending),
+    H2(Pin<Box<dyn Future<Output = Sent> + 'a>>),
+    /// The HTTP/1.1 connection was not in hand: nothing was sent.
+    Unavailable(Option<Request<RequestBody>>),
+}
+
+impl Future for Sending<'_> {
+    type Output = Sent;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Sent> {
+        match self.get_mut() {
+            Sending::H1(s) => Pin::new(s)
+                .poll(cx)
+                .map(|r| r.map(|resp| resp.map(UpstreamBody::H1))),
+            Sending::H2(f) => f.as_mut().poll(cx),
+            Sending::Unavailable(req) => Poll::Ready(Err(SendFailure {
+                err: Error::new(Kind::OriginReset, "origin connection not available"),
+                unsent: req.take().map(Box::new),
+                resend: None,
+                stale: true,
+            })),
         }
     }
 }

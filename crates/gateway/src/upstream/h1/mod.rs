@@ -57,10 +57,11 @@ pub(crate) struct Connection {
 pub(crate) struct Failure {
     pub(crate) err: Error,
     /// The request, when no byte of it was written: safe to send anywhere, any method.
-    pub(crate) unsent: Option<Request<RequestBody>>,
+    /// (Boxed, like `resend`: failures are rare, and this is the output of every send.)
+    pub(crate) unsent: Option<Box<Request<RequestBody>>>,
     /// The request again, when it was written but can be rebuilt (no body, or a buffered
     /// one): for the keep-alive race.
-    pub(crate) resend: Option<Request<RequestBody>>,
+    pub(crate) resend: Option<Box<Request<RequestBody>>>,
     /// The connection was dead before any response byte came: the keep-alive race if it
     /// was a reused one.
     pub(crate) stale: bool,
@@ -158,10 +159,7 @@ fn is_reset(e: &std::io::Error) -> bool {
 }
 
 /// Send `req` on `conn` and read the response head. The response body owns the connection.
-pub(crate) async fn send(
-    mut conn: Connection,
-    req: Request<RequestBody>,
-) -> Result<Response<Body>, Failure> {
+pub(crate) fn send(conn: Connection, req: Request<RequestBody>) -> Sending {
     let (parts, body) = req.into_parts();
     // What a resend needs if the request goes out and the connection turns out dead.
     let replay = match &body {
@@ -169,61 +167,93 @@ pub(crate) async fn send(
         RequestBody::Buffered(b) => Some(RequestBody::Buffered(b.clone())),
         RequestBody::Stream { .. } => None,
     };
-    let mut pump = Some(Pump::new(&parts, body));
-    let mut write_error = None;
-    let mut received = false;
-    let head: Result<Head, Option<Failure>> = std::future::poll_fn(|cx| {
-        if let Some(p) = pump.as_mut().filter(|_| write_error.is_none()) {
+    Sending {
+        pump: Some(Pump::new(&parts, body)),
+        conn: Some(conn),
+        parts: Some(parts),
+        replay,
+        write_error: None,
+        received: false,
+    }
+}
+
+/// A request going out on a connection until its response head is in. A plain struct rather
+/// than an `async fn`: it sits inside every in-flight request's future (which hyper keeps per
+/// client connection), and the compiler's layout for an `async fn` keeps copies of its
+/// arguments next to the locals moved out of them.
+pub(crate) struct Sending {
+    conn: Option<Connection>,
+    /// The request head: for a resend if the connection turns out dead.
+    parts: Option<http::request::Parts>,
+    replay: Option<RequestBody>,
+    pump: Option<Pump>,
+    write_error: Option<std::io::Error>,
+    received: bool,
+}
+
+impl std::future::Future for Sending {
+    type Output = Result<Response<Body>, Failure>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let (Some(conn), Some(parts)) = (this.conn.as_mut(), this.parts.as_ref()) else {
+            return Poll::Pending; // polled after completion
+        };
+        if let Some(p) = this.pump.as_mut().filter(|_| this.write_error.is_none()) {
             match p.poll(&mut conn.io, cx) {
-                Poll::Ready(Ok(())) => pump = None,
+                Poll::Ready(Ok(())) => this.pump = None,
                 Poll::Ready(Err(PumpError::Body(e))) => {
                     let err = Error::new(Kind::ClientGone, "client request body failed");
-                    return Poll::Ready(Err(Some(Failure::new(err.with_source(e)))));
+                    this.conn = None;
+                    return Poll::Ready(Err(Failure::new(err.with_source(e))));
                 }
                 // The origin may have answered (and closed) before reading the whole
                 // request: look for its response before reporting the write failure.
-                Poll::Ready(Err(PumpError::Write(e))) => write_error = Some(e),
+                Poll::Ready(Err(PumpError::Write(e))) => this.write_error = Some(e),
                 Poll::Pending => {}
             }
         }
-        match conn.poll_head(&parts.method, cx, &mut received) {
-            Poll::Pending if write_error.is_some() => Poll::Ready(Err(None)),
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(h)) => Poll::Ready(Ok(h)),
-            Poll::Ready(Err(f)) => Poll::Ready(Err(Some(f))),
-        }
-    })
-    .await;
-    let head = match head {
-        Ok(head) => head,
-        Err(failure) => {
-            let written = pump.as_ref().map_or(1, |p| p.written);
-            let mut f = failure.unwrap_or_else(|| {
-                let e = write_error
-                    .take()
-                    .unwrap_or_else(|| std::io::ErrorKind::Other.into());
-                let mut f = Failure::new(
-                    Error::new(Kind::OriginReset, "writing to the origin failed").with_source(e),
-                );
-                f.stale = !received;
-                f
-            });
-            if written == 0 {
-                if let Some(p) = pump {
-                    f.unsent = Some(Request::from_parts(parts, p.into_body()));
-                    f.stale = true;
-                }
-            } else if f.stale {
-                f.resend = replay.map(|b| Request::from_parts(parts, b));
+        let failure = match conn.poll_head(&parts.method, cx, &mut this.received) {
+            Poll::Pending if this.write_error.is_none() => return Poll::Pending,
+            Poll::Pending => None,
+            Poll::Ready(Ok(head)) => {
+                let Some(conn) = this.conn.take() else {
+                    return Poll::Pending;
+                };
+                // Answered before the whole request went out and writing failed: the
+                // response may still be read, but the connection is never reused.
+                let broken = this.pump.is_some() && this.write_error.is_some();
+                let pump = this.pump.take().filter(|_| !broken).map(Box::new);
+                return Poll::Ready(Ok(respond(head, conn, pump, broken)));
             }
-            return Err(f);
+            Poll::Ready(Err(f)) => Some(f),
+        };
+        this.conn = None; // a failed exchange closes its connection
+        let written = this.pump.as_ref().map_or(1, |p| p.written);
+        let mut f = failure.unwrap_or_else(|| {
+            let e = this
+                .write_error
+                .take()
+                .unwrap_or_else(|| std::io::ErrorKind::Other.into());
+            let mut f = Failure::new(
+                Error::new(Kind::OriginReset, "writing to the origin failed").with_source(e),
+            );
+            f.stale = !this.received;
+            f
+        });
+        let parts = this.parts.take();
+        if written == 0 {
+            if let (Some(p), Some(parts)) = (this.pump.take(), parts) {
+                f.unsent = Some(Box::new(Request::from_parts(parts, p.into_body())));
+                f.stale = true;
+            }
+        } else if f.stale {
+            if let (Some(b), Some(parts)) = (this.replay.take(), parts) {
+                f.resend = Some(Box::new(Request::from_parts(parts, b)));
+            }
         }
-    };
-    if pump.is_some() && write_error.is_some() {
-        // Answered, but the rest of the request cannot go out: never reused.
-        return Ok(respond(head, conn, None, true));
+        Poll::Ready(Err(f))
     }
-    Ok(respond(head, conn, pump.map(Box::new), false))
 }
 
 /// The response, with a body that owns the connection (and the rest of the request).
@@ -235,6 +265,7 @@ fn respond(head: Head, conn: Connection, pump: Option<Box<Pump>>, broken: bool) 
         conn: Some(conn),
         pump,
         reusable: false,
+        failure: None,
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
@@ -257,6 +288,8 @@ pub(crate) struct Body {
     upgrade: bool,
     /// The body ended cleanly and the connection can carry another request.
     reusable: bool,
+    /// The body failed: `Some(error)` until reported, then `Some(None)`.
+    failure: Option<Option<Error>>,
 }
 
 impl Body {
@@ -308,12 +341,21 @@ impl Body {
         }
     }
 
-    fn fail(&mut self, e: Error) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    /// The body cannot end cleanly. The error is reported on the next poll, after a wake-up:
+    /// the client side first gets to flush what it already has (the head and the bytes that
+    /// came), then the error aborts its connection, so the client sees a truncated response,
+    /// never a complete-looking one, and never nothing.
+    fn fail(
+        &mut self,
+        e: Error,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.conn = None;
         self.pump = None;
-        self.decoder = Decoder::Done;
         self.keep_alive = false;
-        Poll::Ready(Some(Err(Box::new(e))))
+        self.failure = Some(Some(e));
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
@@ -326,6 +368,12 @@ impl http_body::Body for Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if let Some(failure) = this.failure.as_mut() {
+            let e = failure
+                .take()
+                .unwrap_or_else(|| Error::new(Kind::OriginReset, "origin body already failed"));
+            return Poll::Ready(Some(Err(Box::new(e))));
+        }
         if this.decoder.is_done() || this.upgrade {
             this.finish();
             return Poll::Ready(None);
@@ -338,7 +386,7 @@ impl http_body::Body for Body {
                 Poll::Ready(Ok(())) => this.pump = None,
                 Poll::Ready(Err(PumpError::Body(e))) => {
                     let err = Error::new(Kind::ClientGone, "client request body failed");
-                    return this.fail(err.with_source(e));
+                    return this.fail(err.with_source(e), cx);
                 }
                 Poll::Ready(Err(PumpError::Write(e))) => {
                     // The origin stopped reading the request; its response may still end.
@@ -369,7 +417,7 @@ impl http_body::Body for Body {
                     return Poll::Ready(None);
                 }
                 Ok(Step::More) => {}
-                Err(e) => return this.fail(e),
+                Err(e) => return this.fail(e, cx),
             }
             let want = this
                 .decoder
@@ -383,19 +431,19 @@ impl http_body::Body for Body {
                         this.finish();
                         return Poll::Ready(None);
                     }
-                    Err(e) => return this.fail(e),
+                    Err(e) => return this.fail(e, cx),
                 },
                 Ok(_) => {}
                 Err(e) => {
                     let err = Error::new(Kind::OriginReset, "reading the origin's body failed");
-                    return this.fail(err.with_source(e));
+                    return this.fail(err.with_source(e), cx);
                 }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.decoder.is_done() || self.upgrade
+        self.failure.is_none() && (self.decoder.is_done() || self.upgrade)
     }
 
     fn size_hint(&self) -> SizeHint {
