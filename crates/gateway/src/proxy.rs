@@ -39,9 +39,21 @@ use crate::overload::InFlightLoad;
 use attempt::{Outstanding, Upstream, UpstreamHost};
 
 /// Serve one request. Never fails: errors become responses here.
-pub(crate) async fn handle(
+///
+/// A plain function returning an `async` block rather than an `async fn`: hyper keeps this
+/// future (boxed) for the client connection's whole life, and an `async fn` would store its
+/// request argument twice (the argument and the local it is moved into).
+pub(crate) fn handle(
     cx: Rc<ConnCtx>,
     req: Request<Incoming>,
+) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
+    let mut req = Some(req);
+    async move { handle_in(&cx, &mut req).await }
+}
+
+async fn handle_in(
+    cx: &Rc<ConnCtx>,
+    slot: &mut Option<Request<Incoming>>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
     cx.state.request_started();
@@ -54,10 +66,10 @@ pub(crate) async fn handle(
         load: (shedding.max_in_flight != 0).then(|| cx.worker.shared.load.enter()),
         ..Default::default()
     };
-    if cx.worker.shared.access_log.is_some() {
-        info.log = Some(Box::new(LogRecord::from_request(&req, &cx)));
+    if let (Some(_), Some(req)) = (&cx.worker.shared.access_log, slot.as_ref()) {
+        info.log = Some(Box::new(LogRecord::from_request(req, cx)));
     }
-    match proxy(&cx, &snapshot, req, start, &mut info).await {
+    match proxy(cx, &snapshot, slot, start, &mut info).await {
         Ok(resp) if info.local.is_some() => {
             // Answered by the filter chain: no `Exchange`, finish here.
             let finished = Finished {
@@ -67,7 +79,7 @@ pub(crate) async fn handle(
                 elapsed: start.elapsed(),
                 bytes_out: 0,
             };
-            record(&cx, info.route.as_deref(), info.log.take(), finished);
+            record(cx, info.route.as_deref(), info.log.take(), finished);
             drop(inflight);
             Ok(resp)
         }
@@ -102,7 +114,7 @@ pub(crate) async fn handle(
                 elapsed: start.elapsed(),
                 bytes_out: 0,
             };
-            record(&cx, info.route.as_deref(), info.log.take(), finished);
+            record(cx, info.route.as_deref(), info.log.take(), finished);
             drop(inflight);
             Ok(resp)
         }
@@ -179,12 +191,15 @@ fn filter_failed(
 async fn proxy(
     cx: &Rc<ConnCtx>,
     snapshot: &Snapshot,
-    req: Request<Incoming>,
+    slot: &mut Option<Request<Incoming>>,
     start: Instant,
     info: &mut RequestInfo,
 ) -> Result<Response<ResponseBody>, Error> {
     let listener = &cx.listener;
     let (mut cluster, mut upstream_path, mut upstream_host) = (None, None, None);
+    let Some(req) = slot.take() else {
+        return Err(Error::new(Kind::BadRequest, "no request")); // polled twice: cannot happen
+    };
     let (mut parts, mut body) = req.into_parts();
     let mut buffered = None; // a request body buffered for filters (filter::body)
     let mut scan = hdr::HeadScan::of(&parts.headers);

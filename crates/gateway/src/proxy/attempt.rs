@@ -61,7 +61,8 @@ pub(super) struct Sent {
     pub(super) sends: u32,
 }
 
-/// A request rebuilt for each send: head, plus the buffered body if there is one.
+/// A request rebuilt for each send: head, plus the buffered body if there is one. Boxed
+/// where kept: only retries and the HTTP/2 keep-alive race need one.
 struct Template {
     method: Method,
     uri: http::Uri,
@@ -169,8 +170,8 @@ pub(super) async fn send(
     let may_repeat = idempotent(req.method());
     // Only a bodyless or buffered request can be rebuilt after it was sent.
     let mut template = match req.body() {
-        RequestBody::Empty if policy.attempts > 1 => Some(template_of(req, None)),
-        RequestBody::Buffered(b) => Some(template_of(req, b.clone())),
+        RequestBody::Empty if policy.attempts > 1 => Some(Box::new(template_of(req, None))),
+        RequestBody::Buffered(b) => Some(Box::new(template_of(req, b.clone()))),
         _ => None,
     };
     let rebuildable = matches!(req.body(), RequestBody::Empty | RequestBody::Buffered(_));
@@ -336,7 +337,7 @@ async fn one(
     up: &Upstream<'_>,
     server: &Arc<OriginServer>,
     slot: &mut Option<Request<RequestBody>>,
-    template: &mut Option<Template>,
+    template: &mut Option<Box<Template>>,
     rebuildable: bool,
     body_state: Option<&RequestBodyState>,
 ) -> Result<(Response<UpstreamBody>, Conn, u32), Failed> {
@@ -365,7 +366,7 @@ async fn one(
         if let (None, true, false, Some(req)) =
             (template.as_ref(), rebuildable, conn.is_h1(), slot.as_ref())
         {
-            *template = Some(template_of(req, None));
+            *template = Some(Box::new(template_of(req, None)));
         }
     }
     let is_reused = conn.requests > 0;
@@ -402,7 +403,7 @@ async fn one(
                 (Some(r), _) if is_reused => *slot = Some(*r),
                 (None, Some(r)) if is_reused && f.stale => *slot = Some(*r),
                 (None, None) if is_reused && f.stale && template.is_some() => {
-                    *slot = template.as_ref().map(Template::build)
+                    *slot = template.as_ref().map(|t| t.build())
                 }
                 (unsent, _) => {
                     *slot = unsent.map(|r| *r);

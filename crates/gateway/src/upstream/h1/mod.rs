@@ -39,8 +39,6 @@ use decode::{Decoder, Framing, Head, Step};
 use encode::{Pump, PumpError};
 pub(crate) use io::{Io, Upgraded};
 
-/// Idle connections keep a read buffer up to this size; larger ones are freed.
-const KEEP_BUFFER: usize = 8 * 1024;
 /// The largest read while a body streams.
 const MAX_READ: usize = 64 * 1024;
 
@@ -101,12 +99,19 @@ impl Connection {
             .is_ready()
     }
 
-    /// Make room to read: at least a little for a head, up to `want` for a body.
-    fn reserve(&mut self, want: usize) {
+    /// Read more into the buffer, making room for up to `want` bytes. With nothing buffered
+    /// on a plain socket, the buffer grows only once the socket is readable: a request
+    /// waiting on a slow origin holds no read buffer (TLS may hold decrypted bytes, so it
+    /// reads straight away).
+    fn poll_fill(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<std::io::Result<usize>> {
+        if let (true, Io::Tcp(tcp)) = (self.buf.is_empty(), &self.io) {
+            ready!(tcp.poll_read_ready(cx))?;
+        }
         let spare = self.buf.capacity() - self.buf.len();
         if spare < 512 || spare < want.min(4096) {
             self.buf.reserve(want.clamp(2048, MAX_READ));
         }
+        poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
     }
 
     /// Read until a final response head is parsed. `received`: any byte came.
@@ -122,8 +127,7 @@ impl Connection {
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Err(Failure::new(e))),
             }
-            self.reserve(2048);
-            match ready!(poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)) {
+            match ready!(self.poll_fill(cx, 2048)) {
                 Ok(0) if !*received => {
                     let mut f = Failure::new(Error::new(
                         Kind::OriginReset,
@@ -330,9 +334,7 @@ impl Body {
             && self.conn.as_ref().is_some_and(|c| c.buf.is_empty());
         if clean {
             if let Some(c) = self.conn.as_mut() {
-                if c.buf.capacity() > KEEP_BUFFER {
-                    c.buf = BytesMut::new();
-                }
+                c.buf = BytesMut::new(); // an idle connection holds no buffer
             }
             self.reusable = true;
         } else {
@@ -423,8 +425,7 @@ impl http_body::Body for Body {
                 .decoder
                 .remaining()
                 .map_or(16 * 1024, |r| r.min(MAX_READ as u64) as usize);
-            conn.reserve(want);
-            match ready!(poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf)) {
+            match ready!(conn.poll_fill(cx, want)) {
                 Ok(0) => match this.decoder.on_eof() {
                     Ok(_) => {
                         this.keep_alive = false;
