@@ -69,7 +69,9 @@ async fn handle_in(
     if let (Some(_), Some(req)) = (&cx.worker.shared.access_log, slot.as_ref()) {
         info.log = Some(Box::new(LogRecord::from_request(req, cx)));
     }
-    match proxy(cx, &snapshot, slot, start, &mut info).await {
+    // The match ends before the error path awaits, so the proxy's result takes no room
+    // in this future next to the error path's.
+    let err = match proxy(cx, &snapshot, slot, start, &mut info).await {
         Ok(resp) if info.local.is_some() => {
             // Answered by the filter chain: no `Exchange`, finish here.
             let finished = Finished {
@@ -81,44 +83,43 @@ async fn handle_in(
             };
             record(cx, info.route.as_deref(), info.log.take(), finished);
             drop(inflight);
-            Ok(resp)
+            return Ok(resp);
         }
         Ok(resp) => {
             // The response body's `Exchange` now finishes the request.
             inflight.0 = None;
-            Ok(resp)
+            return Ok(resp);
         }
-        Err(err) => {
-            let via = snapshot.stamps.via(Version::HTTP_11);
-            let rid = info
-                .request_id
-                .as_ref()
-                .map(|v| (&cx.listener.request_id_header, v));
-            let mut resp = if info.grpc {
-                grpc_error_response(&err, rid, via)
-            } else {
-                error_response(&err, rid, via)
-            };
-            if let (Some(ctx), Some(rid)) = (info.fctx.as_mut(), rid) {
-                // Past the pre/route filters: error and post filters see proxy errors too.
-                let failed = || error_response(&err, Some(rid), via);
-                resp = snapshot
-                    .filters
-                    .proxy_error(ctx, err.category(), resp, &failed)
-                    .await;
-            }
-            let finished = Finished {
-                status: resp.status().as_u16(),
-                category: err.category(),
-                side: err.side(),
-                elapsed: start.elapsed(),
-                bytes_out: 0,
-            };
-            record(cx, info.route.as_deref(), info.log.take(), finished);
-            drop(inflight);
-            Ok(resp)
-        }
+        Err(err) => err,
+    };
+    let via = snapshot.stamps.via(Version::HTTP_11);
+    let rid = info
+        .request_id
+        .as_ref()
+        .map(|v| (&cx.listener.request_id_header, v));
+    let mut resp = if info.grpc {
+        grpc_error_response(&err, rid, via)
+    } else {
+        error_response(&err, rid, via)
+    };
+    if let (Some(ctx), Some(rid)) = (info.fctx.as_mut(), rid) {
+        // Past the pre/route filters: error and post filters see proxy errors too.
+        let failed = || error_response(&err, Some(rid), via);
+        resp = snapshot
+            .filters
+            .proxy_error(ctx, err.category(), resp, &failed)
+            .await;
     }
+    let finished = Finished {
+        status: resp.status().as_u16(),
+        category: err.category(),
+        side: err.side(),
+        elapsed: start.elapsed(),
+        bytes_out: 0,
+    };
+    record(cx, info.route.as_deref(), info.log.take(), finished);
+    drop(inflight);
+    Ok(resp)
 }
 
 /// Finishes the request on its connection if the handler is dropped before a response (an
@@ -191,13 +192,13 @@ fn filter_failed(
 async fn proxy(
     cx: &Rc<ConnCtx>,
     snapshot: &Snapshot,
-    slot: &mut Option<Request<Incoming>>,
+    incoming: &mut Option<Request<Incoming>>,
     start: Instant,
     info: &mut RequestInfo,
 ) -> Result<Response<ResponseBody>, Error> {
     let listener = &cx.listener;
     let (mut cluster, mut upstream_path, mut upstream_host) = (None, None, None);
-    let Some(req) = slot.take() else {
+    let Some(req) = incoming.take() else {
         return Err(Error::new(Kind::BadRequest, "no request")); // polled twice: cannot happen
     };
     let (mut parts, mut body) = req.into_parts();
@@ -447,6 +448,56 @@ async fn proxy(
         info.log.as_deref_mut(),
     )
     .await?;
+    let forwarded = Forwarded {
+        route,
+        cluster,
+        rid,
+        upgrade,
+        client_version,
+        deadline,
+        body_state,
+        slot,
+        start,
+    };
+    finish_response(cx, snapshot, info, forwarded, sent).await
+}
+
+/// What the response side of an exchange needs from its request side.
+struct Forwarded {
+    route: Arc<Route>,
+    cluster: Arc<Cluster>,
+    rid: HeaderValue,
+    upgrade: Option<upgrade::UpgradeRequest>,
+    client_version: Version,
+    deadline: Option<Instant>,
+    body_state: Option<Rc<RequestBodyState>>,
+    /// The request's place under the cluster's cap.
+    slot: Slot,
+    start: Instant,
+}
+
+/// The response side of a proxied exchange: header duties, post filters, and the body that
+/// finishes the exchange. A function of its own so that none of its locals take room in the
+/// request's future while the request waits on the origin.
+async fn finish_response(
+    cx: &Rc<ConnCtx>,
+    snapshot: &Snapshot,
+    info: &mut RequestInfo,
+    forwarded: Forwarded,
+    sent: attempt::Sent,
+) -> Result<Response<ResponseBody>, Error> {
+    let Forwarded {
+        route,
+        cluster,
+        rid,
+        upgrade,
+        client_version,
+        deadline,
+        body_state,
+        slot,
+        start,
+    } = forwarded;
+    let listener = &cx.listener;
     let (resp, conn, attempts) = (sent.resp, sent.conn, sent.sends);
     let upstream_head = start.elapsed();
 
