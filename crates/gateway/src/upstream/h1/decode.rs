@@ -115,7 +115,8 @@ pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<H
         } else {
             Version::HTTP_10
         };
-        let mut headers = HeaderMap::with_capacity(count);
+        // Room for what the gateway adds (Via, request id) without growing the map.
+        let mut headers = HeaderMap::with_capacity(count + 4);
         for &(n0, n1, v0, v1) in &ranges[..count] {
             let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
                 .map_err(|_| malformed("origin sent an invalid header name"))?;
