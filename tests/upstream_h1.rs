@@ -175,3 +175,40 @@ async fn request_and_response_bodies_stream_at_the_same_time() {
     s.write_all(b"0\r\n\r\n").await.unwrap();
     read_until(&mut s, b"0\r\n\r\n").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_right_behind_a_101_reach_the_tunnel() {
+    // The origin's first tunnel bytes arrive in the same write as its 101 head: they were
+    // read with the head and must still reach the client, before anything else.
+    let origin = raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        if read_head(&mut s, &mut carry).await.is_none() {
+            return;
+        }
+        let _ = s
+            .write_all(
+                b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: my-proto\r\n\r\nHELLO",
+            )
+            .await;
+        // Then echo whatever the client sends through the tunnel.
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let extra = "[[routes]]\nname = \"up\"\ncluster = \"origin\"\nupgrade = { protocols = [\"my-proto\"] }\n";
+    let g = start_gateway(&config_text(origin.addr, "", extra));
+    let mut s = TcpStream::connect(g.addr).await.unwrap();
+    s.write_all(b"GET /t HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: my-proto\r\n\r\n")
+        .await
+        .unwrap();
+    let got = read_until(&mut s, b"HELLO").await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 101 "), "{text}");
+    assert!(text.ends_with("\r\n\r\nHELLO"), "{text}");
+    s.write_all(b"ping").await.unwrap();
+    read_until(&mut s, b"ping").await;
+}
