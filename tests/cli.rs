@@ -1,6 +1,6 @@
 //! The `keymaster` binary's command line: validate, --help/--version, and `proxy`.
 mod support;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 use support::*;
 
@@ -117,50 +117,29 @@ fn help_and_version() {
     assert_eq!(keymaster(&["no-such-command"]).status.code(), Some(2));
 }
 
-struct Proc(std::process::Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_subcommand_serves_requests() {
     let s = stub();
-    let listen = free_addr();
-    let mut p = Proc(
-        Command::new(env!("CARGO_BIN_EXE_keymaster"))
-            .args([
-                "proxy",
-                "--listen",
-                &listen.to_string(),
-                "--to",
-                &s.local_addr().to_string(),
-                "--workers",
-                "1",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut reply = None;
-    for _ in 0..250 {
-        if let Some(r) = try_get(listen, "/?length=321").await {
-            reply = Some(r);
-            break;
-        }
-        assert!(p.0.try_wait().unwrap().is_none(), "keymaster proxy exited");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let r = reply.expect("keymaster proxy never served");
+    let to = s.local_addr().to_string();
+    let mut p = spawn_keymaster([
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--to",
+        &to,
+        "--workers",
+        "1",
+    ]);
+    let r = get(p.addr(), "/?length=321").await;
     assert_eq!(r.status, 200);
     assert_eq!(r.body, stub_body(321));
     assert_eq!(r.headers["via"], "1.1 keymaster");
-    unsafe { libc::kill(p.0.id() as i32, libc::SIGTERM) };
+    let pid = i32::try_from(p.child.id()).expect("pid fits");
+    // SAFETY: kill(2) on our own child's pid with a valid signal number; no memory involved.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
     let mut exited = None;
     for _ in 0..250 {
-        if let Some(st) = p.0.try_wait().unwrap() {
+        if let Some(st) = p.child.try_wait().unwrap() {
             exited = Some(st);
             break;
         }

@@ -207,15 +207,6 @@ async fn admin_reload_rebuilds_the_lua_set() {
     assert_eq!(header(&get(g.addr, "/").await, "x-w"), Some("two"));
 }
 
-/// Kills the child on drop (a failing test leaves no process behind).
-struct Proc(std::process::Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The binary wires the Lua host: `keymaster run` loads `[lua] dir`, and SIGHUP rebuilds
 /// the set (the watcher is off here, so only the signal can have done it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,35 +217,19 @@ async fn the_binary_loads_lua_filters_and_sighup_reloads_them() {
         format!("return {{ stage = 'post', run = function(ctx) ctx:set_response_header('x-w', '{v}') end }}\n")
     };
     write(dir.path(), "w.lua", &stamp("one"));
-    let addr = free_addr();
-    let toml = lua_config(origin.addr, canary.addr, dir.path(), "watch = false").replacen(
-        "address = \"127.0.0.1:0\"",
-        &format!("address = \"{addr}\""),
-        1,
-    );
+    let toml = lua_config(origin.addr, canary.addr, dir.path(), "watch = false");
     let cfg_dir = tempfile::tempdir().unwrap();
     let path = cfg_dir.path().join("keymaster.toml");
     std::fs::write(&path, toml).unwrap();
-    let p = Proc(
-        std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"))
-            .args(["run", "--config"])
-            .arg(&path)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut up = false;
-    for _ in 0..250 {
-        if try_get(addr, "/").await.is_some() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(up, "keymaster run listens on {addr}");
+    let p = spawn_keymaster([
+        std::ffi::OsStr::new("run"),
+        "--config".as_ref(),
+        path.as_os_str(),
+    ]);
+    let addr = p.addr();
     assert_eq!(header(&get(addr, "/").await, "x-w"), Some("one"));
     write(dir.path(), "w.lua", &stamp("two"));
-    let pid = i32::try_from(p.0.id()).expect("pid fits");
+    let pid = i32::try_from(p.child.id()).expect("pid fits");
     // SAFETY: kill(2) on our own child's pid with a valid signal number; no memory involved.
     unsafe { libc::kill(pid, libc::SIGHUP) };
     let mut seen = None;

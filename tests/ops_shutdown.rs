@@ -118,20 +118,9 @@ async fn drain_deadline_bounds_shutdown() {
 
 // --- The binary ---
 
-struct Proc(std::process::Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn file_config(
-    origin: std::net::SocketAddr,
-    addr: std::net::SocketAddr,
-    admin: std::net::SocketAddr,
-    header: &str,
-) -> String {
+/// A config file with the "tagged" route; the listener and admin bind ephemeral ports (the
+/// test reads them from the binary's banner).
+fn file_config(origin: std::net::SocketAddr, header: &str) -> String {
     config_text(
         origin,
         "",
@@ -144,35 +133,20 @@ response_headers = {{ set = {{ "x-config" = "{header}" }} }}
 "#
         ),
     )
-    .replace(
-        "address = \"127.0.0.1:0\"",
-        &format!("address = \"{addr}\""),
-    )
-    .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{admin}\""))
 }
 
-async fn spawn_binary(path: &std::path::Path, addr: std::net::SocketAddr) -> Proc {
-    let child = Proc(
-        std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"))
-            .args(["run", "--config"])
-            .arg(path)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    for _ in 0..250 {
-        if TcpStream::connect(addr).await.is_ok() {
-            return child;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("keymaster run did not start listening on {addr}");
+fn spawn_binary(path: &std::path::Path) -> Spawned {
+    spawn_keymaster([
+        std::ffi::OsStr::new("run"),
+        "--config".as_ref(),
+        path.as_os_str(),
+    ])
 }
 
-async fn wait_exit(p: &mut Proc, limit: Duration) -> Option<std::process::ExitStatus> {
+async fn wait_exit(p: &mut Spawned, limit: Duration) -> Option<std::process::ExitStatus> {
     let end = Instant::now() + limit;
     while Instant::now() < end {
-        if let Some(st) = p.0.try_wait().unwrap() {
+        if let Some(st) = p.child.try_wait().unwrap() {
             return Some(st);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -180,15 +154,20 @@ async fn wait_exit(p: &mut Proc, limit: Duration) -> Option<std::process::ExitSt
     None
 }
 
+fn signal(p: &Spawned, sig: i32) {
+    let pid = i32::try_from(p.child.id()).expect("pid fits");
+    // SAFETY: kill(2) on our own child's pid with a valid signal number; no memory involved.
+    unsafe { libc::kill(pid, sig) };
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_sigterm_drains_in_flight_and_exits_zero() {
     let s = stub();
-    let addr = free_addr();
-    let admin = free_addr();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keymaster.toml");
-    std::fs::write(&path, file_config(s.local_addr(), addr, admin, "one")).unwrap();
-    let mut p = spawn_binary(&path, addr).await;
+    std::fs::write(&path, file_config(s.local_addr(), "one")).unwrap();
+    let mut p = spawn_binary(&path);
+    let (addr, admin) = (p.addr(), p.admin.expect("admin listener"));
     let inflight = tokio::spawn(async move { get(addr, "/?length=99&delay=500").await });
     // Wait until the slow request has reached the origin.
     let mut forwarded = false;
@@ -207,7 +186,7 @@ async fn binary_sigterm_drains_in_flight_and_exits_zero() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(forwarded, "slow request never reached the origin");
-    unsafe { libc::kill(p.0.id() as i32, libc::SIGTERM) };
+    signal(&p, libc::SIGTERM);
     let r = tokio::time::timeout(Duration::from_secs(3), inflight)
         .await
         .expect("in-flight request finished")
@@ -224,15 +203,15 @@ async fn binary_sigterm_drains_in_flight_and_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_sighup_reloads_the_config_file() {
     let s = stub();
-    let addr = free_addr();
-    let admin = free_addr();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keymaster.toml");
-    std::fs::write(&path, file_config(s.local_addr(), addr, admin, "one")).unwrap();
-    let mut p = spawn_binary(&path, addr).await;
+    std::fs::write(&path, file_config(s.local_addr(), "one")).unwrap();
+    let mut p = spawn_binary(&path);
+    let addr = p.addr();
     assert_eq!(get(addr, "/").await.headers["x-config"], "one");
-    std::fs::write(&path, file_config(s.local_addr(), addr, admin, "two")).unwrap();
-    unsafe { libc::kill(p.0.id() as i32, libc::SIGHUP) };
+    // Listener addresses are fixed at start: the reloaded file may say ":0" again.
+    std::fs::write(&path, file_config(s.local_addr(), "two")).unwrap();
+    signal(&p, libc::SIGHUP);
     let mut seen = String::new();
     for _ in 0..100 {
         seen = get(addr, "/").await.headers["x-config"]
@@ -247,14 +226,14 @@ async fn binary_sighup_reloads_the_config_file() {
     assert_eq!(seen, "two");
     // A broken file on SIGHUP keeps the running config and the process.
     std::fs::write(&path, "[[routes]]\nname = 1\n").unwrap();
-    unsafe { libc::kill(p.0.id() as i32, libc::SIGHUP) };
+    signal(&p, libc::SIGHUP);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
-        p.0.try_wait().unwrap().is_none(),
+        p.child.try_wait().unwrap().is_none(),
         "process died on a bad reload"
     );
     assert_eq!(get(addr, "/").await.headers["x-config"], "two");
-    unsafe { libc::kill(p.0.id() as i32, libc::SIGTERM) };
+    signal(&p, libc::SIGTERM);
     let st = wait_exit(&mut p, Duration::from_secs(5))
         .await
         .expect("exits");

@@ -445,47 +445,21 @@ fn cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
-/// Kills the child on drop so a failed assertion never leaks a process.
-struct Child(std::process::Child);
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partial_h2_preface_does_not_spin_a_worker() {
     // In a child process, so other tests' CPU use does not count.
     let s = stub();
-    let addr = free_addr();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("k.toml");
     let toml = config_text(s.local_addr(), "header_read_timeout = \"2s\"", "")
-        .replace(
-            "address = \"127.0.0.1:0\"",
-            &format!("address = \"{addr}\""),
-        )
         .replace("listen = \"127.0.0.1:0\"", "listen = \"off\"");
     std::fs::write(&path, toml).unwrap();
-    let child = Child(
-        std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"))
-            .args(["run", "--config"])
-            .arg(&path)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let pid = child.0.id();
-    let mut up = false;
-    for _ in 0..200 {
-        if TcpStream::connect(addr).await.is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(up, "gateway child did not start");
+    let child = spawn_keymaster([
+        std::ffi::OsStr::new("run"),
+        "--config".as_ref(),
+        path.as_os_str(),
+    ]);
+    let (pid, addr) = (child.child.id(), child.addr());
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut c = TcpStream::connect(addr).await.unwrap();
     c.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();

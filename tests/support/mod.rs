@@ -397,3 +397,88 @@ pub async fn try_get(addr: SocketAddr, path: &str) -> Option<Reply> {
         body,
     })
 }
+
+/// A `keymaster` child process. Its listeners bind ephemeral ports and the test learns the
+/// addresses from the banner the binary prints on stdout, so no test picks a port and races
+/// other tests for it. Killed (and reaped) on drop.
+pub struct Spawned {
+    pub child: std::process::Child,
+    /// `(listener name, address)` in banner order.
+    pub listeners: Vec<(String, SocketAddr)>,
+    pub admin: Option<SocketAddr>,
+    /// Kept open: a closed pipe would fail the child's later prints.
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Spawned {
+    /// The first listener's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.listeners.first().expect("a listener in the banner").1
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `keymaster` with `args` and wait (up to 20 s) for its banner.
+pub fn spawn_keymaster<I, S>(args: I) -> Spawned
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("keymaster starts");
+    let stdout = child.stdout.take().expect("piped stdout");
+    // Read the banner on a thread, so a child that never prints cannot hang the test.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = std::io::BufReader::new(stdout);
+        let mut lines = Vec::new();
+        let mut line = String::new();
+        while reader.read_line(&mut line).unwrap_or(0) > 0 {
+            let done = line.starts_with("stop with");
+            lines.push(std::mem::take(&mut line));
+            if done {
+                break;
+            }
+        }
+        let _ = tx.send((lines, reader));
+    });
+    let (lines, reader) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("keymaster printed its banner within 20 s");
+    let addr_of = |word: &str| -> SocketAddr {
+        word.trim_start_matches("http://")
+            .parse()
+            .unwrap_or_else(|e| panic!("banner address {word:?}: {e}"))
+    };
+    let mut listeners = Vec::new();
+    let mut admin = None;
+    for l in &lines {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        match words.as_slice() {
+            ["listener", name, url, ..] => listeners.push((name.to_string(), addr_of(url))),
+            ["admin", url, ..] => admin = Some(addr_of(url)),
+            _ => {}
+        }
+    }
+    assert!(
+        !listeners.is_empty(),
+        "no listener in the banner: {lines:?} (exit: {:?})",
+        child.try_wait()
+    );
+    Spawned {
+        child,
+        listeners,
+        admin,
+        _stdout: reader,
+    }
+}
