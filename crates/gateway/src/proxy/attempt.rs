@@ -28,7 +28,7 @@ use crate::body::{RequestBody, RequestBodyState};
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind};
 use crate::route::Route;
-use crate::upstream::conn::{Conn, UpstreamBody};
+use crate::upstream::conn::{Conn, Sending, UpstreamBody};
 use crate::upstream::limits::RetryToken;
 use crate::upstream::pool::checkout;
 use crate::upstream::{Cluster, OriginServer};
@@ -371,19 +371,7 @@ async fn one(
     }
     let is_reused = conn.requests > 0;
     let head_timeout = HeadTimeout::new(head_wait(route), up.deadline);
-    // The request moves into the send inside this block, so no copy of it outlives the await.
-    let first = {
-        let Some(req) = slot.take() else {
-            return Err(Failed {
-                err: no_request(),
-                sends: 0,
-            });
-        };
-        cluster.metrics.requests.inc();
-        conn.requests += 1;
-        tokio::time::timeout(head_timeout.wait, conn.send(req))
-    }
-    .await;
+    let first = start_send(up, &mut conn, slot, head_timeout, 0)?.await;
     match first {
         Ok(Ok(resp)) => return Ok((resp, conn, 1)),
         Err(_) => {
@@ -423,18 +411,7 @@ async fn one(
         Err(err) => return Err(Failed { err, sends: 1 }),
     };
     let head_timeout = HeadTimeout::new(head_wait(route), up.deadline);
-    let second = {
-        let Some(req) = slot.take() else {
-            return Err(Failed {
-                err: no_request(),
-                sends: 1,
-            });
-        };
-        cluster.metrics.requests.inc();
-        conn.requests += 1;
-        tokio::time::timeout(head_timeout.wait, conn.send(req))
-    }
-    .await;
+    let second = start_send(up, &mut conn, slot, head_timeout, 1)?.await;
     match second {
         Ok(Ok(resp)) => Ok((resp, conn, 2)),
         Ok(Err(f)) => {
@@ -449,6 +426,28 @@ async fn one(
             sends: 2,
         }),
     }
+}
+
+/// Take the request from `slot` and start it on `conn`, bounded by `head_timeout`.
+/// `sends`: how many sends this attempt made before, for the failure if there is no request.
+/// (The request moves straight into the returned future: awaiting that as a temporary keeps
+/// no second copy of it in the caller's future.)
+fn start_send<'c>(
+    up: &Upstream<'_>,
+    conn: &'c mut Conn,
+    slot: &mut Option<Request<RequestBody>>,
+    head_timeout: HeadTimeout,
+    sends: u32,
+) -> Result<tokio::time::Timeout<Sending<'c>>, Failed> {
+    let Some(req) = slot.take() else {
+        return Err(Failed {
+            err: no_request(),
+            sends,
+        });
+    };
+    up.cluster.metrics.requests.inc();
+    conn.requests += 1;
+    Ok(tokio::time::timeout(head_timeout.wait, conn.send(req)))
 }
 
 /// One attempt's wait for the response head: the per-try timeout when it is shorter.
