@@ -143,6 +143,53 @@ match = { routes = ["api"] }
     assert!(!r.headers.contains_key("x-resp"));
 }
 
+/// A filter that adds a header the proxy stage acts on (here `Connection`, naming a field as
+/// hop-by-hop) must be seen by the header duties after the chain, whichever way it edits.
+struct ConnectionNames(&'static str);
+
+impl Filter for ConnectionNames {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        ctx.append_request_header(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static(self.0),
+        );
+        done(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn header_duties_see_what_filters_added() {
+    let f = fixture_with(
+        r#"
+[[filters]]
+name = "hop"
+type = "headers"
+stage = "pre"
+set = { connection = "x-hop-a" }
+"#,
+        vec![FilterSpec::new(
+            "hop-native",
+            FilterStage::Route,
+            0,
+            ConnectionNames("x-hop-b"),
+        )],
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    let r = req(
+        &mut c,
+        "GET",
+        "/x",
+        &[("x-hop-a", "1"), ("x-hop-b", "2"), ("x-kept", "3")],
+    )
+    .await;
+    let b = body(&r);
+    // Both Connection lines (the config filter's, the native one's) name dropped fields.
+    assert!(!b.contains("x-hop-a") && !b.contains("x-hop-b"), "{b}");
+    assert!(b.contains("x-kept: 3\r\n"), "{b}");
+    assert!(!b.to_ascii_lowercase().contains("connection:"), "{b}");
+}
+
 #[tokio::test]
 async fn redirect_and_static_answer_without_the_origin() {
     let f = fixture(

@@ -49,26 +49,37 @@ impl HeadScan {
     pub(crate) fn of(headers: &HeaderMap) -> HeadScan {
         let mut s = HeadScan::default();
         for (name, value) in headers {
-            let n = name.as_str();
-            s.bytes += n.len() + value.len() + 4;
-            match n {
-                "host" => s.hosts += 1,
-                "content-length" => s.content_length = true,
-                "transfer-encoding" => {
-                    s.transfer_encoding = true;
-                    s.hop_by_hop = true;
-                }
-                "connection" => {
-                    s.connection = true;
-                    s.hop_by_hop = true;
-                }
-                "te" | "upgrade" | "keep-alive" | "proxy-connection" => s.hop_by_hop = true,
-                "expect" => s.expect = true,
-                _ => {}
-            }
+            s.bytes += name.as_str().len() + value.len() + 4;
+            s.note(name);
         }
         s
     }
+
+    /// Record what the field `name` means for the scan; `false` if nothing.
+    fn note(&mut self, name: &HeaderName) -> bool {
+        match name.as_str() {
+            "host" => self.hosts += 1,
+            "content-length" => self.content_length = true,
+            "transfer-encoding" => {
+                self.transfer_encoding = true;
+                self.hop_by_hop = true;
+            }
+            "connection" => {
+                self.connection = true;
+                self.hop_by_hop = true;
+            }
+            "te" | "upgrade" | "keep-alive" | "proxy-connection" => self.hop_by_hop = true,
+            "expect" => self.expect = true,
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// Does adding, changing or removing the field `name` change what [`HeadScan`] finds
+/// (beyond its byte count)?
+pub(crate) fn affects_head_scan(name: &HeaderName) -> bool {
+    HeadScan::default().note(name)
 }
 
 /// Validate what hyper's parser accepted but a gateway must not forward.
@@ -408,6 +419,15 @@ impl HeaderEdits {
         self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
     }
 
+    /// Whether applying these edits can change what [`HeadScan`] finds.
+    pub(crate) fn affects_head_scan(&self) -> bool {
+        self.remove
+            .iter()
+            .chain(self.set.iter().map(|(n, _)| n))
+            .chain(self.add.iter().map(|(n, _)| n))
+            .any(affects_head_scan)
+    }
+
     pub(crate) fn apply(&self, headers: &mut HeaderMap) {
         for n in &self.remove {
             headers.remove(n);
@@ -452,6 +472,32 @@ mod tests {
         assert!(strip_hop_by_hop(&mut h, &scan));
         let names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, vec!["x-kept"]);
+    }
+
+    #[test]
+    fn head_scan_fields_are_recognised_for_filter_edits() {
+        for n in [
+            "host",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "te",
+        ] {
+            assert!(affects_head_scan(&HeaderName::from_static(n)), "{n}");
+        }
+        for n in ["upgrade", "keep-alive", "proxy-connection", "expect"] {
+            assert!(affects_head_scan(&HeaderName::from_static(n)), "{n}");
+        }
+        assert!(!affects_head_scan(&HeaderName::from_static("x-in")));
+        let edits = |name: &str| {
+            HeaderEdits::compile(&keymaster_config::HeaderEdits {
+                set: [(name.to_string(), "v".to_string())].into_iter().collect(),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        assert!(edits("connection").affects_head_scan());
+        assert!(!edits("x-in").affects_head_scan());
     }
 
     #[test]

@@ -304,13 +304,16 @@ async fn proxy(
             crate::filter::set_body_length(&mut parts.headers, b.len());
             buffered = Some(b);
         }
-        // Filters may have edited the head: scan it again for the header duties below.
-        scan = hdr::HeadScan::of(&parts.headers);
-        if parts.uri.authority().is_none() {
-            host_value = parts.headers.get(header::HOST).cloned();
+        // Filters may have edited the head: scan it again for the header duties below (only
+        // when a scanned field, or the body's length, may have changed).
+        if ctx.head_touched() || buffered.is_some() {
+            scan = hdr::HeadScan::of(&parts.headers);
+            if parts.uri.authority().is_none() {
+                host_value = parts.headers.get(header::HOST).cloned();
+            }
         }
         if let Some(name) = ctx.cluster.take() {
-            let c = snapshot.clusters.get(&name).ok_or_else(|| {
+            let c = snapshot.clusters.get(&*name).ok_or_else(|| {
                 Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")
             })?;
             cluster = Some(c.clone());

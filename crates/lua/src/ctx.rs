@@ -117,15 +117,15 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
         to_table(lua, c.request_headers())
     });
     writer(r, "set_header", |_, c, (n, v): (String, String)| {
-        c.request_headers_mut().insert(name(&n)?, value(&v)?);
+        c.set_request_header(name(&n)?, value(&v)?);
         Ok(())
     });
     writer(r, "add_header", |_, c, (n, v): (String, String)| {
-        c.request_headers_mut().append(name(&n)?, value(&v)?);
+        c.append_request_header(name(&n)?, value(&v)?);
         Ok(())
     });
     writer(r, "remove_header", |_, c, n: String| {
-        c.request_headers_mut().remove(name(&n)?);
+        c.remove_request_header(&name(&n)?);
         Ok(())
     });
     // Per-request values shared by the filters of one request.

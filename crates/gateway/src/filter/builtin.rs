@@ -113,7 +113,7 @@ pub(super) fn compile(
         }
         FilterType::Jwt => one(Arc::new(super::jwt::Jwt::compile(f)?)),
         FilterType::Reroute => one(Arc::new(Reroute {
-            cluster: f.cluster.clone(),
+            cluster: f.cluster.as_deref().map(Arc::from),
             path: f.path.clone(),
             host: f.host.as_deref().map(value).transpose()?,
         })),
@@ -166,7 +166,7 @@ impl Filter for Headers {
                 self.edits.apply(h);
             }
         } else {
-            self.edits.apply(ctx.request_headers_mut());
+            ctx.edit_request_headers(&self.edits);
         }
         done(Ok(()))
     }
@@ -433,7 +433,8 @@ fn limited(ctx: &mut FilterCtx, decision: Result<(), u64>) {
 }
 
 struct Reroute {
-    cluster: Option<String>,
+    /// Shared with each request that picks it: no allocation per request.
+    cluster: Option<Arc<str>>,
     path: Option<String>,
     host: Option<HeaderValue>,
 }

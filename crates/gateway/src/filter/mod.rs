@@ -178,7 +178,7 @@ pub struct FilterCtx {
     tls: Option<Option<String>>,
     route: Arc<str>,
     meta: HashMap<String, String>,
-    pub(crate) cluster: Option<String>,
+    pub(crate) cluster: Option<Arc<str>>,
     pub(crate) path: Option<String>,
     pub(crate) host: Option<HeaderValue>,
     local: Option<LocalResponse>,
@@ -186,6 +186,9 @@ pub struct FilterCtx {
     failure: Option<Failure>,
     /// Debug mode: one entry per filter considered.
     debug: Option<Vec<String>>,
+    /// The request head may have changed in a field the proxy stage's head scan looks at
+    /// (framing, hop-by-hop, Host, Expect): it scans again only then.
+    head_touched: bool,
     /// Bodies buffered for filters that declared they need them (`filter::body`).
     request_body: Option<bytes::Bytes>,
     response_body: Option<bytes::Bytes>,
@@ -232,6 +235,7 @@ impl FilterCtx {
             response: None,
             failure: None,
             debug: None,
+            head_touched: false,
             request_body: None,
             response_body: None,
         }
@@ -285,8 +289,32 @@ impl FilterCtx {
     pub fn request_headers(&self) -> &HeaderMap {
         &self.headers
     }
+    /// Any change through this handle makes the proxy stage re-scan the request head; the
+    /// `set`/`append`/`remove_request_header` methods do so only for the fields it scans.
     pub fn request_headers_mut(&mut self) -> &mut HeaderMap {
+        self.head_touched = true;
         &mut self.headers
+    }
+    pub fn set_request_header(&mut self, name: HeaderName, value: HeaderValue) {
+        self.head_touched |= crate::headers::affects_head_scan(&name);
+        self.headers.insert(name, value);
+    }
+    pub fn append_request_header(&mut self, name: HeaderName, value: HeaderValue) {
+        self.head_touched |= crate::headers::affects_head_scan(&name);
+        self.headers.append(name, value);
+    }
+    pub fn remove_request_header(&mut self, name: &HeaderName) {
+        self.head_touched |= crate::headers::affects_head_scan(name);
+        self.headers.remove(name);
+    }
+    /// Apply compiled header edits to the request.
+    pub(crate) fn edit_request_headers(&mut self, edits: &crate::headers::HeaderEdits) {
+        self.head_touched |= edits.affects_head_scan();
+        edits.apply(&mut self.headers);
+    }
+    /// Whether a filter may have changed a field the proxy stage's head scan looks at.
+    pub(crate) fn head_touched(&self) -> bool {
+        self.head_touched
     }
     /// The TCP peer (not X-Forwarded-For).
     pub fn client_addr(&self) -> SocketAddr {
@@ -318,7 +346,7 @@ impl FilterCtx {
 
     /// Route stage (or pre): send to this cluster instead of the route's. An unknown name
     /// fails the request with 500.
-    pub fn set_cluster(&mut self, name: impl Into<String>) {
+    pub fn set_cluster(&mut self, name: impl Into<Arc<str>>) {
         self.cluster = Some(name.into());
     }
     /// Route stage (or pre): the path and query sent upstream; replaces the route's rewrite.
@@ -528,8 +556,6 @@ impl FilterChain {
         if entries.is_empty() {
             return Ok(());
         }
-        // One clock read per filter: each run is timed from the end of the previous one.
-        let mut t = Instant::now();
         for e in entries {
             if matches!(stage, FilterStage::Pre | FilterStage::Route) && ctx.local.is_some() {
                 break; // answered: the rest of pre/route is skipped
@@ -558,22 +584,25 @@ impl FilterChain {
                 continue;
             }
             e.metrics.invocations.inc();
+            // The duration histogram samples runs (every one in debug mode): two clock reads
+            // and a histogram update per run would cost more than a small filter itself.
+            let started = (ctx.debug.is_some() || sample_timing()).then(Instant::now);
             let r = AssertUnwindSafe(e.filter.run(ctx)).catch_unwind().await;
-            let end = Instant::now();
-            let took = end.saturating_duration_since(t);
-            t = end;
-            e.metrics.duration.observe(took.as_secs_f64());
-            if let Some(d) = ctx.debug.as_mut() {
-                let what = match &r {
-                    Ok(Ok(())) => "ran",
-                    _ => "failed",
-                };
-                d.push(format!(
-                    "{}:{}={what}/{}us",
-                    stage.as_str(),
-                    e.name,
-                    took.as_micros()
-                ));
+            if let Some(started) = started {
+                let took = started.elapsed();
+                e.metrics.duration.observe(took.as_secs_f64());
+                if let Some(d) = ctx.debug.as_mut() {
+                    let what = match &r {
+                        Ok(Ok(())) => "ran",
+                        _ => "failed",
+                    };
+                    d.push(format!(
+                        "{}:{}={what}/{}us",
+                        stage.as_str(),
+                        e.name,
+                        took.as_micros()
+                    ));
+                }
             }
             let message = match r {
                 Ok(Ok(())) => continue,
@@ -774,6 +803,22 @@ impl FilterChain {
             None => (failed(), true),
         }
     }
+}
+
+/// One filter run in this many is timed for `keymaster_filter_duration_seconds`.
+pub(crate) const TIMING_SAMPLE: u32 = 16;
+
+thread_local! {
+    static TIMING_TICK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether to time this filter run (one in [`TIMING_SAMPLE`], counted per worker thread).
+fn sample_timing() -> bool {
+    TIMING_TICK.with(|t| {
+        let n = t.get().wrapping_add(1);
+        t.set(n);
+        n % TIMING_SAMPLE == 0
+    })
 }
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
