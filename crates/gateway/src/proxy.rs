@@ -144,7 +144,7 @@ struct RequestInfo {
     /// The filter chain answered: `"filter_response"`, or `"local_filter_error"`.
     local: Option<&'static str>,
     /// The filter context once pre and route filters have run.
-    fctx: Option<Box<FilterCtx>>,
+    fctx: Option<FilterCtx>,
     /// A gRPC call: errors get gRPC-shaped responses.
     grpc: bool,
     /// Counted in the gateway's in-flight requests until the request ends.
@@ -269,13 +269,7 @@ async fn proxy(
     if !snapshot.filters.is_empty() {
         let headers = std::mem::take(&mut parts.headers);
         let tls = cx.client.tls.as_ref();
-        let mut ctx = Box::new(FilterCtx::new(
-            &parts,
-            headers,
-            cx.peer,
-            tls,
-            route.name.clone(),
-        ));
+        let mut ctx = FilterCtx::new(&parts, headers, cx.peer, tls, route.name.clone());
         snapshot.filters.start_debug(&mut ctx);
         if snapshot.filters.wants_request_body(&ctx) {
             let cap = snapshot

@@ -204,21 +204,23 @@ type FilterResult = Result<(), keymaster_gateway::filter::FilterError>;
 /// Move the request context into a (reused) userdata for a call: the userdata and the
 /// address the call owns.
 fn lend(h: &vm::Handle, ctx: &mut FilterCtx) -> Result<(AnyUserData, *const FilterCtx), String> {
-    let ud = match vm::take_slot(h) {
-        Some(ud) => {
-            let mut slot = ud.borrow_mut::<FilterCtx>().map_err(|e| error_text(&e))?;
-            std::mem::swap(&mut *slot, ctx);
-            drop(slot);
-            ud
+    // A reused carrier holds an empty context: swap the request's in (a pointer swap, as
+    // `FilterCtx` is a box). A new one is created holding it.
+    let (ud, reused) = match vm::take_slot(h) {
+        Some(ud) => (ud, true),
+        None => {
+            let ud = h.lua.create_any_userdata(ctx.take());
+            (ud.map_err(|e| error_text(&e))?, false)
         }
-        None => h
-            .lua
-            .create_any_userdata(ctx.take())
-            .map_err(|e| error_text(&e))?,
     };
-    let owned: *const FilterCtx = match ud.borrow::<FilterCtx>() {
-        Ok(c) => &*c,
-        Err(e) => return Err(error_text(&e)),
+    // One borrow both swaps and yields the address the call owns (the userdata's storage
+    // does not move).
+    let owned: *const FilterCtx = {
+        let mut slot = ud.borrow_mut::<FilterCtx>().map_err(|e| error_text(&e))?;
+        if reused {
+            std::mem::swap(&mut *slot, ctx);
+        }
+        &*slot
     };
     Ok((ud, owned))
 }

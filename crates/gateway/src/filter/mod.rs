@@ -168,7 +168,27 @@ pub(crate) struct LocalResponse {
 }
 
 /// The narrow per-request API filters see. Bodies are not part of it (they stream past).
-pub struct FilterCtx {
+///
+/// One pointer wide: the state lives in a box, so handing the context to a scripting host
+/// and back (a swap per call, see `keymaster-lua`) moves 8 bytes, not the whole state.
+pub struct FilterCtx(Box<CtxState>);
+
+impl std::ops::Deref for FilterCtx {
+    type Target = CtxState;
+    fn deref(&self) -> &CtxState {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for FilterCtx {
+    fn deref_mut(&mut self) -> &mut CtxState {
+        &mut self.0
+    }
+}
+
+/// What a [`FilterCtx`] holds; reached only through its methods.
+#[doc(hidden)]
+pub struct CtxState {
     stage: FilterStage,
     method: Method,
     uri: Uri,
@@ -219,7 +239,7 @@ impl FilterCtx {
         tls: Option<Option<String>>,
         route: Arc<str>,
     ) -> FilterCtx {
-        FilterCtx {
+        FilterCtx(Box::new(CtxState {
             stage,
             method,
             uri,
@@ -238,7 +258,7 @@ impl FilterCtx {
             head_touched: false,
             request_body: None,
             response_body: None,
-        }
+        }))
     }
 
     /// A context for unit tests of filters (no request behind it).
