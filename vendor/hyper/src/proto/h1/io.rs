@@ -16,8 +16,8 @@ use crate::common::buf::BufList;
 // adaptively up to max_buf_size) and head-write buffers at 1 KiB. An edge gateway holds two
 // sockets per proxied request; 16 KiB reserved up front on each dominated its memory at
 // thousands of connections.
-pub(crate) const INIT_BUFFER_SIZE: usize = 2048;
-const INIT_HEAD_WRITE_SIZE: usize = 1024;
+pub(crate) const INIT_BUFFER_SIZE: usize = 1024;
+const INIT_HEAD_WRITE_SIZE: usize = 512;
 
 /// The minimum value that can be set to max buffer size.
 pub(crate) const MINIMUM_MAX_BUFFER_SIZE: usize = 8192;
