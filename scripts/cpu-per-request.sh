@@ -14,12 +14,8 @@ URLPATH=${3:-/?length=1000}
 KM=${KM:-$(dirname "$0")/../target/release/keymaster}
 STUB_PORT=18081
 TICK=$(getconf CLK_TCK)
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-
-wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+# shellcheck source=lib/common.sh
+. "$(dirname "$0")/lib/common.sh"
 # Sum of utime+stime ticks of a process tree (root pid and its children).
 cpu_ticks() {
   local total=0 p

@@ -1,10 +1,6 @@
-# Shared by the callgrind scripts: temp dir and child cleanup, port wait, the 1000-byte
+# Shared by the callgrind scripts (on top of common.sh: temp dir, cleanup, port wait): the 1000-byte
 # keep-alive driver, and one stub origin on $STUB_PORT. Source after setting KM and STUB_PORT.
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-wait_port() { for _ in $(seq 1 600); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 drive() { # port count
   python3 - "$1" "$2" <<'PY'
