@@ -605,7 +605,7 @@ async fn finish_response(
         grpc: info.grpc,
         ended: false,
     };
-    Ok(Response::from_parts(rparts, ResponseBody::Origin(body)))
+    Ok(Response::from_parts(rparts, ResponseBody::Origin(Box::new(body))))
 }
 
 fn connection_has_close(v: &HeaderValue) -> bool {
