@@ -605,7 +605,10 @@ async fn finish_response(
         grpc: info.grpc,
         ended: false,
     };
-    Ok(Response::from_parts(rparts, ResponseBody::Origin(Box::new(body))))
+    Ok(Response::from_parts(
+        rparts,
+        ResponseBody::Origin(Box::new(body)),
+    ))
 }
 
 fn connection_has_close(v: &HeaderValue) -> bool {
