@@ -163,10 +163,13 @@ fn valid_host(h: &[u8]) -> bool {
 
 /// Content-Length is 1*DIGIT (no sign, no spaces inside, no lists with differing values).
 pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+    // At most 19 digits: 10^19 - 1 fits a u64, so the sum cannot overflow.
+    if v.is_empty() || v.len() > 19 {
         return None;
     }
-    std::str::from_utf8(v).ok()?.parse().ok()
+    v.iter().try_fold(0u64, |n, &b| {
+        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+    })
 }
 
 /// Does any `name` field line list `token` (comma-separated, case-insensitive)?
@@ -504,6 +507,10 @@ mod tests {
     fn content_length_parsing_is_strict() {
         assert_eq!(parse_content_length(b"0"), Some(0));
         assert_eq!(parse_content_length(b"1234"), Some(1234));
+        assert_eq!(
+            parse_content_length(b"9999999999999999999"),
+            Some(9_999_999_999_999_999_999)
+        );
         for bad in [
             &b""[..],
             b"+1",
