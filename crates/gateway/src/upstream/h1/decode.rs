@@ -64,9 +64,13 @@ pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<H
         // Field positions as offsets, so the values can share the head's memory.
         let mut ranges = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
         let (len, code, minor, count, reason) = {
-            let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut res = httparse::Response::new(&mut slots);
-            let len = match res.parse(buf) {
+            // Uninitialised slots: httparse fills what it uses (initialising 128 empty
+            // headers would cost more than parsing a typical head).
+            let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+            let mut res = httparse::Response::new(&mut []);
+            let parsed = httparse::ParserConfig::default()
+                .parse_response_with_uninit_headers(&mut res, buf, &mut slots);
+            let len = match parsed {
                 Ok(httparse::Status::Complete(len)) => len,
                 Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
                     return Err(malformed("origin response head too large"))
