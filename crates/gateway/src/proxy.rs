@@ -498,7 +498,8 @@ async fn finish_response(
     } = forwarded;
     let listener = &cx.listener;
     let (resp, conn, attempts) = (sent.resp, sent.conn, sent.sends);
-    let upstream_head = start.elapsed();
+    // When the head arrived (for the access log only).
+    let upstream_head = info.log.is_some().then(|| start.elapsed());
 
     // Response header duties.
     let (mut rparts, mut rbody) = resp.into_parts();
@@ -574,7 +575,7 @@ async fn finish_response(
         conn.is_h1() && !origin_close && (max_requests == 0 || conn.requests < max_requests);
     let status = rparts.status.as_u16();
     if let Some(log) = info.log.as_mut() {
-        log.upstream_head_us = upstream_head.as_micros() as u64;
+        log.upstream_head_us = upstream_head.map_or(0, |d| d.as_micros() as u64);
         log.attempts = attempts;
     }
     let mut exchange = Exchange {

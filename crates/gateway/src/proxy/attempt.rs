@@ -214,7 +214,8 @@ pub(super) async fn send(
             l.origin = server.label.to_string();
         }
         let outstanding = Outstanding::new(server.clone());
-        let started = Instant::now();
+        // Timed only for the access log's `tries`.
+        let started = log.is_some().then(Instant::now);
         let result = one(up, &server, slot, &mut template, rebuildable, body_state).await;
         // A retry's budget token covers its attempt only.
         drop(token.take());
@@ -290,9 +291,9 @@ fn note(
     log: &mut Option<&mut LogRecord>,
     server: &OriginServer,
     outcome: impl FnOnce() -> String,
-    t: Instant,
+    started: Option<Instant>,
 ) {
-    if let Some(l) = log.as_deref_mut() {
+    if let (Some(l), Some(t)) = (log.as_deref_mut(), started) {
         l.tries.push(TryRecord {
             origin: server.label.clone(),
             outcome: outcome(),
