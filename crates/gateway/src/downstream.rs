@@ -321,13 +321,7 @@ pub(crate) async fn accept_loop(
                 worker
                     .active_connections
                     .set(worker.active_connections.get() + 1);
-                tokio::task::spawn_local(serve_connection(
-                    listener.clone(),
-                    stream,
-                    peer,
-                    shutdown.clone(),
-                    guard,
-                ));
+                tokio::task::spawn_local(serve_connection(listener.clone(), stream, peer, guard));
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -411,15 +405,16 @@ where
     }
 }
 
-/// Drive a hyper server connection; on the drain signal ask it to finish gracefully (HTTP/1
-/// closes once idle, HTTP/2 sends GOAWAY) and keep driving it until in-flight requests end.
-/// A macro because hyper's HTTP/1 and HTTP/2 connections share no trait for this.
-macro_rules! serve_until_shutdown {
-    ($conn:ident, $shutdown:ident) => {{
+/// Drive a hyper server connection; when the worker drains ask it to finish gracefully
+/// (HTTP/1 closes once idle, HTTP/2 sends GOAWAY) and keep driving it until in-flight requests
+/// end. A macro because hyper's HTTP/1 and HTTP/2 connections share no trait for this.
+macro_rules! serve_until_drain {
+    ($conn:ident, $worker:expr) => {{
         tokio::pin!($conn);
         tokio::select! {
+            biased;
             _ = $conn.as_mut() => {}
-            _ = $shutdown.changed() => {
+            _ = $worker.drain.wait() => {
                 $conn.as_mut().graceful_shutdown();
                 let _ = $conn.await;
             }
@@ -431,7 +426,6 @@ async fn serve_connection(
     listener: Arc<ListenerCtx>,
     mut stream: TcpStream,
     peer: SocketAddr,
-    shutdown: watch::Receiver<bool>,
     guard: OpenGuard,
 ) {
     let _ = stream.set_nodelay(true);
@@ -459,7 +453,7 @@ async fn serve_connection(
     if listener.tls.is_some() {
         // Boxed, like HTTP/2 in `serve_io`: a task's size is its largest state, and a
         // cleartext HTTP/1 connection should not carry the TLS session's.
-        Box::pin(serve_tls(guard, stream, (peer, local), shutdown)).await;
+        Box::pin(serve_tls(guard, stream, (peer, local))).await;
         return;
     }
     let h2 = match listener.protocol {
@@ -485,25 +479,12 @@ async fn serve_connection(
         }
     };
     let client = client_facts(&listener, peer, "http", None);
-    serve_io(
-        guard,
-        TokioIo::new(stream),
-        h2,
-        client,
-        (peer, local),
-        shutdown,
-    )
-    .await;
+    serve_io(guard, TokioIo::new(stream), h2, client, (peer, local)).await;
 }
 
 /// The TLS handshake, then HTTP on the session.
-async fn serve_tls(
-    guard: OpenGuard,
-    stream: TcpStream,
-    (peer, local): (SocketAddr, SocketAddr),
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let listener = guard.listener.clone();
+async fn serve_tls(guard: OpenGuard, stream: TcpStream, (peer, local): (SocketAddr, SocketAddr)) {
+    let (listener, worker) = (guard.listener.clone(), guard.worker.clone());
     let Some(tls) = &listener.tls else { return };
     // The handshake shares the header-read budget; the request clock starts after it.
     let settings = tls.current.load_full();
@@ -511,7 +492,7 @@ async fn serve_tls(
     let handshake = tokio::time::timeout(listener.header_read_timeout, acceptor.accept(stream));
     let handshake = tokio::select! {
         r = handshake => r,
-        _ = shutdown.changed() => return, // draining: no new sessions
+        _ = worker.drain.wait() => return, // draining: no new sessions
     };
     let stream = match handshake {
         Ok(Ok(s)) => s,
@@ -536,15 +517,7 @@ async fn serve_tls(
         identity_header: settings.identity_header.clone(),
     };
     let client = client_facts(&listener, peer, "https", Some(facts));
-    serve_io(
-        guard,
-        TokioIo::new(stream),
-        h2,
-        client,
-        (peer, local),
-        shutdown,
-    )
-    .await;
+    serve_io(guard, TokioIo::new(stream), h2, client, (peer, local)).await;
 }
 
 fn client_facts(
@@ -572,7 +545,6 @@ async fn serve_io<S>(
     h2: bool,
     client: ClientFacts,
     (peer, local): (SocketAddr, SocketAddr),
-    mut shutdown: watch::Receiver<bool>,
 ) where
     S: Read + Write + Unpin + Send + 'static,
 {
@@ -584,7 +556,7 @@ async fn serve_io<S>(
         listener.idle_timeout,
     ));
     let cx = Rc::new(ConnCtx {
-        worker,
+        worker: worker.clone(),
         listener: listener.clone(),
         client,
         peer,
@@ -601,7 +573,7 @@ async fn serve_io<S>(
     let svc = service_fn(move |req| crate::proxy::handle(cx.clone(), req));
     if h2 {
         // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state size.
-        Box::pin(serve_h2(&listener, io, svc, shutdown)).await;
+        Box::pin(serve_h2(&listener, &worker, io, svc)).await;
     } else {
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
@@ -617,11 +589,11 @@ async fn serve_io<S>(
             .timer(hyper_util::rt::TokioTimer::new());
         // Upgrades (WebSocket): hyper hands the socket to `upgrade` after a 101.
         let conn = builder.serve_connection(io, svc).with_upgrades();
-        serve_until_shutdown!(conn, shutdown);
+        serve_until_drain!(conn, worker);
     }
 }
 
-async fn serve_h2<I, S>(listener: &ListenerCtx, io: I, svc: S, mut shutdown: watch::Receiver<bool>)
+async fn serve_h2<I, S>(listener: &ListenerCtx, worker: &Worker, io: I, svc: S)
 where
     I: Read + Write + Unpin + 'static,
     S: hyper::service::HttpService<hyper::body::Incoming> + 'static,
@@ -633,5 +605,5 @@ where
         // RFC 8441: WebSocket over HTTP/2 (`upgrade.rs`).
         .enable_connect_protocol()
         .serve_connection(io, svc);
-    serve_until_shutdown!(conn, shutdown);
+    serve_until_drain!(conn, worker);
 }

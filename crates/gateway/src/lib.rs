@@ -27,6 +27,7 @@ pub mod access_log;
 mod admin;
 mod body;
 mod downstream;
+mod drain;
 pub mod error;
 pub mod filter;
 pub mod gateway;

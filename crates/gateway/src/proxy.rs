@@ -420,7 +420,11 @@ async fn proxy(
     // The deadline covers the whole exchange, body included; a gRPC client's grpc-timeout
     // shortens it.
     let deadline = route.request_timeout.map(|d| start + d);
-    let deadline = match crate::grpc::timeout(&parts.headers).filter(|_| info.grpc) {
+    let grpc_timeout = info
+        .grpc
+        .then(|| crate::grpc::timeout(&parts.headers))
+        .flatten();
+    let deadline = match grpc_timeout {
         Some(g) => Some(deadline.map_or(start + g, |d| d.min(start + g))),
         None => deadline,
     };

@@ -18,6 +18,8 @@ pub(crate) struct Worker {
     pub(crate) pools: Pools,
     pub(crate) active_connections: Cell<usize>,
     pub(crate) drained: Notify,
+    /// Tells this worker's client connections to finish up (set when draining starts).
+    pub(crate) drain: crate::drain::DrainSignal,
     /// This worker's event-loop lag (load shedding).
     pub(crate) lag: crate::overload::LoopLag,
 }
@@ -53,6 +55,7 @@ pub(crate) fn run(
             pools: Pools::default(),
             active_connections: Cell::new(0),
             drained: Notify::new(),
+            drain: Default::default(),
             lag: Default::default(),
         });
         for (ctx, std_socket) in sockets.sockets {
@@ -88,6 +91,7 @@ pub(crate) fn run(
                 break;
             }
         }
+        worker.drain.start();
         let deadline = tokio::time::Instant::now() + drain_timeout;
         while worker.active_connections.get() > 0 {
             let notified = worker.drained.notified();

@@ -28,7 +28,7 @@ use crate::body::{RequestBody, RequestBodyState};
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind};
 use crate::route::Route;
-use crate::upstream::conn::{Conn, Sending, UpstreamBody};
+use crate::upstream::conn::{Conn, SendWithin, UpstreamBody};
 use crate::upstream::limits::RetryToken;
 use crate::upstream::pool::checkout;
 use crate::upstream::{Cluster, OriginServer};
@@ -439,7 +439,7 @@ fn start_send<'c>(
     slot: &mut Option<Request<RequestBody>>,
     head_timeout: HeadTimeout,
     sends: u32,
-) -> Result<tokio::time::Timeout<Sending<'c>>, Failed> {
+) -> Result<SendWithin<'c>, Failed> {
     let Some(req) = slot.take() else {
         return Err(Failed {
             err: no_request(),
@@ -448,7 +448,7 @@ fn start_send<'c>(
     };
     up.cluster.metrics.requests.inc();
     conn.requests += 1;
-    Ok(tokio::time::timeout(head_timeout.wait, conn.send(req)))
+    Ok(conn.send_within(req, head_timeout.at))
 }
 
 /// One attempt's wait for the response head: the per-try timeout when it is shorter.
@@ -503,22 +503,20 @@ impl Drop for Outstanding {
 /// deadline when that comes first (then the error is a request timeout).
 #[derive(Clone, Copy)]
 struct HeadTimeout {
-    wait: std::time::Duration,
+    at: Instant,
     deadline_bound: bool,
 }
 
 impl HeadTimeout {
     fn new(header_timeout: std::time::Duration, deadline: Option<Instant>) -> Self {
+        let at = Instant::now() + header_timeout;
         match deadline {
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                HeadTimeout {
-                    wait: header_timeout.min(left),
-                    deadline_bound: left < header_timeout,
-                }
-            }
-            None => HeadTimeout {
-                wait: header_timeout,
+            Some(d) if d < at => HeadTimeout {
+                at: d,
+                deadline_bound: true,
+            },
+            _ => HeadTimeout {
+                at,
                 deadline_bound: false,
             },
         }

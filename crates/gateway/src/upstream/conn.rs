@@ -11,6 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio::time::{Instant, Sleep};
 
 use super::h1;
 use super::h2::Lease;
@@ -37,6 +38,10 @@ pub(crate) struct Conn {
     pub(crate) requests: u64,
     /// HTTP/2: this request's stream on the shared connection, given back on drop.
     pub(crate) _stream: Option<Lease>,
+    /// The response-head timer, kept with the connection and re-armed for each request:
+    /// moving a registered timer to a later deadline is one atomic update, where a new
+    /// timer per request costs an insertion into tokio's timer wheel and a removal.
+    pub(crate) head_timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl Conn {
@@ -46,6 +51,7 @@ impl Conn {
             server,
             requests: 0,
             _stream: None,
+            head_timer: None,
         }
     }
 
@@ -75,10 +81,20 @@ impl Conn {
         self.sender = Sender::H1(Some(c));
     }
 
-    /// Send a request; the future ends with the response head.
-    pub(crate) fn send(&mut self, req: Request<RequestBody>) -> Sending<'_> {
-        let Conn { sender, server, .. } = self;
-        match sender {
+    /// Send a request; the future ends with the response head, or with [`HeadTimedOut`] if
+    /// none arrived by `deadline`.
+    pub(crate) fn send_within(
+        &mut self,
+        req: Request<RequestBody>,
+        deadline: Instant,
+    ) -> SendWithin<'_> {
+        let Conn {
+            sender,
+            server,
+            head_timer,
+            ..
+        } = self;
+        let sending = match sender {
             Sender::H1(c) => match c.take() {
                 Some(c) => Sending::H1(h1::send(c, req)),
                 None => Sending::Unavailable(Some(req)),
@@ -98,7 +114,51 @@ impl Conn {
                     }
                 }
             })),
+        };
+        SendWithin {
+            sending,
+            timer: head_timer,
+            deadline,
+            armed: false,
         }
+    }
+}
+
+/// [`Conn::send_within`]'s future.
+pub(crate) struct SendWithin<'a> {
+    sending: Sending<'a>,
+    timer: &'a mut Option<Pin<Box<Sleep>>>,
+    deadline: Instant,
+    /// The timer is set to this request's deadline (done at the first wait, so an answer
+    /// that is ready at once never touches the timer).
+    armed: bool,
+}
+
+/// No response head came before the deadline.
+#[derive(Debug)]
+pub(crate) struct HeadTimedOut;
+
+impl Future for SendWithin<'_> {
+    type Output = Result<Sent, HeadTimedOut>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Poll::Ready(sent) = Pin::new(&mut this.sending).poll(cx) {
+            return Poll::Ready(Ok(sent));
+        }
+        let timer = match this.timer {
+            Some(t) => {
+                if !this.armed {
+                    t.as_mut().reset(this.deadline);
+                }
+                t
+            }
+            None => this
+                .timer
+                .insert(Box::pin(tokio::time::sleep_until(this.deadline))),
+        };
+        this.armed = true;
+        timer.as_mut().poll(cx).map(|()| Err(HeadTimedOut))
     }
 }
 

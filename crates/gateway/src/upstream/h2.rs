@@ -192,6 +192,7 @@ impl H2Pools {
                 conn: c,
                 gauge: cluster.metrics.h2_streams.clone(),
             }),
+            head_timer: None,
         })
     }
 
