@@ -47,17 +47,6 @@ fn dechunk(mut b: &[u8]) -> (Vec<u8>, String) {
     }
 }
 
-fn split_head(raw: &[u8]) -> (String, &[u8]) {
-    let i = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a complete head");
-    (
-        String::from_utf8_lossy(&raw[..i + 4]).into_owned(),
-        &raw[i + 4..],
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn content_length_request_body_streams_to_the_origin_byte_identical() {
     let (g, _stub) = gateway_with_stub();

@@ -31,17 +31,6 @@ async fn read_to_eof(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
     }
 }
 
-fn split_head(raw: &[u8]) -> (String, &[u8]) {
-    let i = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no complete head in {:?}", String::from_utf8_lossy(raw)));
-    (
-        String::from_utf8_lossy(&raw[..i + 4]).into_owned(),
-        &raw[i + 4..],
-    )
-}
-
 /// An origin that sends `response` verbatim to every request and then closes.
 async fn scripted_origin(response: &'static [u8]) -> RawOrigin {
     raw_origin(move |mut s, _| async move {

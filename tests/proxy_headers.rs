@@ -125,6 +125,80 @@ async fn hop_by_hop_response_fields_are_dropped() {
     assert_eq!(via, ["1.1 origin-proxy", "1.1 keymaster"]);
 }
 
+/// The head's field lines (after the status line), in order.
+fn field_lines(head: &str) -> Vec<&str> {
+    head.split("\r\n")
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+fn count(lines: &[&str], name: &str) -> usize {
+    lines
+        .iter()
+        .filter(|l| {
+            l.split_once(':')
+                .is_some_and(|(n, _)| n.eq_ignore_ascii_case(name))
+        })
+        .count()
+}
+
+/// A response head with no hop-by-hop field is passed on as the origin wrote it (names as
+/// spelled, values as sent, in order); the gateway adds Via, the request id unless the origin
+/// sent one, and the framing; Date is not doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_fields_pass_through_as_the_origin_wrote_them() {
+    let origin = raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        while let Some(head) = read_head(&mut s, &mut carry).await {
+            let id = if head.contains("/with-id") { "X-Request-ID: from-origin\r\n" } else { "" };
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nX-Mixed-Case: a  b,c\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\nVia: 1.0 origin-proxy\r\n{id}Content-Length: 2\r\nContent-Length: 2\r\nx-last: z\r\n\r\nok"
+            );
+            if s.write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let g = start_gateway(&config_text(origin.addr, "", ""));
+    for (path, own_id) in [("/", true), ("/with-id", false)] {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let raw = raw(g.addr, request.as_bytes(), Duration::from_secs(5)).await;
+        let (head, body) = split_head(&raw);
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert_eq!(body, b"ok");
+        let lines = field_lines(&head);
+        let at = |l: &str| lines.iter().position(|x| *x == l);
+        let (mixed, date, via_origin, last) = (
+            at("X-Mixed-Case: a  b,c"),
+            at("Date: Mon, 01 Jan 2024 00:00:00 GMT"),
+            at("Via: 1.0 origin-proxy"),
+            at("x-last: z"),
+        );
+        assert!(
+            mixed < date && date < via_origin && via_origin < last,
+            "{head}"
+        );
+        assert!(mixed.is_some(), "{head}");
+        assert_eq!(count(&lines, "date"), 1, "{head}");
+        assert_eq!(count(&lines, "content-length"), 1, "{head}");
+        assert_eq!(head_header(&head, "content-length"), Some("2"));
+        let vias: Vec<_> = lines
+            .iter()
+            .filter(|l| l.to_ascii_lowercase().starts_with("via:"))
+            .collect();
+        assert_eq!(
+            vias,
+            [&"Via: 1.0 origin-proxy", &"via: 1.1 keymaster"],
+            "{head}"
+        );
+        assert_eq!(count(&lines, "x-request-id"), 1, "{head}");
+        let id = head_header(&head, "x-request-id").unwrap();
+        assert_eq!(id == "from-origin", !own_id, "{head}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn via_is_added_upstream_after_existing_values() {
     let (g, _stub) = gateway_with_stub();

@@ -291,6 +291,18 @@ pub async fn read_exact_body(s: &mut TcpStream, carry: &mut Vec<u8>, n: usize) -
     carry.drain(..take).collect()
 }
 
+/// A raw response split into its head (through the blank line) and what follows.
+pub fn split_head(raw: &[u8]) -> (String, &[u8]) {
+    let i = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no complete head in {:?}", String::from_utf8_lossy(raw)));
+    (
+        String::from_utf8_lossy(&raw[..i + 4]).into_owned(),
+        &raw[i + 4..],
+    )
+}
+
 /// The value of header `name` (case-insensitive) in a raw head, first occurrence.
 pub fn head_header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     head.split("\r\n").skip(1).find_map(|l| {

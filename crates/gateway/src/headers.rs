@@ -186,14 +186,19 @@ pub(crate) fn final_coding_is_chunked(headers: &HeaderMap) -> bool {
         .get_all(header::TRANSFER_ENCODING)
         .iter()
         .next_back();
-    match last.and_then(|v| v.to_str().ok()) {
-        Some(v) => v
-            .rsplit(',')
+    last.is_some_and(|v| ends_in_chunked(v.as_bytes()))
+}
+
+/// Is `chunked` the last coding of this `Transfer-Encoding` field value? (A value with
+/// anything but visible ASCII is not.)
+pub(crate) fn ends_in_chunked(value: &[u8]) -> bool {
+    value
+        .iter()
+        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
+        && value
+            .rsplit(|&b| b == b',')
             .next()
-            .map(|c| c.trim().eq_ignore_ascii_case("chunked"))
-            .unwrap_or(false),
-        None => false,
-    }
+            .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 /// A response head an origin must not send us: ambiguous or invalid framing.
@@ -256,6 +261,27 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, scan: &HeadScan) -> bool
         }
     }
     trailers
+}
+
+/// The header block of a response head passed through as bytes, with the fields the proxy
+/// stage adds: Via, and the request id unless the origin sent one.
+pub(crate) fn raw_header_block(
+    raw: crate::upstream::h1::RawHead,
+    via: &HeaderValue,
+    (rid_name, rid): (&HeaderName, &HeaderValue),
+) -> hyper::ext::RawHeaderBlock {
+    let mut block = raw.block;
+    let mut line = |name: &[u8], value: &[u8]| {
+        block.extend_from_slice(name);
+        block.extend_from_slice(b": ");
+        block.extend_from_slice(value);
+        block.extend_from_slice(b"\r\n");
+    };
+    line(b"via", via.as_bytes());
+    if !raw.has_request_id {
+        line(rid_name.as_str().as_bytes(), rid.as_bytes());
+    }
+    hyper::ext::RawHeaderBlock::new(block.freeze(), raw.has_date)
 }
 
 /// Values computed once per config version for the headers keymaster adds.

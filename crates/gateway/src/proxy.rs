@@ -428,12 +428,22 @@ async fn proxy(
         Some(g) => Some(deadline.map_or(start + g, |d| d.min(start + g))),
         None => deadline,
     };
+    // The response head can pass through as bytes when nothing but the header duties
+    // touches it: no filters, no configured edits, no upgrade, an HTTP/1 client, a body.
+    let raw_head = info.fctx.is_none()
+        && route.response_edits.is_empty()
+        && upgrade.is_none()
+        && !info.grpc
+        && client_version != Version::HTTP_2
+        && parts.method != http::Method::HEAD
+        && parts.method != http::Method::CONNECT;
     let up = Upstream {
         cx,
         route: &route,
         cluster: &cluster,
         deadline,
         host,
+        raw_head,
     };
     // The cluster's request cap (and queue): held until the response body ends.
     let slot = cluster
@@ -508,53 +518,66 @@ async fn finish_response(
     // Response header duties.
     let (mut rparts, mut rbody) = resp.into_parts();
     let mut prefix = None; // a response body buffered for post filters (filter::body)
-    let rscan = hdr::HeadScan::of(&rparts.headers);
-    hdr::validate_response_head(&rparts.headers, &rscan)?;
-    let switch = upgrade::accept_response(upgrade, &mut rparts, &mut rbody)?;
-    let origin_close = rscan.connection
-        && rparts
-            .headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(connection_has_close);
-    hdr::strip_hop_by_hop(&mut rparts.headers, &rscan);
-    rparts
-        .headers
-        .append(header::VIA, snapshot.stamps.via(rparts.version).clone());
-    if !route.response_edits.is_empty() {
-        route.response_edits.apply(&mut rparts.headers);
-    }
-    if !rparts.headers.contains_key(&listener.request_id_header) {
+    let (switch, origin_close) = if let Some(raw) = rbody.take_raw_head() {
+        // Passed through as bytes: the HTTP/1.1 client checked the framing and found no
+        // hop-by-hop field to remove, and nothing else here changes the head (see the
+        // conditions on `raw_head` in `proxy`). Via and the request id are added.
+        let via = snapshot.stamps.via(rparts.version);
+        let block = hdr::raw_header_block(raw, via, (&listener.request_id_header, &rid));
+        rparts.extensions.insert(block);
+        (None, false)
+    } else {
+        let rscan = hdr::HeadScan::of(&rparts.headers);
+        hdr::validate_response_head(&rparts.headers, &rscan)?;
+        let switch = upgrade::accept_response(upgrade, &mut rparts, &mut rbody)?;
+        let origin_close = rscan.connection
+            && rparts
+                .headers
+                .get_all(header::CONNECTION)
+                .iter()
+                .any(connection_has_close);
+        hdr::strip_hop_by_hop(&mut rparts.headers, &rscan);
         rparts
             .headers
-            .insert(listener.request_id_header.clone(), rid.clone());
-    }
-    if let Some(ctx) = info.fctx.as_mut() {
-        if snapshot.filters.wants_response_body(ctx, rparts.status) {
-            let cap = snapshot.config.filter_body.max_response.0;
-            let wait = deadline.map_or(route.response_header_timeout, |d| {
-                d.saturating_duration_since(Instant::now())
-            });
-            ctx.put_response_body(crate::filter::read_response_body(&mut rbody, cap, wait).await?);
+            .append(header::VIA, snapshot.stamps.via(rparts.version).clone());
+        if !route.response_edits.is_empty() {
+            route.response_edits.apply(&mut rparts.headers);
         }
-        // Post filters over the origin's response head.
-        let id = (&listener.request_id_header, &rid);
-        let failed = || filter_failed(snapshot, id);
-        let (status, headers) = (&mut rparts.status, &mut rparts.headers);
-        if let Err(resp) = snapshot
-            .filters
-            .outbound(ctx, status, headers, failed)
-            .await
-        {
-            // The origin's body is dropped unread, and its connection with it.
-            info.local = Some("local_filter_error");
-            return Ok(resp);
+        if !rparts.headers.contains_key(&listener.request_id_header) {
+            rparts
+                .headers
+                .insert(listener.request_id_header.clone(), rid.clone());
         }
-        if let Some(b) = ctx.take_response_body() {
-            crate::filter::set_body_length(&mut rparts.headers, b.len());
-            prefix = Some(b);
+        if let Some(ctx) = info.fctx.as_mut() {
+            if snapshot.filters.wants_response_body(ctx, rparts.status) {
+                let cap = snapshot.config.filter_body.max_response.0;
+                let wait = deadline.map_or(route.response_header_timeout, |d| {
+                    d.saturating_duration_since(Instant::now())
+                });
+                ctx.put_response_body(
+                    crate::filter::read_response_body(&mut rbody, cap, wait).await?,
+                );
+            }
+            // Post filters over the origin's response head.
+            let id = (&listener.request_id_header, &rid);
+            let failed = || filter_failed(snapshot, id);
+            let (status, headers) = (&mut rparts.status, &mut rparts.headers);
+            if let Err(resp) = snapshot
+                .filters
+                .outbound(ctx, status, headers, failed)
+                .await
+            {
+                // The origin's body is dropped unread, and its connection with it.
+                info.local = Some("local_filter_error");
+                return Ok(resp);
+            }
+            if let Some(b) = ctx.take_response_body() {
+                crate::filter::set_body_length(&mut rparts.headers, b.len());
+                prefix = Some(b);
+            }
         }
-    }
+        (switch, origin_close)
+    };
     rparts.version = client_version;
     if let Some(switch) = switch {
         // 101: the origin connection now belongs to the tunnel, never to the pool.

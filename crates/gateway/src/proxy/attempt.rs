@@ -50,6 +50,9 @@ pub(super) struct Upstream<'a> {
     pub(super) cluster: &'a Arc<Cluster>,
     pub(super) deadline: Option<Instant>,
     pub(super) host: UpstreamHost,
+    /// The response head may pass through as bytes: nothing but the proxy stage's own
+    /// fields changes in it (see `finish_response`).
+    pub(super) raw_head: bool,
 }
 
 /// The attempt that got a response head to pass on.
@@ -448,7 +451,10 @@ fn start_send<'c>(
     };
     up.cluster.metrics.requests.inc();
     conn.requests += 1;
-    Ok(conn.send_within(req, head_timeout.at))
+    let raw_head = up
+        .raw_head
+        .then(|| up.cx.listener.request_id_header.clone());
+    Ok(conn.send_within(req, head_timeout.at, raw_head))
 }
 
 /// One attempt's wait for the response head: the per-try timeout when it is shorter.

@@ -82,11 +82,13 @@ impl Conn {
     }
 
     /// Send a request; the future ends with the response head, or with [`HeadTimedOut`] if
-    /// none arrived by `deadline`.
+    /// none arrived by `deadline`. `raw_head`: an HTTP/1.1 response head may be kept as bytes
+    /// (see [`h1::send`]).
     pub(crate) fn send_within(
         &mut self,
         req: Request<RequestBody>,
         deadline: Instant,
+        raw_head: Option<http::HeaderName>,
     ) -> SendWithin<'_> {
         let Conn {
             sender,
@@ -96,7 +98,7 @@ impl Conn {
         } = self;
         let sending = match sender {
             Sender::H1(c) => match c.take() {
-                Some(c) => Sending::H1(h1::send(c, req)),
+                Some(c) => Sending::H1(h1::send(c, req, raw_head)),
                 None => Sending::Unavailable(Some(req)),
             },
             Sender::H2(s) => Sending::H2(Box::pin(async move {
@@ -233,6 +235,14 @@ pub(crate) enum UpstreamBody {
 }
 
 impl UpstreamBody {
+    /// The response head as bytes, if the HTTP/1.1 client kept it so.
+    pub(crate) fn take_raw_head(&mut self) -> Option<h1::RawHead> {
+        match self {
+            UpstreamBody::H1(b) => b.take_raw_head(),
+            UpstreamBody::H2(_) => None,
+        }
+    }
+
     /// The HTTP/1.1 connection, if the body ended cleanly and it may be reused.
     pub(crate) fn take_reusable(&mut self) -> Option<h1::Connection> {
         match self {

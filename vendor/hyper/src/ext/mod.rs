@@ -54,6 +54,11 @@ mod h1_reason_phrase;
 #[cfg(any(feature = "http1", feature = "ffi"))]
 pub use h1_reason_phrase::ReasonPhrase;
 
+#[cfg(all(feature = "http1", feature = "server"))]
+mod h1_raw_headers;
+#[cfg(all(feature = "http1", feature = "server"))]
+pub use h1_raw_headers::RawHeaderBlock;
+
 #[cfg(all(feature = "http1", feature = "client"))]
 mod informational;
 #[cfg(all(feature = "http1", feature = "client"))]

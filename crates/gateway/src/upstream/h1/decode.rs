@@ -13,7 +13,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 
 use crate::error::{Error, Kind};
-use crate::headers::{final_coding_is_chunked, has_token, parse_content_length};
+use crate::headers::{ends_in_chunked, has_token, parse_content_length};
 
 /// The largest response head read (status line and fields).
 pub(super) const MAX_HEAD: usize = 64 * 1024;
@@ -42,12 +42,29 @@ pub(super) enum Framing {
 pub(super) struct Head {
     pub(super) status: StatusCode,
     pub(super) version: Version,
+    /// Empty when the head is passed on as bytes (`raw`).
     pub(super) headers: HeaderMap,
+    pub(super) raw: Option<RawHead>,
     /// The origin allows another request on this connection after this response.
     pub(super) keep_alive: bool,
     pub(super) framing: Framing,
     /// A reason phrase other than the status code's canonical one, passed on as it is.
     pub(super) reason: Option<hyper::ext::ReasonPhrase>,
+}
+
+/// An origin's response head kept as bytes, for a proxy stage with nothing to change in it
+/// but the fields it adds: no `HeaderMap` is built only to be encoded again (see
+/// `hyper::ext::RawHeaderBlock`).
+#[derive(Debug)]
+pub(crate) struct RawHead {
+    /// The origin's fields as `name: value\r\n` lines (names as the origin spelled them),
+    /// without `Content-Length` and `Transfer-Encoding`: the client's framing is written
+    /// from the body.
+    pub(crate) block: BytesMut,
+    /// One of them is `Date`.
+    pub(crate) has_date: bool,
+    /// One of them is the request-id field.
+    pub(crate) has_request_id: bool,
 }
 
 fn malformed(detail: &'static str) -> Error {
@@ -56,7 +73,17 @@ fn malformed(detail: &'static str) -> Error {
 
 /// Parse a response head from the front of `buf`, consuming it (and any 1xx heads before
 /// it). `Ok(None)`: more bytes are needed.
-pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, Error> {
+///
+/// `raw`: the head may be kept as bytes ([`RawHead`]; the name is the request-id field's).
+/// It is, unless the response has no body by its status (101, 204, 304) or the origin sent
+/// a hop-by-hop field other than `Transfer-Encoding` (those take the `HeaderMap`, whose
+/// hop-by-hop removal handles `Connection`'s list) or `Trailer` (hyper reads it to decide
+/// which trailer fields to pass on).
+pub(super) fn parse_head(
+    buf: &mut BytesMut,
+    method: &Method,
+    raw: Option<&HeaderName>,
+) -> Result<Option<Head>, Error> {
     loop {
         if buf.is_empty() {
             return Ok(None);
@@ -119,6 +146,36 @@ pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<H
         } else {
             Version::HTTP_10
         };
+        let fields = || {
+            ranges[..count].iter().map(|&(n0, n1, v0, v1)| {
+                (
+                    &head[n0 as usize..n1 as usize],
+                    &head[v0 as usize..v1 as usize],
+                )
+            })
+        };
+        let bodyless = matches!(status.as_u16(), 101 | 204 | 304);
+        if let Some(rid) = raw.filter(|_| !bodyless && method != Method::HEAD) {
+            if let Some(raw) = raw_head(fields(), rid, head.len()) {
+                let framing = framing(
+                    status,
+                    version,
+                    method,
+                    fields_named(fields(), b"transfer-encoding").next_back(),
+                    fields_named(fields(), b"content-length"),
+                )?;
+                let keep_alive = version == Version::HTTP_11 && framing != Framing::Close;
+                return Ok(Some(Head {
+                    status,
+                    version,
+                    headers: HeaderMap::new(),
+                    raw: Some(raw),
+                    keep_alive,
+                    framing,
+                    reason,
+                }));
+            }
+        }
         // Room for what the gateway adds (Via, request id) without growing the map.
         let mut headers = HeaderMap::with_capacity(count + 4);
         for &(n0, n1, v0, v1) in &ranges[..count] {
@@ -128,7 +185,20 @@ pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<H
                 .map_err(|_| malformed("origin sent an invalid header value"))?;
             headers.append(name, value);
         }
-        let framing = framing(status, version, method, &headers)?;
+        let framing = framing(
+            status,
+            version,
+            method,
+            headers
+                .get_all(header::TRANSFER_ENCODING)
+                .iter()
+                .next_back()
+                .map(HeaderValue::as_bytes),
+            headers
+                .get_all(header::CONTENT_LENGTH)
+                .iter()
+                .map(HeaderValue::as_bytes),
+        )?;
         let keep_alive = framing != Framing::Close
             && framing != Framing::Upgrade
             && !has_token(&headers, header::CONNECTION, "close")
@@ -138,6 +208,7 @@ pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<H
             status,
             version,
             headers,
+            raw: None,
             keep_alive,
             framing,
             reason,
@@ -145,11 +216,60 @@ pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<H
     }
 }
 
-fn framing(
+/// The values of the fields called `name` (lowercase), in order.
+fn fields_named<'a>(
+    fields: impl DoubleEndedIterator<Item = (&'a [u8], &'a [u8])>,
+    name: &'static [u8],
+) -> impl DoubleEndedIterator<Item = &'a [u8]> {
+    fields.filter_map(move |(n, v)| n.eq_ignore_ascii_case(name).then_some(v))
+}
+
+/// The head's fields as a [`RawHead`] block, or `None` if a hop-by-hop field other than
+/// `Transfer-Encoding`, or `Trailer`, needs the `HeaderMap` path. Names and values were checked by httparse
+/// (tokens; no CR, LF or NUL in values).
+fn raw_head<'a>(
+    fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    request_id: &HeaderName,
+    size: usize,
+) -> Option<RawHead> {
+    // Room for the fields plus Via and the request id.
+    let mut raw = RawHead {
+        block: BytesMut::with_capacity(size + 128),
+        has_date: false,
+        has_request_id: false,
+    };
+    for (name, value) in fields {
+        let lower = |n: &[u8]| name.eq_ignore_ascii_case(n);
+        match name.len() {
+            2 if lower(b"te") => return None,
+            4 if lower(b"date") => raw.has_date = true,
+            // hyper passes on only the trailer fields a `Trailer` field of the map announces.
+            7 if lower(b"upgrade") || lower(b"trailer") => return None,
+            10 if lower(b"connection") || lower(b"keep-alive") => return None,
+            14 if lower(b"content-length") => continue,
+            16 if lower(b"proxy-connection") => return None,
+            17 if lower(b"transfer-encoding") => continue,
+            _ => {}
+        }
+        if name.eq_ignore_ascii_case(request_id.as_str().as_bytes()) {
+            raw.has_request_id = true;
+        }
+        raw.block.extend_from_slice(name);
+        raw.block.extend_from_slice(b": ");
+        raw.block.extend_from_slice(value);
+        raw.block.extend_from_slice(b"\r\n");
+    }
+    Some(raw)
+}
+
+/// The body's framing (RFC 9112 §6.3) from the status, the last `Transfer-Encoding` value
+/// and every `Content-Length` value.
+fn framing<'a>(
     status: StatusCode,
     version: Version,
     method: &Method,
-    headers: &HeaderMap,
+    transfer_encoding: Option<&[u8]>,
+    content_lengths: impl Iterator<Item = &'a [u8]>,
 ) -> Result<Framing, Error> {
     match status.as_u16() {
         101 => return Ok(Framing::Upgrade),
@@ -159,16 +279,17 @@ fn framing(
         200..=299 if method == Method::CONNECT => return Ok(Framing::Close),
         _ => {}
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    let mut content_lengths = content_lengths.peekable();
+    if let Some(te) = transfer_encoding {
         if version == Version::HTTP_10 {
             return Err(malformed("HTTP/1.0 origin sent Transfer-Encoding"));
         }
-        if headers.contains_key(header::CONTENT_LENGTH) {
+        if content_lengths.peek().is_some() {
             return Err(malformed(
                 "origin sent both Transfer-Encoding and Content-Length",
             ));
         }
-        if !final_coding_is_chunked(headers) {
+        if !ends_in_chunked(te) {
             return Err(malformed(
                 "origin sent a Transfer-Encoding that does not end in chunked",
             ));
@@ -176,9 +297,9 @@ fn framing(
         return Ok(Framing::Chunked);
     }
     let mut length = None;
-    for v in headers.get_all(header::CONTENT_LENGTH) {
+    for v in content_lengths {
         // A list of identical values is one value (RFC 9110 §8.6); anything else is invalid.
-        for part in v.as_bytes().split(|&b| b == b',') {
+        for part in v.split(|&b| b == b',') {
             let n = parse_content_length(part.trim_ascii())
                 .ok_or_else(|| malformed("origin sent an invalid Content-Length"))?;
             if length.is_some_and(|l| l != n) {
@@ -399,15 +520,91 @@ mod tests {
     use super::*;
 
     fn head(bytes: &[u8], method: Method) -> Result<Option<Head>, Error> {
-        parse_head(&mut BytesMut::from(bytes), &method)
+        parse_head(&mut BytesMut::from(bytes), &method, None)
     }
 
+    const RID: HeaderName = HeaderName::from_static("x-request-id");
+
+    fn raw_head_of(bytes: &[u8], method: Method) -> Result<Option<Head>, Error> {
+        parse_head(&mut BytesMut::from(bytes), &method, Some(&RID))
+    }
+
+    /// The framing, the same whether the head is kept as bytes or as a map.
     fn framing_of(bytes: &[u8]) -> Framing {
-        head(bytes, Method::GET).unwrap().unwrap().framing
+        let map = head(bytes, Method::GET).unwrap().unwrap();
+        let raw = raw_head_of(bytes, Method::GET).unwrap().unwrap();
+        assert_eq!(map.framing, raw.framing);
+        assert_eq!(map.keep_alive, raw.keep_alive);
+        map.framing
     }
 
+    /// Refused, the same whether the head would be kept as bytes or as a map.
     fn is_malformed(bytes: &[u8]) -> bool {
-        head(bytes, Method::GET).is_err()
+        let map = head(bytes, Method::GET).is_err();
+        assert_eq!(map, raw_head_of(bytes, Method::GET).is_err());
+        map
+    }
+
+    fn block(h: &Head) -> &str {
+        std::str::from_utf8(&h.raw.as_ref().expect("kept as bytes").block).unwrap()
+    }
+
+    #[test]
+    fn a_head_kept_as_bytes_drops_only_the_framing_fields() {
+        let h = raw_head_of(
+            b"HTTP/1.1 200 OK\r\nX-Mixed: A  b\r\nContent-Length: 2\r\nDate: d\r\nvia: 1.0 o\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(block(&h), "X-Mixed: A  b\r\nDate: d\r\nvia: 1.0 o\r\n");
+        assert!(h.headers.is_empty());
+        let raw = h.raw.as_ref().unwrap();
+        assert!(raw.has_date && !raw.has_request_id);
+        assert_eq!((h.framing, h.keep_alive), (Framing::Length(2), true));
+
+        let h = raw_head_of(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Request-ID: o\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(block(&h), "X-Request-ID: o\r\n");
+        let raw = h.raw.as_ref().unwrap();
+        assert!(!raw.has_date && raw.has_request_id);
+        assert_eq!(h.framing, Framing::Chunked);
+    }
+
+    #[test]
+    fn heads_that_need_the_map_are_not_kept_as_bytes() {
+        for fields in [
+            "Connection: close",
+            "connection: x-secret",
+            "Keep-Alive: timeout=5",
+            "Proxy-Connection: keep-alive",
+            "TE: trailers",
+            "Upgrade: h2c",
+            "Trailer: x-sum",
+        ] {
+            let bytes = format!("HTTP/1.1 200 OK\r\n{fields}\r\nContent-Length: 0\r\n\r\n");
+            let h = raw_head_of(bytes.as_bytes(), Method::GET).unwrap().unwrap();
+            assert!(h.raw.is_none() && !h.headers.is_empty(), "{fields}");
+        }
+        for (bytes, method) in [
+            (&b"HTTP/1.1 204 No Content\r\n\r\n"[..], Method::GET),
+            (b"HTTP/1.1 304 Not Modified\r\n\r\n", Method::GET),
+            (
+                b"HTTP/1.1 101 Switching Protocols\r\nx: y\r\n\r\n",
+                Method::GET,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+                Method::HEAD,
+            ),
+        ] {
+            let h = raw_head_of(bytes, method).unwrap().unwrap();
+            assert!(h.raw.is_none(), "{:?}", String::from_utf8_lossy(bytes));
+        }
     }
 
     #[test]
@@ -472,14 +669,16 @@ mod tests {
         let mut buf = BytesMut::from(
             &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"[..],
         );
-        let h = parse_head(&mut buf, &Method::POST).unwrap().unwrap();
+        let h = parse_head(&mut buf, &Method::POST, None).unwrap().unwrap();
         assert_eq!(h.status, 200);
         assert_eq!(&buf[..], b"ok");
         let mut partial = BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Le"[..]);
-        assert!(parse_head(&mut partial, &Method::GET).unwrap().is_none());
+        assert!(parse_head(&mut partial, &Method::GET, None)
+            .unwrap()
+            .is_none());
         let mut huge = BytesMut::from(&b"HTTP/1.1 200 OK\r\nX: "[..]);
         huge.extend(std::iter::repeat_n(b'a', MAX_HEAD));
-        assert!(parse_head(&mut huge, &Method::GET).is_err());
+        assert!(parse_head(&mut huge, &Method::GET, None).is_err());
     }
 
     #[test]

@@ -35,6 +35,7 @@ use tokio_util::io::poll_read_buf;
 use super::connect::OpenSlot;
 use crate::body::RequestBody;
 use crate::error::{BoxError, Error, Kind};
+pub(crate) use decode::RawHead;
 use decode::{Decoder, Framing, Head, Step};
 use encode::{Pump, PumpError};
 pub(crate) use io::{Io, Upgraded};
@@ -118,11 +119,12 @@ impl Connection {
     fn poll_head(
         &mut self,
         method: &http::Method,
+        raw: Option<&http::HeaderName>,
         cx: &mut Context<'_>,
         received: &mut bool,
     ) -> Poll<Result<Head, Failure>> {
         loop {
-            match decode::parse_head(&mut self.buf, method) {
+            match decode::parse_head(&mut self.buf, method, raw) {
                 Ok(Some(head)) => return Poll::Ready(Ok(head)),
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Err(Failure::new(e))),
@@ -163,7 +165,13 @@ fn is_reset(e: &std::io::Error) -> bool {
 }
 
 /// Send `req` on `conn` and read the response head. The response body owns the connection.
-pub(crate) fn send(conn: Connection, req: Request<RequestBody>) -> Sending {
+/// `raw_head`: the response head may be kept as bytes ([`decode::RawHead`]); the name is the
+/// request-id field's.
+pub(crate) fn send(
+    conn: Connection,
+    req: Request<RequestBody>,
+    raw_head: Option<http::HeaderName>,
+) -> Sending {
     let (parts, body) = req.into_parts();
     // What a resend needs if the request goes out and the connection turns out dead.
     let replay = match &body {
@@ -176,6 +184,7 @@ pub(crate) fn send(conn: Connection, req: Request<RequestBody>) -> Sending {
         conn: Some(conn),
         parts: Some(parts),
         replay,
+        raw_head,
         write_error: None,
         received: false,
     }
@@ -190,6 +199,8 @@ pub(crate) struct Sending {
     /// The request head: for a resend if the connection turns out dead.
     parts: Option<http::request::Parts>,
     replay: Option<RequestBody>,
+    /// See [`send`].
+    raw_head: Option<http::HeaderName>,
     pump: Option<Pump>,
     write_error: Option<std::io::Error>,
     received: bool,
@@ -217,7 +228,8 @@ impl std::future::Future for Sending {
                 Poll::Pending => {}
             }
         }
-        let failure = match conn.poll_head(&parts.method, cx, &mut this.received) {
+        let raw = this.raw_head.as_ref();
+        let failure = match conn.poll_head(&parts.method, raw, cx, &mut this.received) {
             Poll::Pending if this.write_error.is_none() => return Poll::Pending,
             Poll::Pending => None,
             Poll::Ready(Ok(head)) => {
@@ -228,7 +240,18 @@ impl std::future::Future for Sending {
                 // response may still be read, but the connection is never reused.
                 let broken = this.pump.is_some() && this.write_error.is_some();
                 let pump = this.pump.take().filter(|_| !broken).map(Box::new);
-                return Poll::Ready(Ok(respond(head, conn, pump, broken)));
+                // A head kept as bytes leaves the response's map empty: the request's map,
+                // emptied, takes its place, so hyper's server (which keeps a response's map
+                // for the next request head it parses) still gets an allocated one.
+                let recycled = match (&head.raw, this.parts.as_mut()) {
+                    (Some(_), Some(p)) => {
+                        let mut h = std::mem::take(&mut p.headers);
+                        h.clear();
+                        Some(h)
+                    }
+                    _ => None,
+                };
+                return Poll::Ready(Ok(respond(head, conn, pump, broken, recycled)));
             }
             Poll::Ready(Err(f)) => Some(f),
         };
@@ -261,8 +284,15 @@ impl std::future::Future for Sending {
 }
 
 /// The response, with a body that owns the connection (and the rest of the request).
-fn respond(head: Head, conn: Connection, pump: Option<Box<Pump>>, broken: bool) -> Response<Body> {
+fn respond(
+    head: Head,
+    conn: Connection,
+    pump: Option<Box<Pump>>,
+    broken: bool,
+    recycled: Option<http::HeaderMap>,
+) -> Response<Body> {
     let body = Body {
+        raw_head: head.raw,
         decoder: Decoder::new(head.framing),
         upgrade: head.framing == Framing::Upgrade,
         keep_alive: head.keep_alive && !broken,
@@ -274,7 +304,7 @@ fn respond(head: Head, conn: Connection, pump: Option<Box<Pump>>, broken: bool) 
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
     *resp.version_mut() = head.version;
-    *resp.headers_mut() = head.headers;
+    *resp.headers_mut() = recycled.unwrap_or(head.headers);
     if let Some(r) = head.reason {
         resp.extensions_mut().insert(r);
     }
@@ -284,6 +314,8 @@ fn respond(head: Head, conn: Connection, pump: Option<Box<Pump>>, broken: bool) 
 /// An origin's response body, read from the connection it owns.
 pub(crate) struct Body {
     conn: Option<Connection>,
+    /// The response head as bytes, until the proxy stage takes it.
+    raw_head: Option<RawHead>,
     decoder: Decoder,
     /// The rest of the request, still being written (an origin may answer early; boxed, as
     /// that is rare).
@@ -297,6 +329,11 @@ pub(crate) struct Body {
 }
 
 impl Body {
+    /// The response head as bytes, if it was kept so (the response's `HeaderMap` is empty).
+    pub(crate) fn take_raw_head(&mut self) -> Option<RawHead> {
+        self.raw_head.take()
+    }
+
     /// The connection, if the body ended cleanly and it may carry another request.
     pub(crate) fn take_reusable(&mut self) -> Option<Connection> {
         if self.decoder.is_done() {

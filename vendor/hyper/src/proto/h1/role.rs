@@ -471,6 +471,13 @@ impl Http1Transaction for Server {
 
         let orig_headers;
         let extensions = std::mem::take(&mut msg.head.extensions);
+        // keymaster patch (vendor/PATCHES.md #5): header fields already in wire form.
+        if let Some(raw) = extensions.get::<crate::ext::RawHeaderBlock>() {
+            extend(dst, raw.block());
+            if raw.has_date() {
+                msg.date_header = false;
+            }
+        }
         let orig_headers = match extensions.get::<HeaderCaseMap>() {
             None if msg.title_case_headers => {
                 orig_headers = HeaderCaseMap::default();
