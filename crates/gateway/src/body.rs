@@ -150,6 +150,17 @@ impl ResponseBody {
         let b = bytes.into();
         ResponseBody::Local(if b.is_empty() { None } else { Some(b) })
     }
+
+    /// hyper's HTTP/1 server asks each response body for its header fields in wire form
+    /// (vendor/PATCHES.md #5): a proxied origin head passed through as bytes rides here.
+    pub(crate) fn raw_header_block(
+        body: &mut dyn std::any::Any,
+    ) -> Option<hyper::ext::RawHeaderBlock> {
+        match body.downcast_mut::<ResponseBody>()? {
+            ResponseBody::Origin(o) => o.raw_head.take(),
+            ResponseBody::Local(_) => None,
+        }
+    }
 }
 
 /// The origin's response body plus the exchange it finishes.
@@ -164,6 +175,9 @@ pub struct OriginBody {
     pub(crate) grpc: bool,
     /// Ended by the gateway (the gRPC trailers were sent).
     pub(crate) ended: bool,
+    /// The response's header fields in wire form, until the client connection writes the
+    /// head (see [`ResponseBody::raw_header_block`]).
+    pub(crate) raw_head: Option<hyper::ext::RawHeaderBlock>,
 }
 
 impl Drop for OriginBody {

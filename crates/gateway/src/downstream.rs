@@ -586,7 +586,8 @@ async fn serve_io<S>(
                     .max(8192),
             )
             .header_read_timeout(None)
-            .timer(hyper_util::rt::TokioTimer::new());
+            .timer(hyper_util::rt::TokioTimer::new())
+            .raw_header_source(crate::body::ResponseBody::raw_header_block);
         // Upgrades (WebSocket): hyper hands the socket to `upgrade` after a 101.
         let conn = builder.serve_connection(io, svc).with_upgrades();
         serve_until_drain!(conn, worker);

@@ -518,13 +518,17 @@ async fn finish_response(
     // Response header duties.
     let (mut rparts, mut rbody) = resp.into_parts();
     let mut prefix = None; // a response body buffered for post filters (filter::body)
+    let mut raw_head = None; // the head in wire form, for hyper (`ResponseBody::raw_header_block`)
     let (switch, origin_close) = if let Some(raw) = rbody.take_raw_head() {
         // Passed through as bytes: the HTTP/1.1 client checked the framing and found no
         // hop-by-hop field to remove, and nothing else here changes the head (see the
         // conditions on `raw_head` in `proxy`). Via and the request id are added.
         let via = snapshot.stamps.via(rparts.version);
-        let block = hdr::raw_header_block(raw, via, (&listener.request_id_header, &rid));
-        rparts.extensions.insert(block);
+        raw_head = Some(hdr::raw_header_block(
+            raw,
+            via,
+            (&listener.request_id_header, &rid),
+        ));
         (None, false)
     } else {
         let rscan = hdr::HeadScan::of(&rparts.headers);
@@ -632,6 +636,7 @@ async fn finish_response(
         deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
         grpc: info.grpc,
         ended: false,
+        raw_head,
     };
     Ok(Response::from_parts(
         rparts,

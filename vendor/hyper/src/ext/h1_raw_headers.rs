@@ -3,10 +3,10 @@ use bytes::Bytes;
 /// keymaster patch (vendor/PATCHES.md #5): header fields of an HTTP/1 server response that
 /// are already in wire form.
 ///
-/// When a response's extensions hold a `RawHeaderBlock`, the block is written as it is right
-/// after the status line, before the fields of the response's `HeaderMap` (which the caller
-/// leaves empty). The block is `name: value\r\n` lines and must hold no field that hyper
-/// derives itself: `Content-Length`, `Transfer-Encoding`, `Connection`, or `Date` unless
+/// A connection built with `Builder::raw_header_source` asks that function for each
+/// response's block. The block is written as it is right after the status line, before the
+/// fields of the response's `HeaderMap` (which the service leaves empty). The block is
+/// `name: value\r\n` lines and must hold no field that hyper derives itself: `Content-Length`, `Transfer-Encoding`, `Connection`, or `Date` unless
 /// [`RawHeaderBlock::new`] is told it does (then hyper adds none). hyper still writes the
 /// framing from the body and closes the head.
 ///
@@ -32,3 +32,7 @@ impl RawHeaderBlock {
         self.has_date
     }
 }
+
+/// keymaster patch (vendor/PATCHES.md #5): finds a response's [`RawHeaderBlock`], given the
+/// response body (to be downcast to the service's body type, which may carry one).
+pub type RawHeaderSource = fn(&mut dyn std::any::Any) -> Option<RawHeaderBlock>;

@@ -57,7 +57,7 @@ pub use h1_reason_phrase::ReasonPhrase;
 #[cfg(all(feature = "http1", feature = "server"))]
 mod h1_raw_headers;
 #[cfg(all(feature = "http1", feature = "server"))]
-pub use h1_raw_headers::RawHeaderBlock;
+pub use h1_raw_headers::{RawHeaderBlock, RawHeaderSource};
 
 #[cfg(all(feature = "http1", feature = "client"))]
 mod informational;

@@ -28,6 +28,9 @@ pub(crate) struct MessageHead<S> {
     pub(crate) headers: http::HeaderMap,
     /// Extensions.
     extensions: http::Extensions,
+    /// keymaster patch (vendor/PATCHES.md #5): a server response's fields in wire form.
+    #[cfg(feature = "server")]
+    pub(crate) raw_headers: Option<crate::ext::RawHeaderBlock>,
 }
 
 /// An incoming request message.

@@ -1255,6 +1255,8 @@ mod tests {
                 subject: RequestLine(Method::GET, "/".parse().unwrap()),
                 headers,
                 extensions: http::Extensions::new(),
+                #[cfg(feature = "server")]
+                raw_headers: None,
             };
             conn.write_head(head, None);
             conn.state.wants_keep_alive()

@@ -48,6 +48,8 @@ cfg_server! {
     pub(crate) struct Server<S: HttpService<B>, B> {
         in_flight: Pin<Box<Option<S::Future>>>,
         pub(crate) service: S,
+        /// keymaster patch (vendor/PATCHES.md #5).
+        pub(crate) raw_header_source: Option<crate::ext::RawHeaderSource>,
     }
 }
 
@@ -572,6 +574,7 @@ cfg_server! {
             Server {
                 in_flight: Box::pin(None),
                 service,
+                raw_header_source: None,
             }
         }
 
@@ -587,7 +590,7 @@ cfg_server! {
     where
         S: HttpService<IncomingBody, ResBody = Bs>,
         S::Error: Into<Box<dyn StdError + Send + Sync>>,
-        Bs: Body,
+        Bs: Body + 'static,
     {
         type PollItem = MessageHead<http::StatusCode>;
         type PollBody = Bs;
@@ -601,12 +604,14 @@ cfg_server! {
             let mut this = self.as_mut();
             let ret = if let Some(fut) = &mut this.in_flight.as_mut().as_pin_mut() {
                 let resp = ready!(fut.as_mut().poll(cx)?);
-                let (parts, body) = resp.into_parts();
+                let (parts, mut body) = resp.into_parts();
+                let raw_headers = this.raw_header_source.and_then(|f| f(&mut body));
                 let head = MessageHead {
                     version: parts.version,
                     subject: parts.status,
                     headers: parts.headers,
                     extensions: parts.extensions,
+                    raw_headers,
                 };
                 Poll::Ready(Some(Ok((head, body))))
             } else {
@@ -690,6 +695,8 @@ cfg_client! {
                                 subject: crate::proto::RequestLine(parts.method, parts.uri),
                                 headers: parts.headers,
                                 extensions: parts.extensions,
+                                #[cfg(feature = "server")]
+                                raw_headers: None,
                             };
                             this.callback = Some(cb);
                             Poll::Ready(Some(Ok((head, body))))

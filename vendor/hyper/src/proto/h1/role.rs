@@ -383,6 +383,7 @@ impl Http1Transaction for Server {
                 subject,
                 headers,
                 extensions,
+                raw_headers: None,
             },
             decode: decoder,
             expect_continue,
@@ -472,7 +473,7 @@ impl Http1Transaction for Server {
         let orig_headers;
         let extensions = std::mem::take(&mut msg.head.extensions);
         // keymaster patch (vendor/PATCHES.md #5): header fields already in wire form.
-        if let Some(raw) = extensions.get::<crate::ext::RawHeaderBlock>() {
+        if let Some(raw) = msg.head.raw_headers.take() {
             extend(dst, raw.block());
             if raw.has_date() {
                 msg.date_header = false;
@@ -1196,6 +1197,8 @@ impl Http1Transaction for Client {
                 subject: status,
                 headers,
                 extensions,
+                #[cfg(feature = "server")]
+                raw_headers: None,
             };
             if let Some((decode, is_upgrade)) = Client::decoder(&head, ctx.req_method)? {
                 return Ok(Some(ParsedMessage {

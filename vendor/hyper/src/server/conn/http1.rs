@@ -83,6 +83,7 @@ pub struct Builder {
     max_buf_size: Option<usize>,
     pipeline_flush: bool,
     date_header: bool,
+    raw_header_source: Option<crate::ext::RawHeaderSource>,
 }
 
 /// Deconstructed parts of a `Connection`.
@@ -255,7 +256,15 @@ impl Builder {
             max_buf_size: None,
             pipeline_flush: false,
             date_header: true,
+            raw_header_source: None,
         }
+    }
+
+    /// keymaster patch (vendor/PATCHES.md #5): where each response's header fields in wire
+    /// form come from, if any (see [`crate::ext::RawHeaderBlock`]).
+    pub fn raw_header_source(&mut self, source: crate::ext::RawHeaderSource) -> &mut Self {
+        self.raw_header_source = Some(source);
+        self
     }
     /// Set whether HTTP/1 connections should support half-closures.
     ///
@@ -516,7 +525,8 @@ impl Builder {
         if !self.date_header {
             conn.disable_date_header();
         }
-        let sd = proto::h1::dispatch::Server::new(service);
+        let mut sd = proto::h1::dispatch::Server::new(service);
+        sd.raw_header_source = self.raw_header_source;
         let proto = proto::h1::Dispatcher::new(sd, conn);
         Connection { conn: proto }
     }
