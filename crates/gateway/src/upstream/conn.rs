@@ -38,9 +38,9 @@ pub(crate) struct Conn {
     pub(crate) requests: u64,
     /// HTTP/2: this request's stream on the shared connection, given back on drop.
     pub(crate) _stream: Option<Lease>,
-    /// The response-head timer, kept with the connection and re-armed for each request:
-    /// moving a registered timer to a later deadline is one atomic update, where a new
-    /// timer per request costs an insertion into tokio's timer wheel and a removal.
+    /// The response-head timer, kept with the connection across its requests: a new timer
+    /// per request costs an insertion into tokio's timer wheel and a removal, and this one
+    /// is only moved when it would fire too late (see [`SendWithin`]).
     pub(crate) head_timer: Option<Pin<Box<Sleep>>>,
 }
 
@@ -149,8 +149,11 @@ impl Future for SendWithin<'_> {
             return Poll::Ready(Ok(sent));
         }
         let timer = match this.timer {
+            // Set lazily: a timer due before this deadline is left alone (if it fires first,
+            // the loop below moves it on), so the common case, a timer armed by the previous
+            // request a little earlier, costs nothing. One due later must come forward.
             Some(t) => {
-                if !this.armed {
+                if !this.armed && t.deadline() > this.deadline {
                     t.as_mut().reset(this.deadline);
                 }
                 t
@@ -160,7 +163,13 @@ impl Future for SendWithin<'_> {
                 .insert(Box::pin(tokio::time::sleep_until(this.deadline))),
         };
         this.armed = true;
-        timer.as_mut().poll(cx).map(|()| Err(HeadTimedOut))
+        while timer.as_mut().poll(cx).is_ready() {
+            if timer.deadline() >= this.deadline {
+                return Poll::Ready(Err(HeadTimedOut));
+            }
+            timer.as_mut().reset(this.deadline);
+        }
+        Poll::Pending
     }
 }
 
@@ -288,5 +297,68 @@ impl Body for UpstreamBody {
             UpstreamBody::H1(b) => b.size_hint(),
             UpstreamBody::H2(b) => b.size_hint(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A send whose response head never comes, timed by `timer`.
+    fn never<'a>(timer: &'a mut Option<Pin<Box<Sleep>>>, after: Duration) -> SendWithin<'a> {
+        SendWithin {
+            sending: Sending::H2(Box::pin(std::future::pending())),
+            timer,
+            deadline: Instant::now() + after,
+            armed: false,
+        }
+    }
+
+    fn poll(s: &mut SendWithin<'_>) -> Poll<Result<Sent, HeadTimedOut>> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        Pin::new(s).poll(&mut cx)
+    }
+
+    async fn advance(ms: u64) {
+        tokio::time::advance(Duration::from_millis(ms)).await;
+    }
+
+    /// The head timer outlives each request on the connection and is moved lazily: a timer
+    /// left due before a later request's deadline fires early, is moved on, and the request
+    /// times out at its own deadline, never before; a shorter deadline brings it forward.
+    #[tokio::test(start_paused = true)]
+    async fn the_reused_head_timer_fires_at_each_request_deadline() {
+        let mut timer = None;
+        let mut first = never(&mut timer, Duration::from_millis(1000));
+        assert!(poll(&mut first).is_pending());
+        advance(500).await;
+        assert!(poll(&mut first).is_pending());
+        drop(first); // answered at 500 ms
+
+        // Due at 1500 ms; the timer is still set for 1000 ms.
+        let mut second = never(&mut timer, Duration::from_millis(1000));
+        assert!(poll(&mut second).is_pending());
+        advance(600).await; // 1100 ms: the old deadline has passed
+        assert!(
+            poll(&mut second).is_pending(),
+            "timed out at the old deadline"
+        );
+        advance(300).await; // 1400 ms
+        assert!(poll(&mut second).is_pending());
+        advance(100).await; // 1500 ms
+        assert!(matches!(poll(&mut second), Poll::Ready(Err(HeadTimedOut))));
+        drop(second);
+
+        // A long deadline, then a shorter one: the timer comes forward.
+        let mut third = never(&mut timer, Duration::from_secs(30));
+        assert!(poll(&mut third).is_pending());
+        drop(third);
+        let mut fourth = never(&mut timer, Duration::from_millis(100));
+        assert!(poll(&mut fourth).is_pending());
+        advance(99).await;
+        assert!(poll(&mut fourth).is_pending());
+        advance(1).await;
+        assert!(matches!(poll(&mut fourth), Poll::Ready(Err(HeadTimedOut))));
     }
 }

@@ -147,8 +147,8 @@ where
         cx: &mut Context<'_>,
         should_shutdown: bool,
     ) -> Poll<crate::Result<Dispatched>> {
-        T::update_date();
-
+        // keymaster patch (vendor/PATCHES.md #6): the cached Date is refreshed where a Date
+        // field is written (`Server::encode`), not on every poll of every connection.
         ready!(self.poll_loop(cx))?;
 
         if self.is_done() {

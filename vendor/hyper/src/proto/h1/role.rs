@@ -525,10 +525,6 @@ impl Http1Transaction for Server {
     fn is_server() -> bool {
         true
     }
-
-    fn update_date() {
-        date::update();
-    }
 }
 
 #[cfg(feature = "server")]
@@ -995,6 +991,8 @@ impl Server {
         // cached date is much faster than formatting every request
         // don't force the write if disabled
         if !wrote_date && msg.date_header {
+            // keymaster patch (vendor/PATCHES.md #6): refreshed here, when it is written.
+            date::update();
             dst.reserve(date::DATE_VALUE_LENGTH + 8);
             header_name_writer.write_header_name_with_colon(dst, "date: ", header::DATE);
             date::extend(dst);
