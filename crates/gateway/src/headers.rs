@@ -43,6 +43,8 @@ pub(crate) struct HeadScan {
     /// Any hop-by-hop field (Connection, Keep-Alive, TE, Transfer-Encoding, Upgrade,
     /// Proxy-Connection) is present.
     pub hop_by_hop: bool,
+    /// Any forwarding field (X-Forwarded-For, -Proto, -Host, Forwarded) is present.
+    pub forwarding: bool,
 }
 
 impl HeadScan {
@@ -70,6 +72,9 @@ impl HeadScan {
             }
             "te" | "upgrade" | "keep-alive" | "proxy-connection" => self.hop_by_hop = true,
             "expect" => self.expect = true,
+            "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" | "forwarded" => {
+                self.forwarding = true
+            }
             _ => return false,
         }
         true
@@ -318,6 +323,72 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 
 /// Add `X-Forwarded-For/-Proto/-Host` (and optionally `Forwarded`) from what the gateway saw.
 /// An existing chain is kept only when the peer is a trusted proxy.
+/// The forwarding fields and Via the proxy stage adds to a request that has none of them to
+/// replace or extend: the HTTP/1.1 origin client writes them straight after the request's own
+/// fields (four map inserts would cost more than the writes); an HTTP/2 send puts them in the
+/// map ([`AddedFields::insert_into`]). The same fields [`add_forwarding`] and a Via append
+/// give such a request.
+pub(crate) struct AddedFields {
+    forwarded_for: HeaderValue,
+    forwarded_proto: &'static str,
+    forwarded_host: Option<HeaderValue>,
+    via: HeaderValue,
+}
+
+impl AddedFields {
+    /// `None` when a field must replace, extend or remove one of the request's (it carries
+    /// forwarding fields, or the listener vouches for TLS client identities or sends RFC 7239
+    /// Forwarded): then [`add_forwarding`] edits the map.
+    pub(crate) fn for_request(
+        scan: &HeadScan,
+        client: &ClientFacts,
+        host: Option<&HeaderValue>,
+        forwarded_header: bool,
+        via: &HeaderValue,
+    ) -> Option<Self> {
+        let vouches = client
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.identity_header.is_some());
+        if scan.forwarding || forwarded_header || vouches {
+            return None;
+        }
+        Some(AddedFields {
+            forwarded_for: client.ip_value.clone(),
+            forwarded_proto: client.proto,
+            forwarded_host: host.cloned(),
+            via: via.clone(),
+        })
+    }
+
+    /// Append the fields to a request head being written.
+    pub(crate) fn write(&self, dst: &mut Vec<u8>) {
+        let mut line = |name: &[u8], value: &[u8]| {
+            dst.extend_from_slice(name);
+            dst.extend_from_slice(b": ");
+            dst.extend_from_slice(value);
+            dst.extend_from_slice(b"\r\n");
+        };
+        line(b"x-forwarded-for", self.forwarded_for.as_bytes());
+        line(b"x-forwarded-proto", self.forwarded_proto.as_bytes());
+        if let Some(h) = &self.forwarded_host {
+            line(b"x-forwarded-host", h.as_bytes());
+        }
+        line(b"via", self.via.as_bytes());
+    }
+
+    /// Put the fields in a request's map.
+    pub(crate) fn insert_into(&self, headers: &mut HeaderMap) {
+        headers.insert(X_FORWARDED_FOR.clone(), self.forwarded_for.clone());
+        let proto = HeaderValue::from_static(self.forwarded_proto);
+        headers.insert(X_FORWARDED_PROTO.clone(), proto);
+        if let Some(h) = &self.forwarded_host {
+            headers.insert(X_FORWARDED_HOST.clone(), h.clone());
+        }
+        headers.append(header::VIA, self.via.clone());
+    }
+}
+
 pub(crate) fn add_forwarding(
     headers: &mut HeaderMap,
     client: &ClientFacts,

@@ -365,17 +365,28 @@ async fn proxy(
     if scan.expect {
         parts.headers.remove(header::EXPECT); // answered by our own listener
     }
-    hdr::add_forwarding(
-        &mut parts.headers,
-        &cx.client,
-        host_value.as_ref(),
-        listener.forwarded_header,
-    );
-    parts
-        .headers
-        .append(header::VIA, snapshot.stamps.via(parts.version).clone());
-    if !route.request_edits.is_empty() {
-        route.request_edits.apply(&mut parts.headers);
+    // Forwarding fields and Via: written by the origin client when they replace nothing
+    // (`AddedFields`), else edited into the map (where configured edits can see them).
+    let via = snapshot.stamps.via(parts.version);
+    let added = route
+        .request_edits
+        .is_empty()
+        .then(|| {
+            let fwd = listener.forwarded_header;
+            hdr::AddedFields::for_request(&scan, &cx.client, host_value.as_ref(), fwd, via)
+        })
+        .flatten();
+    if added.is_none() {
+        hdr::add_forwarding(
+            &mut parts.headers,
+            &cx.client,
+            host_value.as_ref(),
+            listener.forwarded_header,
+        );
+        parts.headers.append(header::VIA, via.clone());
+        if !route.request_edits.is_empty() {
+            route.request_edits.apply(&mut parts.headers);
+        }
     }
 
     // Request target: verbatim unless a rewrite is configured; origin-form upstream.
@@ -444,6 +455,7 @@ async fn proxy(
         deadline,
         host,
         raw_head,
+        added,
     };
     // The cluster's request cap (and queue): held until the response body ends.
     let slot = cluster

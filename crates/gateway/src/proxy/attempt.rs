@@ -53,6 +53,8 @@ pub(super) struct Upstream<'a> {
     /// The response head may pass through as bytes: nothing but the proxy stage's own
     /// fields changes in it (see `finish_response`).
     pub(super) raw_head: bool,
+    /// Forwarding fields and Via, when not in the request's map.
+    pub(super) added: Option<crate::headers::AddedFields>,
 }
 
 /// The attempt that got a response head to pass on.
@@ -454,7 +456,7 @@ fn start_send<'c>(
     let raw_head = up
         .raw_head
         .then(|| up.cx.listener.request_id_header.clone());
-    Ok(conn.send_within(req, head_timeout.at, raw_head))
+    Ok(conn.send_within(req, head_timeout.at, raw_head, up.added.as_ref()))
 }
 
 /// One attempt's wait for the response head: the per-try timeout when it is shorter.

@@ -83,12 +83,13 @@ impl Conn {
 
     /// Send a request; the future ends with the response head, or with [`HeadTimedOut`] if
     /// none arrived by `deadline`. `raw_head`: an HTTP/1.1 response head may be kept as bytes
-    /// (see [`h1::send`]).
+    /// (see [`h1::send`]). `added`: fields to send that are not in the request's map.
     pub(crate) fn send_within(
         &mut self,
-        req: Request<RequestBody>,
+        mut req: Request<RequestBody>,
         deadline: Instant,
         raw_head: Option<http::HeaderName>,
+        added: Option<&crate::headers::AddedFields>,
     ) -> SendWithin<'_> {
         let Conn {
             sender,
@@ -98,24 +99,29 @@ impl Conn {
         } = self;
         let sending = match sender {
             Sender::H1(c) => match c.take() {
-                Some(c) => Sending::H1(h1::send(c, req, raw_head)),
+                Some(c) => Sending::H1(h1::send(c, req, raw_head, added)),
                 None => Sending::Unavailable(Some(req)),
             },
-            Sender::H2(s) => Sending::H2(Box::pin(async move {
-                match super::h2::send(s, server, req).await {
-                    Ok(r) => Ok(r.map(UpstreamBody::H2)),
-                    Err(mut e) => {
-                        let unsent = e.take_message().map(Box::new);
-                        let e = e.into_error();
-                        Err(SendFailure {
-                            stale: stale_connection_error(&e),
-                            err: map_send_error(e),
-                            unsent,
-                            resend: None,
-                        })
-                    }
+            Sender::H2(s) => {
+                if let Some(a) = added {
+                    a.insert_into(req.headers_mut());
                 }
-            })),
+                Sending::H2(Box::pin(async move {
+                    match super::h2::send(s, server, req).await {
+                        Ok(r) => Ok(r.map(UpstreamBody::H2)),
+                        Err(mut e) => {
+                            let unsent = e.take_message().map(Box::new);
+                            let e = e.into_error();
+                            Err(SendFailure {
+                                stale: stale_connection_error(&e),
+                                err: map_send_error(e),
+                                unsent,
+                                resend: None,
+                            })
+                        }
+                    }
+                }))
+            }
         };
         SendWithin {
             sending,

@@ -15,6 +15,7 @@ use tokio::io::AsyncWrite;
 use super::io::Io;
 use crate::body::RequestBody;
 use crate::error::BoxError;
+use crate::headers::AddedFields;
 
 /// Small buffered bodies go out in the same write as the head.
 const COALESCE: usize = 16 * 1024;
@@ -31,7 +32,12 @@ enum BodyFraming {
 
 /// Serialise the request head into `dst` and decide the body's framing. The target is the
 /// request's origin-form as it is (no normalisation); header names go out lower-case.
-fn encode_head(parts: &Parts, body: &RequestBody, dst: &mut Vec<u8>) -> BodyFraming {
+fn encode_head(
+    parts: &Parts,
+    body: &RequestBody,
+    added: Option<&AddedFields>,
+    dst: &mut Vec<u8>,
+) -> BodyFraming {
     let framing = match body {
         RequestBody::Empty | RequestBody::Buffered(None) => BodyFraming::None,
         RequestBody::Buffered(Some(_)) => BodyFraming::Raw,
@@ -65,6 +71,9 @@ fn encode_head(parts: &Parts, body: &RequestBody, dst: &mut Vec<u8>) -> BodyFram
         dst.extend_from_slice(b": ");
         dst.extend_from_slice(value.as_bytes());
         dst.extend_from_slice(b"\r\n");
+    }
+    if let Some(a) = added {
+        a.write(dst);
     }
     if let RequestBody::Buffered(Some(b)) = body {
         dst.extend_from_slice(format!("content-length: {}\r\n", b.len()).as_bytes());
@@ -102,9 +111,9 @@ pub(super) struct Pump {
 
 impl Pump {
     /// Start a request: the head (with a small buffered body) is the first write.
-    pub(super) fn new(parts: &Parts, body: RequestBody) -> Pump {
-        let mut head = Vec::with_capacity(64 + parts.headers.len() * 40);
-        let framing = encode_head(parts, &body, &mut head);
+    pub(super) fn new(parts: &Parts, body: RequestBody, added: Option<&AddedFields>) -> Pump {
+        let mut head = Vec::with_capacity(192 + parts.headers.len() * 40);
+        let framing = encode_head(parts, &body, added, &mut head);
         let mut body = body;
         if let RequestBody::Buffered(b @ Some(_)) = &mut body {
             if b.as_ref().is_some_and(|b| b.len() <= COALESCE) {
@@ -239,7 +248,7 @@ mod tests {
     fn head_of(req: Request<()>, body: &RequestBody) -> (String, BodyFraming) {
         let (parts, ()) = req.into_parts();
         let mut dst = Vec::new();
-        let f = encode_head(&parts, body, &mut dst);
+        let f = encode_head(&parts, body, None, &mut dst);
         (String::from_utf8(dst).unwrap(), f)
     }
 

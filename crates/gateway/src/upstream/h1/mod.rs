@@ -167,10 +167,12 @@ fn is_reset(e: &std::io::Error) -> bool {
 /// Send `req` on `conn` and read the response head. The response body owns the connection.
 /// `raw_head`: the response head may be kept as bytes ([`decode::RawHead`]); the name is the
 /// request-id field's.
+/// `added`: fields written after the request's own (see [`crate::headers::AddedFields`]).
 pub(crate) fn send(
     conn: Connection,
     req: Request<RequestBody>,
     raw_head: Option<http::HeaderName>,
+    added: Option<&crate::headers::AddedFields>,
 ) -> Sending {
     let (parts, body) = req.into_parts();
     // What a resend needs if the request goes out and the connection turns out dead.
@@ -180,7 +182,7 @@ pub(crate) fn send(
         RequestBody::Stream { .. } => None,
     };
     Sending {
-        pump: Some(Pump::new(&parts, body)),
+        pump: Some(Pump::new(&parts, body, added)),
         conn: Some(conn),
         parts: Some(parts),
         replay,
