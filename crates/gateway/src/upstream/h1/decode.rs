@@ -156,7 +156,7 @@ pub(super) fn parse_head(
         };
         let bodyless = matches!(status.as_u16(), 101 | 204 | 304);
         if let Some(rid) = raw.filter(|_| !bodyless && method != Method::HEAD) {
-            if let Some(raw) = raw_head(fields(), rid, head.len()) {
+            if let Some(raw) = raw_head(&head, &ranges[..count], rid) {
                 let framing = framing(
                     status,
                     version,
@@ -225,20 +225,31 @@ fn fields_named<'a>(
 }
 
 /// The head's fields as a [`RawHead`] block, or `None` if a hop-by-hop field other than
-/// `Transfer-Encoding`, or `Trailer`, needs the `HeaderMap` path. Names and values were checked by httparse
-/// (tokens; no CR, LF or NUL in values).
-fn raw_head<'a>(
-    fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+/// `Transfer-Encoding`, or `Trailer`, needs the `HeaderMap` path. `ranges` are the fields'
+/// (name, value) offsets in `head`; names and values were checked by httparse (tokens; no
+/// CR, LF or NUL in values). Runs of lines already written `name: value\r\n` are copied
+/// whole; others are rewritten in that form.
+fn raw_head(
+    head: &[u8],
+    ranges: &[(u32, u32, u32, u32)],
     request_id: &HeaderName,
-    size: usize,
 ) -> Option<RawHead> {
     // Room for the fields plus Via and the request id.
     let mut raw = RawHead {
-        block: BytesMut::with_capacity(size + 128),
+        block: BytesMut::with_capacity(head.len() + 128),
         has_date: false,
         has_request_id: false,
     };
-    for (name, value) in fields {
+    // Kept lines not yet copied: a contiguous stretch of `head`.
+    let mut run: Option<(usize, usize)> = None;
+    let flush = |run: &mut Option<(usize, usize)>, block: &mut BytesMut| {
+        if let Some((from, to)) = run.take() {
+            block.extend_from_slice(&head[from..to]);
+        }
+    };
+    for &(n0, n1, v0, v1) in ranges {
+        let (n0, n1, v0, v1) = (n0 as usize, n1 as usize, v0 as usize, v1 as usize);
+        let name = &head[n0..n1];
         let lower = |n: &[u8]| name.eq_ignore_ascii_case(n);
         match name.len() {
             2 if lower(b"te") => return None,
@@ -254,11 +265,24 @@ fn raw_head<'a>(
         if name.eq_ignore_ascii_case(request_id.as_str().as_bytes()) {
             raw.has_request_id = true;
         }
-        raw.block.extend_from_slice(name);
-        raw.block.extend_from_slice(b": ");
-        raw.block.extend_from_slice(value);
-        raw.block.extend_from_slice(b"\r\n");
+        let line_end = v1 + 2;
+        if &head[n1..v0] == b": " && head.get(v1..line_end) == Some(&b"\r\n"[..]) {
+            match &mut run {
+                Some((_, to)) if *to == n0 => *to = line_end,
+                _ => {
+                    flush(&mut run, &mut raw.block);
+                    run = Some((n0, line_end));
+                }
+            }
+        } else {
+            flush(&mut run, &mut raw.block);
+            raw.block.extend_from_slice(name);
+            raw.block.extend_from_slice(b": ");
+            raw.block.extend_from_slice(&head[v0..v1]);
+            raw.block.extend_from_slice(b"\r\n");
+        }
     }
+    flush(&mut run, &mut raw.block);
     Some(raw)
 }
 
@@ -573,6 +597,15 @@ mod tests {
         let raw = h.raw.as_ref().unwrap();
         assert!(!raw.has_date && raw.has_request_id);
         assert_eq!(h.framing, Framing::Chunked);
+
+        // Lines not written `name: value` come out in that form; the rest as they were.
+        let h = raw_head_of(
+            b"HTTP/1.1 200 OK\r\na:1\r\nb:  2 \r\nContent-Length: 0\r\nc: 3\r\nd: 4\nE: 5\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(block(&h), "a: 1\r\nb: 2\r\nc: 3\r\nd: 4\r\nE: 5\r\n");
     }
 
     #[test]
