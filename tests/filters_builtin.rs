@@ -14,7 +14,7 @@ async fn echo_origin(tag: &'static str) -> RawOrigin {
         let mut carry = Vec::new();
         while let Some(head) = read_head(&mut s, &mut carry).await {
             let resp = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nx-origin: {tag}\r\nx-internal: secret\r\n\r\n{head}",
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nX-Origin: {tag}\r\nx-internal: secret\r\n\r\n{head}",
                 head.len()
             );
             if s.write_all(resp.as_bytes()).await.is_err() {
@@ -188,6 +188,75 @@ set = { connection = "x-hop-a" }
     assert!(!b.contains("x-hop-a") && !b.contains("x-hop-b"), "{b}");
     assert!(b.contains("x-kept: 3\r\n"), "{b}");
     assert!(!b.to_ascii_lowercase().contains("connection:"), "{b}");
+}
+
+/// A post filter that reads the response (through `response_headers`) and appends a field.
+struct ReadAndAppend;
+
+impl Filter for ReadAndAppend {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let seen = ctx.response_headers().map(|h| {
+            let v = |n: &str| {
+                h.get(n)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-")
+                    .to_string()
+            };
+            format!("{}/{}", v("content-length"), v("x-origin"))
+        });
+        if let Some(seen) = seen.and_then(|s| http::HeaderValue::from_str(&s).ok()) {
+            ctx.append_response_header(http::HeaderName::from_static("x-seen"), seen);
+        }
+        done(Ok(()))
+    }
+}
+
+/// Post filters that read the origin's head and only append to it leave it in wire form
+/// (field names as the origin wrote them); one that sets a field gets the map (names
+/// lower-case). Either way they see the origin's fields, Content-Length included.
+#[tokio::test]
+async fn appending_post_filters_keep_the_origin_head_in_wire_form() {
+    let appending = r#"
+[[filters]]
+name = "out"
+type = "headers"
+stage = "post"
+add = { x-out = "1" }
+"#;
+    let setting = r#"
+[[filters]]
+name = "out"
+type = "headers"
+stage = "post"
+set = { x-out = "1" }
+"#;
+    for (filters, wire_form) in [(appending, true), (setting, false)] {
+        let natives = vec![FilterSpec::new(
+            "read",
+            FilterStage::Post,
+            -1,
+            ReadAndAppend,
+        )];
+        let f = fixture_with(filters, natives).await;
+        let raw = raw(
+            f.g.addr,
+            b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+            std::time::Duration::from_secs(5),
+        )
+        .await;
+        let (head, _) = split_head(&raw);
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        assert_eq!(head.contains("\r\nX-Origin: o\r\n"), wire_form, "{head}");
+        assert_eq!(head_header(&head, "x-out"), Some("1"), "{head}");
+        let len = head_header(&head, "content-length").unwrap().to_string();
+        assert_eq!(
+            head_header(&head, "x-seen"),
+            Some(&*format!("{len}/o")),
+            "{head}"
+        );
+        assert_eq!(head_header(&head, "via"), Some("1.1 keymaster"), "{head}");
+        assert!(head_header(&head, "x-request-id").is_some(), "{head}");
+    }
 }
 
 #[tokio::test]

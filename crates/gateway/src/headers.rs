@@ -268,25 +268,72 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, scan: &HeadScan) -> bool
     trailers
 }
 
-/// The header block of a response head passed through as bytes, with the fields the proxy
-/// stage adds: Via, and the request id unless the origin sent one.
-pub(crate) fn raw_header_block(
-    raw: crate::upstream::h1::RawHead,
-    via: &HeaderValue,
-    (rid_name, rid): (&HeaderName, &HeaderValue),
-) -> hyper::ext::RawHeaderBlock {
-    let mut block = raw.block;
-    let mut line = |name: &[u8], value: &[u8]| {
-        block.extend_from_slice(name);
-        block.extend_from_slice(b": ");
-        block.extend_from_slice(value);
-        block.extend_from_slice(b"\r\n");
-    };
-    line(b"via", via.as_bytes());
-    if !raw.has_request_id {
-        line(rid_name.as_str().as_bytes(), rid.as_bytes());
+/// An origin's response head kept in wire form (keymaster's HTTP/1.1 client keeps one it
+/// has nothing to change in but the fields the proxy stage adds): no `HeaderMap` is built
+/// only to be encoded again. hyper writes it through `hyper::ext::RawHeaderBlock`
+/// (vendor/PATCHES.md #5); post filters see it as a map built when one reads or changes a
+/// field other than by appending (`FilterCtx::response_headers`).
+#[derive(Debug)]
+pub(crate) struct RawHead {
+    /// The fields as `name: value\r\n` lines (names as the origin spelled them), without
+    /// `Content-Length` and `Transfer-Encoding`: the client's framing is written from the
+    /// body.
+    pub(crate) block: bytes::BytesMut,
+    /// One of them is `Date`.
+    pub(crate) has_date: bool,
+    /// One of them is the request-id field.
+    pub(crate) has_request_id: bool,
+    /// The origin's Content-Length, for a map built from the block.
+    pub(crate) content_length: Option<u64>,
+}
+
+impl RawHead {
+    /// Append the field `name: value`.
+    pub(crate) fn push(&mut self, name: &[u8], value: &[u8]) {
+        let b = &mut self.block;
+        b.reserve(name.len() + value.len() + 4);
+        b.extend_from_slice(name);
+        b.extend_from_slice(b": ");
+        b.extend_from_slice(value);
+        b.extend_from_slice(b"\r\n");
     }
-    hyper::ext::RawHeaderBlock::new(block.freeze(), raw.has_date)
+
+    /// The fields the proxy stage adds: Via, and the request id unless the origin sent one.
+    pub(crate) fn add_proxy_fields(
+        &mut self,
+        via: &HeaderValue,
+        (rid_name, rid): (&HeaderName, &HeaderValue),
+    ) {
+        self.push(b"via", via.as_bytes());
+        if !self.has_request_id {
+            self.push(rid_name.as_str().as_bytes(), rid.as_bytes());
+            self.has_request_id = true;
+        }
+    }
+
+    /// The fields as a map (with the origin's Content-Length), as the map path has them.
+    pub(crate) fn to_map(&self) -> HeaderMap {
+        let mut map = HeaderMap::with_capacity(16);
+        for line in self.block[..].split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let Some(colon) = line.iter().position(|&b| b == b':') else {
+                continue;
+            };
+            let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
+                map.append(n, v);
+            }
+        }
+        if let Some(n) = self.content_length {
+            map.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        map
+    }
+
+    /// The block for hyper's encoder.
+    pub(crate) fn into_block(self) -> hyper::ext::RawHeaderBlock {
+        hyper::ext::RawHeaderBlock::new(self.block.freeze(), self.has_date)
+    }
 }
 
 /// Values computed once per config version for the headers keymaster adds.

@@ -439,10 +439,10 @@ async fn proxy(
         Some(g) => Some(deadline.map_or(start + g, |d| d.min(start + g))),
         None => deadline,
     };
-    // The response head can pass through as bytes when nothing but the header duties
-    // touches it: no filters, no configured edits, no upgrade, an HTTP/1 client, a body.
-    let raw_head = info.fctx.is_none()
-        && route.response_edits.is_empty()
+    // The response head can pass through in wire form when only the header duties and
+    // appending post filters touch it: no configured edits, no upgrade, an HTTP/1 client,
+    // a body.
+    let raw_head = route.response_edits.is_empty()
         && upgrade.is_none()
         && !info.grpc
         && client_version != Version::HTTP_2
@@ -530,17 +530,13 @@ async fn finish_response(
     // Response header duties.
     let (mut rparts, mut rbody) = resp.into_parts();
     let mut prefix = None; // a response body buffered for post filters (filter::body)
-    let mut raw_head = None; // the head in wire form, for hyper (`ResponseBody::raw_header_block`)
-    let (switch, origin_close) = if let Some(raw) = rbody.take_raw_head() {
-        // Passed through as bytes: the HTTP/1.1 client checked the framing and found no
-        // hop-by-hop field to remove, and nothing else here changes the head (see the
-        // conditions on `raw_head` in `proxy`). Via and the request id are added.
+                           // The origin's head in wire form (see `raw_head` in `proxy`), else as a map.
+    let mut raw = rbody.take_raw_head();
+    let (switch, origin_close) = if let Some(r) = raw.as_mut() {
+        // The HTTP/1.1 client checked the framing and found no hop-by-hop field to remove:
+        // Via and the request id are all the duties left.
         let via = snapshot.stamps.via(rparts.version);
-        raw_head = Some(hdr::raw_header_block(
-            raw,
-            via,
-            (&listener.request_id_header, &rid),
-        ));
+        r.add_proxy_fields(via, (&listener.request_id_header, &rid));
         (None, false)
     } else {
         let rscan = hdr::HeadScan::of(&rparts.headers);
@@ -564,36 +560,39 @@ async fn finish_response(
                 .headers
                 .insert(listener.request_id_header.clone(), rid.clone());
         }
-        if let Some(ctx) = info.fctx.as_mut() {
-            if snapshot.filters.wants_response_body(ctx, rparts.status) {
-                let cap = snapshot.config.filter_body.max_response.0;
-                let wait = deadline.map_or(route.response_header_timeout, |d| {
-                    d.saturating_duration_since(Instant::now())
-                });
-                ctx.put_response_body(
-                    crate::filter::read_response_body(&mut rbody, cap, wait).await?,
-                );
-            }
-            // Post filters over the origin's response head.
-            let id = (&listener.request_id_header, &rid);
-            let failed = || filter_failed(snapshot, id);
-            let (status, headers) = (&mut rparts.status, &mut rparts.headers);
-            if let Err(resp) = snapshot
-                .filters
-                .outbound(ctx, status, headers, failed)
-                .await
-            {
-                // The origin's body is dropped unread, and its connection with it.
-                info.local = Some("local_filter_error");
-                return Ok(resp);
-            }
-            if let Some(b) = ctx.take_response_body() {
-                crate::filter::set_body_length(&mut rparts.headers, b.len());
-                prefix = Some(b);
-            }
-        }
         (switch, origin_close)
     };
+    if let Some(ctx) = info.fctx.as_mut() {
+        if snapshot.filters.wants_response_body(ctx, rparts.status) {
+            if let Some(r) = raw.take() {
+                rparts.headers = r.to_map(); // a body-reading filter gets the map
+            }
+            let cap = snapshot.config.filter_body.max_response.0;
+            let wait = deadline.map_or(route.response_header_timeout, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            ctx.put_response_body(crate::filter::read_response_body(&mut rbody, cap, wait).await?);
+        }
+        // Post filters over the origin's response head.
+        let id = (&listener.request_id_header, &rid);
+        let failed = || filter_failed(snapshot, id);
+        let (status, headers) = (&mut rparts.status, &mut rparts.headers);
+        if let Err(resp) = snapshot
+            .filters
+            .outbound(ctx, status, headers, &mut raw, failed)
+            .await
+        {
+            // The origin's body is dropped unread, and its connection with it.
+            info.local = Some("local_filter_error");
+            return Ok(resp);
+        }
+        if let Some(b) = ctx.take_response_body() {
+            crate::filter::set_body_length(&mut rparts.headers, b.len());
+            prefix = Some(b);
+        }
+    }
+    // Post filters that only appended fields leave the head in wire form.
+    let raw_head = raw.map(hdr::RawHead::into_block);
     rparts.version = client_version;
     if let Some(switch) = switch {
         // 101: the origin connection now belongs to the tunnel, never to the pool.

@@ -202,9 +202,7 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
         "add_response_header",
         |_, c, (n, v): (String, String)| {
             let (n, v) = (name(&n)?, value(&v)?);
-            if let Some(h) = c.response_headers_mut() {
-                h.append(n, v);
-            }
+            c.append_response_header(n, v);
             Ok(())
         },
     );

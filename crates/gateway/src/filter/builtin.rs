@@ -162,8 +162,14 @@ struct Headers {
 impl Filter for Headers {
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         if self.response_side {
-            if let Some(h) = ctx.response_headers_mut() {
-                self.edits.apply(h);
+            let e = &self.edits;
+            if e.remove.is_empty() && e.set.is_empty() {
+                // Only appends: the origin's head may stay in wire form.
+                for (n, v) in &e.add {
+                    ctx.append_response_header(n.clone(), v.clone());
+                }
+            } else if let Some(h) = ctx.response_headers_mut() {
+                e.apply(h);
             }
         } else {
             ctx.edit_request_headers(&self.edits);

@@ -203,6 +203,11 @@ pub struct CtxState {
     pub(crate) host: Option<HeaderValue>,
     local: Option<LocalResponse>,
     response: Option<(StatusCode, HeaderMap)>,
+    /// `post`: the origin's head kept in wire form (`headers::RawHead`); while it is here the
+    /// map in `response` is empty, and reads see `raw_view`, a map built from it on the
+    /// first read. Appending keeps it; any other change replaces it with the map.
+    raw_response: Option<crate::headers::RawHead>,
+    raw_view: std::cell::OnceCell<HeaderMap>,
     failure: Option<Failure>,
     /// Debug mode: one entry per filter considered.
     debug: Option<Vec<String>>,
@@ -253,6 +258,8 @@ impl FilterCtx {
             host: None,
             local: None,
             response: None,
+            raw_response: None,
+            raw_view: std::cell::OnceCell::new(),
             failure: None,
             debug: None,
             head_touched: false,
@@ -413,10 +420,38 @@ impl FilterCtx {
     }
     /// `post`: the response headers.
     pub fn response_headers(&self) -> Option<&HeaderMap> {
-        self.response.as_ref().map(|r| &r.1)
+        let r = self.response.as_ref()?;
+        Some(match &self.raw_response {
+            Some(raw) => self.raw_view.get_or_init(|| raw.to_map()),
+            None => &r.1,
+        })
     }
     pub fn response_headers_mut(&mut self) -> Option<&mut HeaderMap> {
-        self.response.as_mut().map(|r| &mut r.1)
+        let s = &mut *self.0;
+        let r = s.response.as_mut()?;
+        if let Some(raw) = s.raw_response.take() {
+            r.1 = s.raw_view.take().unwrap_or_else(|| raw.to_map());
+        }
+        Some(&mut r.1)
+    }
+    /// `post`: append a response field (cheaper than through [`Self::response_headers_mut`]
+    /// while the origin's head is still in wire form).
+    pub fn append_response_header(&mut self, name: HeaderName, value: HeaderValue) {
+        let s = &mut *self.0;
+        let Some(r) = s.response.as_mut() else {
+            return;
+        };
+        match s.raw_response.as_mut() {
+            Some(raw) => {
+                raw.push(name.as_str().as_bytes(), value.as_bytes());
+                if let Some(view) = s.raw_view.get_mut() {
+                    view.append(name, value);
+                }
+            }
+            None => {
+                r.1.append(name, value);
+            }
+        }
     }
 
     /// `error` (and the `post` filters after it): what failed.
@@ -670,8 +705,15 @@ impl FilterChain {
     }
 
     /// Debug mode: the trace as the `x-keymaster-filters` response header.
-    fn stamp_debug(ctx: &mut FilterCtx, headers: &mut HeaderMap) {
+    fn stamp_debug(
+        ctx: &mut FilterCtx,
+        headers: &mut HeaderMap,
+        raw: &mut Option<crate::headers::RawHead>,
+    ) {
         if let Some(d) = ctx.debug.take() {
+            if let Some(r) = raw.take() {
+                *headers = r.to_map();
+            }
             if let Ok(v) = HeaderValue::from_str(&d.join(", ")) {
                 headers.insert(HeaderName::from_static("x-keymaster-filters"), v);
             }
@@ -704,30 +746,38 @@ impl FilterChain {
 
     /// Run `post` over a proxied response head. `Err(response)`: a post filter failed and
     /// this (error-stage or 500) response replaces the origin's.
+    /// `raw`: the origin's head in wire form, when kept so (`headers` is then empty); it
+    /// comes back as it is, with fields appended, or as `None` with the fields in `headers`.
     pub(crate) async fn outbound(
         &self,
         ctx: &mut FilterCtx,
         status: &mut StatusCode,
         headers: &mut HeaderMap,
+        raw: &mut Option<crate::headers::RawHead>,
         failed: impl Fn() -> Response<ResponseBody>,
     ) -> Result<(), Response<ResponseBody>> {
         if self.stages[2].is_empty() {
-            Self::stamp_debug(ctx, headers);
+            Self::stamp_debug(ctx, headers, raw);
             return Ok(());
         }
         ctx.response = Some((*status, std::mem::take(headers)));
+        ctx.raw_response = raw.take();
         match self.run_stage(FilterStage::Post, ctx).await {
             Ok(()) => {
                 let (s, h) = ctx.response.take().unwrap_or_default();
                 *status = s;
                 *headers = h;
-                Self::stamp_debug(ctx, headers);
+                *raw = ctx.raw_response.take();
+                ctx.raw_view = std::cell::OnceCell::new();
+                Self::stamp_debug(ctx, headers, raw);
                 Ok(())
             }
             Err(f) => {
+                // The error stage sees the origin's head as a map.
+                let _ = ctx.response_headers_mut();
                 self.fail(ctx, f).await;
                 let mut r = Self::assemble(ctx, &failed).0;
-                Self::stamp_debug(ctx, r.headers_mut());
+                Self::stamp_debug(ctx, r.headers_mut(), &mut None);
                 Err(r)
             }
         }
@@ -751,7 +801,7 @@ impl FilterChain {
         }
         let mut status = parts.status;
         match self
-            .outbound(ctx, &mut status, &mut parts.headers, &failed)
+            .outbound(ctx, &mut status, &mut parts.headers, &mut None, &failed)
             .await
         {
             Ok(()) => {
@@ -797,7 +847,7 @@ impl FilterChain {
         }
         let mut status = parts.status;
         match self
-            .outbound(ctx, &mut status, &mut parts.headers, failed)
+            .outbound(ctx, &mut status, &mut parts.headers, &mut None, failed)
             .await
         {
             Ok(()) => {

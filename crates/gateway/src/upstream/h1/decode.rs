@@ -13,6 +13,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 
 use crate::error::{Error, Kind};
+pub(crate) use crate::headers::RawHead;
 use crate::headers::{ends_in_chunked, has_token, parse_content_length};
 
 /// The largest response head read (status line and fields).
@@ -50,21 +51,6 @@ pub(super) struct Head {
     pub(super) framing: Framing,
     /// A reason phrase other than the status code's canonical one, passed on as it is.
     pub(super) reason: Option<hyper::ext::ReasonPhrase>,
-}
-
-/// An origin's response head kept as bytes, for a proxy stage with nothing to change in it
-/// but the fields it adds: no `HeaderMap` is built only to be encoded again (see
-/// `hyper::ext::RawHeaderBlock`).
-#[derive(Debug)]
-pub(crate) struct RawHead {
-    /// The origin's fields as `name: value\r\n` lines (names as the origin spelled them),
-    /// without `Content-Length` and `Transfer-Encoding`: the client's framing is written
-    /// from the body.
-    pub(crate) block: BytesMut,
-    /// One of them is `Date`.
-    pub(crate) has_date: bool,
-    /// One of them is the request-id field.
-    pub(crate) has_request_id: bool,
 }
 
 fn malformed(detail: &'static str) -> Error {
@@ -156,7 +142,7 @@ pub(super) fn parse_head(
         };
         let bodyless = matches!(status.as_u16(), 101 | 204 | 304);
         if let Some(rid) = raw.filter(|_| !bodyless && method != Method::HEAD) {
-            if let Some(raw) = raw_head(&head, &ranges[..count], rid) {
+            if let Some(mut raw) = raw_head(&head, &ranges[..count], rid) {
                 let framing = framing(
                     status,
                     version,
@@ -165,6 +151,9 @@ pub(super) fn parse_head(
                     fields_named(fields(), b"content-length"),
                 )?;
                 let keep_alive = version == Version::HTTP_11 && framing != Framing::Close;
+                if let Framing::Length(n) = framing {
+                    raw.content_length = Some(n);
+                }
                 return Ok(Some(Head {
                     status,
                     version,
@@ -239,6 +228,7 @@ fn raw_head(
         block: BytesMut::with_capacity(head.len() + 128),
         has_date: false,
         has_request_id: false,
+        content_length: None,
     };
     // Kept lines not yet copied: a contiguous stretch of `head`.
     let mut run: Option<(usize, usize)> = None;
