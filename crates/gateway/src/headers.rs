@@ -156,15 +156,26 @@ fn valid_host(h: &[u8]) -> bool {
         // An empty Host is allowed when the target has no authority (RFC 9112 §3.2).
         return true;
     }
-    h.iter().all(|&c| {
-        c.is_ascii_alphanumeric()
-            || matches!(c, b'-' | b'.' | b'_' | b'~' | b':' | b'[' | b']')
-            || matches!(
-                c,
-                b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' | b'%'
-            )
-    })
+    h.iter().all(|&c| HOST_CHARS[c as usize])
 }
+
+/// The bytes a Host may hold: unreserved, sub-delims, `%` (pct-encoded), and `:`, `[`, `]`
+/// (port, IP literal), RFC 3986 §3.2.2.
+static HOST_CHARS: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = b.is_ascii_alphanumeric()
+            || matches!(b, b'-' | b'.' | b'_' | b'~' | b':' | b'[' | b']')
+            || matches!(
+                b,
+                b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' | b'%'
+            );
+        c += 1;
+    }
+    t
+};
 
 /// Content-Length is 1*DIGIT (no sign, no spaces inside, no lists with differing values).
 pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
@@ -380,6 +391,8 @@ pub(crate) struct AddedFields {
     forwarded_proto: &'static str,
     forwarded_host: Option<HeaderValue>,
     via: HeaderValue,
+    /// A request id the gateway made (one the client sent is in the map).
+    request_id: Option<(HeaderName, HeaderValue)>,
 }
 
 impl AddedFields {
@@ -392,6 +405,7 @@ impl AddedFields {
         host: Option<&HeaderValue>,
         forwarded_header: bool,
         via: &HeaderValue,
+        request_id: Option<(&HeaderName, &HeaderValue)>,
     ) -> Option<Self> {
         let vouches = client
             .tls
@@ -405,6 +419,7 @@ impl AddedFields {
             forwarded_proto: client.proto,
             forwarded_host: host.cloned(),
             via: via.clone(),
+            request_id: request_id.map(|(n, v)| (n.clone(), v.clone())),
         })
     }
 
@@ -422,6 +437,9 @@ impl AddedFields {
             line(b"x-forwarded-host", h.as_bytes());
         }
         line(b"via", self.via.as_bytes());
+        if let Some((n, v)) = &self.request_id {
+            line(n.as_str().as_bytes(), v.as_bytes());
+        }
     }
 
     /// Put the fields in a request's map.
@@ -433,6 +451,9 @@ impl AddedFields {
             headers.insert(X_FORWARDED_HOST.clone(), h.clone());
         }
         headers.append(header::VIA, self.via.clone());
+        if let Some((n, v)) = &self.request_id {
+            headers.insert(n.clone(), v.clone());
+        }
     }
 }
 

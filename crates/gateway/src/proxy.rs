@@ -216,15 +216,19 @@ async fn proxy(
         &listener.limits,
     )?;
 
-    // Request id: propagate the client's or make one.
-    let rid = match parts.headers.get(&listener.request_id_header) {
-        Some(v) => v.clone(),
+    // Request id: propagate the client's or make one. A new one goes into the map for
+    // filters to see, else it is sent with the other added fields (`AddedFields`).
+    let (rid, rid_added) = match parts.headers.get(&listener.request_id_header) {
+        Some(v) => (v.clone(), false),
         None => {
             let v = hdr::new_request_id();
-            parts
-                .headers
-                .insert(listener.request_id_header.clone(), v.clone());
-            v
+            let filters = !snapshot.filters.is_empty();
+            if filters {
+                parts
+                    .headers
+                    .insert(listener.request_id_header.clone(), v.clone());
+            }
+            (v, !filters)
         }
     };
     info.request_id = Some(rid.clone());
@@ -368,15 +372,19 @@ async fn proxy(
     // Forwarding fields and Via: written by the origin client when they replace nothing
     // (`AddedFields`), else edited into the map (where configured edits can see them).
     let via = snapshot.stamps.via(parts.version);
+    let rid_field = rid_added.then_some((&listener.request_id_header, &rid));
     let added = route
         .request_edits
         .is_empty()
         .then(|| {
-            let fwd = listener.forwarded_header;
-            hdr::AddedFields::for_request(&scan, &cx.client, host_value.as_ref(), fwd, via)
+            let (fwd, host) = (listener.forwarded_header, host_value.as_ref());
+            hdr::AddedFields::for_request(&scan, &cx.client, host, fwd, via, rid_field)
         })
         .flatten();
     if added.is_none() {
+        if let Some((name, value)) = rid_field {
+            parts.headers.insert(name.clone(), value.clone());
+        }
         hdr::add_forwarding(
             &mut parts.headers,
             &cx.client,

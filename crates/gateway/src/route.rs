@@ -255,8 +255,12 @@ pub(crate) fn host_without_port(h: &str) -> &str {
         // [v6]:port
         return rest.split(']').next().unwrap_or(rest);
     }
-    match h.rfind(':') {
-        Some(i) if h[i + 1..].bytes().all(|b| b.is_ascii_digit()) => &h[..i],
+    // `name:digits` loses `:digits` (a byte scan from the end; ':' and digits are ASCII, so
+    // the cut is on a character boundary).
+    let b = h.as_bytes();
+    let digits = b.iter().rev().take_while(|c| c.is_ascii_digit()).count();
+    match b.len().checked_sub(digits + 1) {
+        Some(i) if b[i] == b':' => &h[..i],
         _ => h,
     }
 }
@@ -271,5 +275,8 @@ mod tests {
         assert_eq!(host_without_port("example.com"), "example.com");
         assert_eq!(host_without_port("[::1]:80"), "::1");
         assert_eq!(host_without_port("127.0.0.1:1"), "127.0.0.1");
+        assert_eq!(host_without_port("example.com:"), "example.com");
+        assert_eq!(host_without_port("a:b1"), "a:b1");
+        assert_eq!(host_without_port("8080"), "8080");
     }
 }
