@@ -561,6 +561,8 @@ pub(crate) struct HeaderEdits {
     pub remove: Vec<HeaderName>,
     pub set: Vec<(HeaderName, HeaderValue)>,
     pub add: Vec<(HeaderName, HeaderValue)>,
+    /// Some edited name is one [`HeadScan`] looks at (computed once, at compile time).
+    touches_scan: bool,
 }
 
 impl HeaderEdits {
@@ -572,7 +574,7 @@ impl HeaderEdits {
                 HeaderValue::from_str(v).map_err(|e| format!("{n}: {e}"))?,
             ))
         };
-        Ok(HeaderEdits {
+        let mut edits = HeaderEdits {
             remove: cfg
                 .remove
                 .iter()
@@ -580,7 +582,15 @@ impl HeaderEdits {
                 .collect::<Result<_, _>>()?,
             set: cfg.set.iter().map(pair).collect::<Result<_, _>>()?,
             add: cfg.add.iter().map(pair).collect::<Result<_, _>>()?,
-        })
+            touches_scan: false,
+        };
+        edits.touches_scan = edits
+            .remove
+            .iter()
+            .chain(edits.set.iter().map(|(n, _)| n))
+            .chain(edits.add.iter().map(|(n, _)| n))
+            .any(affects_head_scan);
+        Ok(edits)
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -589,11 +599,7 @@ impl HeaderEdits {
 
     /// Whether applying these edits can change what [`HeadScan`] finds.
     pub(crate) fn affects_head_scan(&self) -> bool {
-        self.remove
-            .iter()
-            .chain(self.set.iter().map(|(n, _)| n))
-            .chain(self.add.iter().map(|(n, _)| n))
-            .any(affects_head_scan)
+        self.touches_scan
     }
 
     pub(crate) fn apply(&self, headers: &mut HeaderMap) {

@@ -166,7 +166,7 @@ impl Filter for Headers {
             if e.remove.is_empty() && e.set.is_empty() {
                 // Only appends: the origin's head may stay in wire form.
                 for (n, v) in &e.add {
-                    ctx.append_response_header(n.clone(), v.clone());
+                    ctx.append_response_field(n, v);
                 }
             } else if let Some(h) = ctx.response_headers_mut() {
                 e.apply(h);

@@ -437,6 +437,11 @@ impl FilterCtx {
     /// `post`: append a response field (cheaper than through [`Self::response_headers_mut`]
     /// while the origin's head is still in wire form).
     pub fn append_response_header(&mut self, name: HeaderName, value: HeaderValue) {
+        self.append_response_field(&name, &value);
+    }
+    /// [`Self::append_response_header`] for a field the caller keeps (cloned only if the
+    /// head is a map).
+    pub(crate) fn append_response_field(&mut self, name: &HeaderName, value: &HeaderValue) {
         let s = &mut *self.0;
         let Some(r) = s.response.as_mut() else {
             return;
@@ -445,11 +450,11 @@ impl FilterCtx {
             Some(raw) => {
                 raw.push(name.as_str().as_bytes(), value.as_bytes());
                 if let Some(view) = s.raw_view.get_mut() {
-                    view.append(name, value);
+                    view.append(name.clone(), value.clone());
                 }
             }
             None => {
-                r.1.append(name, value);
+                r.1.append(name.clone(), value.clone());
             }
         }
     }
