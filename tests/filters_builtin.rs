@@ -259,6 +259,43 @@ set = { x-out = "1" }
     }
 }
 
+/// A post filter that appends a Date field.
+struct AppendDate;
+
+impl Filter for AppendDate {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let date = http::HeaderValue::from_static("Thu, 01 Jan 2026 00:00:00 GMT");
+        ctx.append_response_header(http::header::DATE, date);
+        done(Ok(()))
+    }
+}
+
+/// Appending a field hyper writes itself (here Date) turns a wire-form head into the map, so
+/// the client never gets it twice.
+#[tokio::test]
+async fn appending_a_field_hyper_writes_uses_the_map() {
+    let natives = vec![FilterSpec::new("date", FilterStage::Post, 0, AppendDate)];
+    let f = fixture_with("", natives).await;
+    let raw = raw(
+        f.g.addr,
+        b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+        std::time::Duration::from_secs(5),
+    )
+    .await;
+    let (head, _) = split_head(&raw);
+    let dates = head
+        .split("\r\n")
+        .filter(|l| l.to_ascii_lowercase().starts_with("date:"))
+        .count();
+    assert_eq!(dates, 1, "{head}");
+    assert_eq!(
+        head_header(&head, "date"),
+        Some("Thu, 01 Jan 2026 00:00:00 GMT"),
+        "{head}"
+    );
+    assert!(!head.contains("X-Origin: o"), "left in wire form: {head}");
+}
+
 #[tokio::test]
 async fn redirect_and_static_answer_without_the_origin() {
     let f = fixture(

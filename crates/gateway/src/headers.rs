@@ -309,6 +309,15 @@ impl RawHead {
         b.extend_from_slice(b"\r\n");
     }
 
+    /// Whether a field may be appended to the block: not one hyper writes or acts on itself
+    /// (framing, Connection and the other hop-by-hop fields, Trailer, Date).
+    pub(crate) fn may_append(name: &HeaderName) -> bool {
+        !(affects_head_scan(name)
+            || *name == header::DATE
+            || *name == header::TRAILER
+            || *name == header::CONTENT_LENGTH)
+    }
+
     /// The fields the proxy stage adds: Via, and the request id unless the origin sent one.
     pub(crate) fn add_proxy_fields(
         &mut self,

@@ -537,8 +537,9 @@ async fn finish_response(
 
     // Response header duties.
     let (mut rparts, mut rbody) = resp.into_parts();
-    let mut prefix = None; // a response body buffered for post filters (filter::body)
-                           // The origin's head in wire form (see `raw_head` in `proxy`), else as a map.
+    // A response body buffered for post filters (filter::body).
+    let mut prefix = None;
+    // The origin's head in wire form (see `raw_head` in `proxy`), else as a map.
     let mut raw = rbody.take_raw_head();
     let (switch, origin_close) = if let Some(r) = raw.as_mut() {
         // The HTTP/1.1 client checked the framing and found no hop-by-hop field to remove:

@@ -251,7 +251,7 @@ pub(crate) enum UpstreamBody {
 
 impl UpstreamBody {
     /// The response head as bytes, if the HTTP/1.1 client kept it so.
-    pub(crate) fn take_raw_head(&mut self) -> Option<h1::RawHead> {
+    pub(crate) fn take_raw_head(&mut self) -> Option<crate::headers::RawHead> {
         match self {
             UpstreamBody::H1(b) => b.take_raw_head(),
             UpstreamBody::H2(_) => None,

@@ -13,7 +13,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 
 use crate::error::{Error, Kind};
-pub(crate) use crate::headers::RawHead;
+use crate::headers::RawHead;
 use crate::headers::{ends_in_chunked, has_token, parse_content_length};
 
 /// The largest response head read (status line and fields).

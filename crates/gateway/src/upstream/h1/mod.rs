@@ -11,7 +11,8 @@
 //! ```text
 //! send(conn, request) ── Pump: head (+ small body) in one write, then body frames ──┐
 //!        │                                    (keeps going inside Body: full duplex) │
-//!        └─ read until a final head (decode::parse_head; 1xx skipped) ─► Response<Body>
+//!        └─ read until a final head (decode::parse_head; 1xx skipped; kept in wire form
+//!           when nothing but Via and the request id is added to it) ─► Response<Body>
 //! Body::poll_frame ── decode::Decoder (length / chunked / until close) ─► frames
 //!        └─ clean end, keep-alive, request fully written, no stray bytes ─► take_reusable
 //! ```
@@ -35,7 +36,7 @@ use tokio_util::io::poll_read_buf;
 use super::connect::OpenSlot;
 use crate::body::RequestBody;
 use crate::error::{BoxError, Error, Kind};
-pub(crate) use decode::RawHead;
+use crate::headers::RawHead;
 use decode::{Decoder, Framing, Head, Step};
 use encode::{Pump, PumpError};
 pub(crate) use io::{Io, Upgraded};
@@ -165,7 +166,7 @@ fn is_reset(e: &std::io::Error) -> bool {
 }
 
 /// Send `req` on `conn` and read the response head. The response body owns the connection.
-/// `raw_head`: the response head may be kept as bytes ([`decode::RawHead`]); the name is the
+/// `raw_head`: the response head may be kept as bytes ([`RawHead`]); the name is the
 /// request-id field's.
 /// `added`: fields written after the request's own (see [`crate::headers::AddedFields`]).
 pub(crate) fn send(

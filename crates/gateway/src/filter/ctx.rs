@@ -1,0 +1,323 @@
+//! The per-request context filters see ([`FilterCtx`]): the request head, the shared
+//! metadata map, where the request goes, a filter's own response, and in `post` the
+//! response head (kept in wire form while filters only append to it).
+
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, StatusCode, Uri};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use super::{Failure, FilterStage};
+
+/// A response set by a filter (`pre`/`route` short-circuit, or an `error` filter).
+pub(crate) struct LocalResponse {
+    pub(super) status: StatusCode,
+    pub(super) headers: HeaderMap,
+    pub(super) body: bytes::Bytes,
+}
+
+/// The narrow per-request API filters see. Bodies are not part of it (they stream past).
+///
+/// One pointer wide: the state lives in a box, so handing the context to a scripting host
+/// and back (a swap per call, see `keymaster-lua`) moves 8 bytes, not the whole state.
+pub struct FilterCtx(Box<CtxState>);
+
+impl std::ops::Deref for FilterCtx {
+    type Target = CtxState;
+    fn deref(&self) -> &CtxState {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for FilterCtx {
+    fn deref_mut(&mut self) -> &mut CtxState {
+        &mut self.0
+    }
+}
+
+/// What a [`FilterCtx`] holds; reached only through its methods.
+#[doc(hidden)]
+pub struct CtxState {
+    pub(super) stage: FilterStage,
+    pub(super) method: Method,
+    uri: Uri,
+    pub(super) headers: HeaderMap,
+    client: SocketAddr,
+    /// TLS listeners: the verified client certificate identity (mTLS), if any.
+    tls: Option<Option<String>>,
+    pub(super) route: Arc<str>,
+    meta: HashMap<String, String>,
+    pub(crate) cluster: Option<Arc<str>>,
+    pub(crate) path: Option<String>,
+    pub(crate) host: Option<HeaderValue>,
+    pub(super) local: Option<LocalResponse>,
+    pub(super) response: Option<(StatusCode, HeaderMap)>,
+    /// `post`: the origin's head kept in wire form (`headers::RawHead`); while it is here the
+    /// map in `response` is empty, and reads see `raw_view`, a map built from it on the
+    /// first read. Appending keeps it; any other change replaces it with the map.
+    pub(super) raw_response: Option<crate::headers::RawHead>,
+    pub(super) raw_view: std::cell::OnceCell<HeaderMap>,
+    pub(super) failure: Option<Failure>,
+    /// Debug mode: one entry per filter considered.
+    pub(super) debug: Option<Vec<String>>,
+    /// The request head may have changed in a field the proxy stage's head scan looks at
+    /// (framing, hop-by-hop, Host, Expect): it scans again only then.
+    head_touched: bool,
+    /// Bodies buffered for filters that declared they need them (`filter::body`).
+    pub(super) request_body: Option<bytes::Bytes>,
+    pub(super) response_body: Option<bytes::Bytes>,
+}
+
+impl FilterCtx {
+    /// A context for the request head `parts` with its headers moved in (they go back with
+    /// [`FilterChain::request_headers`]).
+    pub(crate) fn new(
+        parts: &http::request::Parts,
+        headers: HeaderMap,
+        client: SocketAddr,
+        tls: Option<&crate::tls::TlsFacts>,
+        route: Arc<str>,
+    ) -> FilterCtx {
+        let tls = tls.map(|t| t.client_identity.clone());
+        let (method, uri) = (parts.method.clone(), parts.uri.clone());
+        FilterCtx::fresh(FilterStage::Pre, method, uri, headers, client, tls, route)
+    }
+
+    /// A context with the request facts given and nothing decided yet.
+    fn fresh(
+        stage: FilterStage,
+        method: Method,
+        uri: Uri,
+        headers: HeaderMap,
+        client: SocketAddr,
+        tls: Option<Option<String>>,
+        route: Arc<str>,
+    ) -> FilterCtx {
+        FilterCtx(Box::new(CtxState {
+            stage,
+            method,
+            uri,
+            headers,
+            client,
+            tls,
+            route,
+            meta: HashMap::new(),
+            cluster: None,
+            path: None,
+            host: None,
+            local: None,
+            response: None,
+            raw_response: None,
+            raw_view: std::cell::OnceCell::new(),
+            failure: None,
+            debug: None,
+            head_touched: false,
+            request_body: None,
+            response_body: None,
+        }))
+    }
+
+    /// A context for unit tests of filters (no request behind it).
+    pub fn for_test(method: Method, uri: &str, headers: HeaderMap, client: SocketAddr) -> Self {
+        let mut req = Request::new(());
+        *req.method_mut() = method;
+        *req.uri_mut() = uri.parse().expect("valid uri");
+        let (parts, ()) = req.into_parts();
+        FilterCtx::new(&parts, headers, client, None, "test".into())
+    }
+
+    /// Move the whole context out, leaving an empty one in its place (no allocation beyond
+    /// a shared route name). A scripting host owns the context while a script runs (scripts
+    /// need `'static` values) and moves it back with `*ctx = taken` afterwards.
+    pub fn take(&mut self) -> FilterCtx {
+        thread_local! {
+            static NONE: Arc<str> = Arc::from("");
+        }
+        let placeholder = FilterCtx::fresh(
+            self.stage,
+            Method::GET,
+            Uri::default(),
+            HeaderMap::new(),
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+            None,
+            NONE.with(|r| r.clone()),
+        );
+        std::mem::replace(self, placeholder)
+    }
+
+    /// The stage now running.
+    pub fn stage(&self) -> FilterStage {
+        self.stage
+    }
+    pub fn method(&self) -> &Method {
+        &self.method
+    }
+    /// The request path as the client sent it.
+    pub fn path(&self) -> &str {
+        self.uri.path()
+    }
+    pub fn query(&self) -> Option<&str> {
+        self.uri.query()
+    }
+    /// Request headers. Changes take effect in `pre` and `route`. In `post` and `error` this
+    /// is a copy as it was after the `route` stage when a filter of those stages declares
+    /// [`Filter::needs_request_headers`] (or matches on headers), and empty otherwise.
+    pub fn request_headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+    /// Any change through this handle makes the proxy stage re-scan the request head; the
+    /// `set`/`append`/`remove_request_header` methods do so only for the fields it scans.
+    pub fn request_headers_mut(&mut self) -> &mut HeaderMap {
+        self.head_touched = true;
+        &mut self.headers
+    }
+    pub fn set_request_header(&mut self, name: HeaderName, value: HeaderValue) {
+        self.head_touched |= crate::headers::affects_head_scan(&name);
+        self.headers.insert(name, value);
+    }
+    pub fn append_request_header(&mut self, name: HeaderName, value: HeaderValue) {
+        self.head_touched |= crate::headers::affects_head_scan(&name);
+        self.headers.append(name, value);
+    }
+    pub fn remove_request_header(&mut self, name: &HeaderName) {
+        self.head_touched |= crate::headers::affects_head_scan(name);
+        self.headers.remove(name);
+    }
+    /// Apply compiled header edits to the request.
+    pub(crate) fn edit_request_headers(&mut self, edits: &crate::headers::HeaderEdits) {
+        self.head_touched |= edits.affects_head_scan();
+        edits.apply(&mut self.headers);
+    }
+    /// Whether a filter may have changed a field the proxy stage's head scan looks at.
+    pub(crate) fn head_touched(&self) -> bool {
+        self.head_touched
+    }
+    /// The TCP peer (not X-Forwarded-For).
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client
+    }
+    pub fn client_ip(&self) -> IpAddr {
+        self.client.ip()
+    }
+    /// Whether the request came over a TLS listener.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+    /// TLS listeners with client certificates: the verified client identity (subject CN,
+    /// else the first DNS name).
+    pub fn tls_client_identity(&self) -> Option<&str> {
+        self.tls.as_ref().and_then(|i| i.as_deref())
+    }
+    /// The matched route's name.
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+    /// Per-request values shared by the filters of one request.
+    pub fn meta(&self) -> &HashMap<String, String> {
+        &self.meta
+    }
+    pub fn meta_mut(&mut self) -> &mut HashMap<String, String> {
+        &mut self.meta
+    }
+
+    /// Route stage (or pre): send to this cluster instead of the route's. An unknown name
+    /// fails the request with 500.
+    pub fn set_cluster(&mut self, name: impl Into<Arc<str>>) {
+        self.cluster = Some(name.into());
+    }
+    /// Route stage (or pre): the path and query sent upstream; replaces the route's rewrite.
+    pub fn set_upstream_path(&mut self, path_and_query: impl Into<String>) {
+        self.path = Some(path_and_query.into());
+    }
+    /// Route stage (or pre): the Host sent upstream; replaces the route's host policy.
+    pub fn set_upstream_host(&mut self, host: HeaderValue) {
+        self.host = Some(host);
+    }
+    /// The cluster chosen by a filter so far, if any.
+    pub fn upstream_cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+
+    /// `pre`/`route`: answer the request here (the proxy stage and later pre/route filters
+    /// are skipped; post filters still run). `error`: the error response. Ignored in `post`
+    /// (edit the response with [`FilterCtx::set_response_status`] and headers there).
+    pub fn respond(
+        &mut self,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: impl Into<bytes::Bytes>,
+    ) {
+        self.local = Some(LocalResponse {
+            status,
+            headers,
+            body: body.into(),
+        });
+    }
+    /// Whether a filter has answered the request.
+    pub fn responded(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// `post`: the response status.
+    pub fn response_status(&self) -> Option<StatusCode> {
+        self.response.as_ref().map(|r| r.0)
+    }
+    pub fn set_response_status(&mut self, status: StatusCode) {
+        if let Some(r) = self.response.as_mut() {
+            r.0 = status;
+        }
+    }
+    /// `post`: the response headers.
+    pub fn response_headers(&self) -> Option<&HeaderMap> {
+        let r = self.response.as_ref()?;
+        Some(match &self.raw_response {
+            Some(raw) => self.raw_view.get_or_init(|| raw.to_map()),
+            None => &r.1,
+        })
+    }
+    pub fn response_headers_mut(&mut self) -> Option<&mut HeaderMap> {
+        let s = &mut *self.0;
+        let r = s.response.as_mut()?;
+        if let Some(raw) = s.raw_response.take() {
+            r.1 = s.raw_view.take().unwrap_or_else(|| raw.to_map());
+        }
+        Some(&mut r.1)
+    }
+    /// `post`: append a response field (cheaper than through [`Self::response_headers_mut`]
+    /// while the origin's head is still in wire form).
+    pub fn append_response_header(&mut self, name: HeaderName, value: HeaderValue) {
+        self.append_response_field(&name, &value);
+    }
+    /// [`Self::append_response_header`] for a field the caller keeps (cloned only if the
+    /// head is a map).
+    pub(crate) fn append_response_field(&mut self, name: &HeaderName, value: &HeaderValue) {
+        if self.raw_response.is_some() && !crate::headers::RawHead::may_append(name) {
+            // A field hyper derives or acts on: the map path handles it.
+            if let Some(h) = self.response_headers_mut() {
+                h.append(name.clone(), value.clone());
+            }
+            return;
+        }
+        let s = &mut *self.0;
+        let Some(r) = s.response.as_mut() else {
+            return;
+        };
+        match s.raw_response.as_mut() {
+            Some(raw) => {
+                raw.push(name.as_str().as_bytes(), value.as_bytes());
+                if let Some(view) = s.raw_view.get_mut() {
+                    view.append(name.clone(), value.clone());
+                }
+            }
+            None => {
+                r.1.append(name.clone(), value.clone());
+            }
+        }
+    }
+
+    /// `error` (and the `post` filters after it): what failed.
+    pub fn failure(&self) -> Option<&Failure> {
+        self.failure.as_ref()
+    }
+}
