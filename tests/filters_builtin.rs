@@ -190,6 +190,19 @@ set = { connection = "x-hop-a" }
     assert!(!b.to_ascii_lowercase().contains("connection:"), "{b}");
 }
 
+/// The head of a 200 response to `GET /x`, as the client gets it.
+async fn response_head(f: &Fixture) -> String {
+    let raw = raw(
+        f.g.addr,
+        b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+        std::time::Duration::from_secs(5),
+    )
+    .await;
+    let (head, _) = split_head(&raw);
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    head
+}
+
 /// A post filter that reads the response (through `response_headers`) and appends a field.
 struct ReadAndAppend;
 
@@ -216,36 +229,18 @@ impl Filter for ReadAndAppend {
 /// lower-case). Either way they see the origin's fields, Content-Length included.
 #[tokio::test]
 async fn appending_post_filters_keep_the_origin_head_in_wire_form() {
-    let appending = r#"
-[[filters]]
-name = "out"
-type = "headers"
-stage = "post"
-add = { x-out = "1" }
-"#;
-    let setting = r#"
-[[filters]]
-name = "out"
-type = "headers"
-stage = "post"
-set = { x-out = "1" }
-"#;
-    for (filters, wire_form) in [(appending, true), (setting, false)] {
+    for (edit, wire_form) in [("add", true), ("set", false)] {
+        let filters = format!(
+            "[[filters]]\nname = \"out\"\ntype = \"headers\"\nstage = \"post\"\n{edit} = {{ x-out = \"1\" }}\n"
+        );
         let natives = vec![FilterSpec::new(
             "read",
             FilterStage::Post,
             -1,
             ReadAndAppend,
         )];
-        let f = fixture_with(filters, natives).await;
-        let raw = raw(
-            f.g.addr,
-            b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
-            std::time::Duration::from_secs(5),
-        )
-        .await;
-        let (head, _) = split_head(&raw);
-        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        let f = fixture_with(&filters, natives).await;
+        let head = response_head(&f).await;
         assert_eq!(head.contains("\r\nX-Origin: o\r\n"), wire_form, "{head}");
         assert_eq!(head_header(&head, "x-out"), Some("1"), "{head}");
         let len = head_header(&head, "content-length").unwrap().to_string();
@@ -276,13 +271,7 @@ impl Filter for AppendDate {
 async fn appending_a_field_hyper_writes_uses_the_map() {
     let natives = vec![FilterSpec::new("date", FilterStage::Post, 0, AppendDate)];
     let f = fixture_with("", natives).await;
-    let raw = raw(
-        f.g.addr,
-        b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
-        std::time::Duration::from_secs(5),
-    )
-    .await;
-    let (head, _) = split_head(&raw);
+    let head = response_head(&f).await;
     let dates = head
         .split("\r\n")
         .filter(|l| l.to_ascii_lowercase().starts_with("date:"))
