@@ -203,6 +203,62 @@ async fn the_sandbox_refuses_os_io_and_loaders() {
     assert_eq!(get(g.addr, "/plain").await.status, 200);
 }
 
+const CTX_USE: &str = r#"
+return {
+  stage = "pre",
+  match = { path_prefix = "/ctx" },
+  should_filter = function(ctx)
+    if ctx:path() == "/ctx/write-in-should" then ctx:set_header("x-a", "1") end
+    return true
+  end,
+  run = function(ctx)
+    local p = ctx:path()
+    if p == "/ctx/keep" then kept = ctx ctx:set_header("x-kept", "yes") return end
+    if p == "/ctx/use-kept" then ctx:set_header("x-via-kept", kept:path()) return end
+    if p == "/ctx/dot" then ctx.set_header("x-a", "1") end
+    if p == "/ctx/bad-name" then ctx:set_header("bad name", 1) end
+    if p == "/ctx/number" then ctx:set_header("x-number", 42) end
+  end,
+}
+"#;
+
+/// `ctx` reaches only the request of the call running now: a `ctx` kept in a global and
+/// used by a later request reads that later request. It is read-only in `should_filter`,
+/// its methods need the colon, and bad header names fail the filter (each a 500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctx_reaches_only_the_running_calls_request() {
+    let (origin, canary) = (echo_origin("main").await, echo_origin("canary").await);
+    let dir = filters_dir(false, &[("ctxuse.lua", CTX_USE)]);
+    let g = start(&lua_config(origin.addr, canary.addr, dir.path(), ""));
+    let r = get(g.addr, "/ctx/keep").await;
+    assert_eq!(r.status, 200);
+    assert!(
+        body(&r).to_ascii_lowercase().contains("x-kept: yes"),
+        "{}",
+        body(&r)
+    );
+    let r = get(g.addr, "/ctx/use-kept").await;
+    assert_eq!(r.status, 200);
+    assert!(
+        body(&r)
+            .to_ascii_lowercase()
+            .contains("x-via-kept: /ctx/use-kept"),
+        "a kept ctx reads the running request: {}",
+        body(&r)
+    );
+    let r = get(g.addr, "/ctx/number").await;
+    assert!(
+        body(&r).to_ascii_lowercase().contains("x-number: 42"),
+        "{}",
+        body(&r)
+    );
+    for path in ["/ctx/write-in-should", "/ctx/dot", "/ctx/bad-name"] {
+        let r = get(g.addr, path).await;
+        assert_eq!(r.status, 500, "{path} fails the filter");
+    }
+    assert_eq!(filter_metric(&g, "errors", "ctxuse"), 3.0);
+}
+
 const RUNAWAY: &str = r#"
 return {
   stage = "pre",

@@ -1,26 +1,22 @@
-//! The `ctx` a Lua filter receives: [`FilterCtx`] registered as a Lua userdata type, with
-//! methods mirroring the native API (`ctx:method()`, `ctx:set_header(n, v)`, ...). In
-//! `should_filter` it is a read-only borrow (mutating methods raise an error); in `run` the
-//! script owns it for the call and the host moves it back afterwards. `ctx.http` is the
-//! non-blocking HTTP client (see `api`).
+//! The `ctx` a Lua filter receives: a table of methods mirroring the native API
+//! (`ctx:method()`, `ctx:set_header(n, v)`, ...) plus `ctx.http`, the non-blocking HTTP
+//! client (see `api`). Each filter file gets its own table once, when its VM instantiates
+//! it; nothing is created per call.
+//!
+//! The methods reach the request's [`FilterCtx`] through [`Lent`]: the host lends the
+//! context to the running call (read-only in `should_filter`, writable in `run`) and takes
+//! it back when the call returns or suspends. A method outside a call, or a `ctx` a script
+//! kept in a global, can therefore only ever reach the context of the call running now.
+//! (A userdata carrying the context cost about 600 instructions per method call in type
+//! checks and borrows; the lent pointer costs a thread-local read.)
 
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
 use keymaster_gateway::filter::FilterCtx;
-use mlua::{
-    FromLuaMulti, IntoLuaMulti, Lua, Table, UserDataFields, UserDataMethods, UserDataRegistry,
-    Value,
-};
-
-fn name(n: &str) -> mlua::Result<HeaderName> {
-    HeaderName::from_bytes(n.as_bytes())
-        .map_err(|_| mlua::Error::runtime(format!("invalid header name {n:?}")))
-}
-
-fn value(v: &str) -> mlua::Result<HeaderValue> {
-    HeaderValue::from_str(v)
-        .map_err(|_| mlua::Error::runtime(format!("invalid header value {v:?}")))
-}
+use mlua::{FromLua, FromLuaMulti, IntoLuaMulti, Lua, Table, Value};
+use std::cell::Cell;
+use std::ffi::c_int;
+use std::ptr::NonNull;
 
 fn status(n: u16) -> mlua::Result<StatusCode> {
     StatusCode::from_u16(n).map_err(|_| mlua::Error::runtime(format!("invalid status {n}")))
@@ -49,103 +45,313 @@ pub(crate) fn from_table(t: Option<Table>) -> mlua::Result<HeaderMap> {
     if let Some(t) = t {
         for pair in t.pairs::<String, String>() {
             let (k, v) = pair?;
-            h.append(name(&k)?, value(&v)?);
+            h.append(
+                HeaderName::parse(k.as_bytes())?,
+                HeaderValue::parse(v.as_bytes())?,
+            );
         }
     }
     Ok(h)
 }
 
-/// A method that reads the context. Every method first checks that `ctx` is the context of
-/// the call running now ([`crate::vm::owns`]): a `ctx` a script kept in a global from an
-/// earlier call fails instead of reaching another request's context (worker VMs reuse the
-/// userdata that carries contexts).
-fn reader<A, R, F>(r: &mut UserDataRegistry<FilterCtx>, name: &str, f: F)
+/// The request context lent to the Lua call running on this thread.
+#[derive(Clone, Copy)]
+pub(crate) struct Lent {
+    ptr: NonNull<FilterCtx>,
+    writable: bool,
+}
+
+thread_local! {
+    /// The context of the running call. A method takes it out while it works on it, so at
+    /// most one reference made from the pointer exists at any time.
+    static LENT: Cell<Option<Lent>> = const { Cell::new(None) };
+}
+
+impl Lent {
+    /// `run`: the call may change the context. The caller must not touch `ctx` while the
+    /// lent value is installed (see [`Lent::install`]).
+    pub(crate) fn writable(ctx: &mut FilterCtx) -> Lent {
+        Lent {
+            ptr: NonNull::from(ctx),
+            writable: true,
+        }
+    }
+
+    /// `should_filter`: the call reads the context only.
+    pub(crate) fn read_only(ctx: &FilterCtx) -> Lent {
+        Lent {
+            ptr: NonNull::from(ctx),
+            writable: false,
+        }
+    }
+
+    /// Make this the running call's context; returns the one it replaces (restore it with
+    /// [`Lent::restore`] when the call returns or suspends).
+    pub(crate) fn install(self) -> Option<Lent> {
+        LENT.with(|l| l.replace(Some(self)))
+    }
+
+    pub(crate) fn restore(prev: Option<Lent>) {
+        LENT.with(|l| l.set(prev));
+    }
+
+    /// Run `f` with `self` installed.
+    pub(crate) fn during<R>(self, f: impl FnOnce() -> R) -> R {
+        let prev = self.install();
+        let r = f();
+        Lent::restore(prev);
+        r
+    }
+}
+
+/// Puts the lent context back when a method is done with it (also on error).
+struct Return(Lent);
+
+impl Drop for Return {
+    fn drop(&mut self) {
+        LENT.with(|l| l.set(Some(self.0)));
+    }
+}
+
+fn outside() -> mlua::Error {
+    mlua::Error::runtime("ctx used outside a filter call")
+}
+
+/// `f` with the running call's context, read-only.
+fn with_ref<R>(f: impl FnOnce(&FilterCtx) -> mlua::Result<R>) -> mlua::Result<R> {
+    let lent = LENT.with(Cell::take).ok_or_else(outside)?;
+    let _back = Return(lent);
+    // SAFETY: `lent.ptr` was made from a reference (`&FilterCtx` or `&mut FilterCtx`) that
+    // the host holds, unused, for as long as the lent value is installed: `Lent::during`
+    // around a synchronous call, or `vm::Budgeted` around each poll of a suspended call's
+    // future, which borrows the context for its whole life. Methods run on this thread
+    // inside that window. The value was taken out of `LENT`, so no other reference made
+    // from it exists until `_back` puts it back after `f`.
+    let c = unsafe { lent.ptr.as_ref() };
+    f(c)
+}
+
+/// `f` with the running call's context, writable (an error in `should_filter`).
+fn with_mut<R>(f: impl FnOnce(&mut FilterCtx) -> mlua::Result<R>) -> mlua::Result<R> {
+    let mut lent = LENT.with(Cell::take).ok_or_else(outside)?;
+    let _back = Return(lent);
+    if !lent.writable {
+        return Err(mlua::Error::runtime("ctx is read-only in should_filter"));
+    }
+    // SAFETY: as in `with_ref`; in addition a writable `Lent` is only made from a
+    // `&mut FilterCtx` (`Lent::writable`), so a unique reference is what the host lent.
+    let c = unsafe { lent.ptr.as_mut() };
+    f(c)
+}
+
+/// The `ctx` receiver of a `ctx:method(...)` call: checked to be a table (a call written
+/// `ctx.method(...)` fails clearly) and otherwise ignored, without taking a reference.
+struct Receiver;
+
+fn not_a_receiver() -> mlua::Error {
+    mlua::Error::runtime("call ctx methods with a colon: ctx:method(...)")
+}
+
+impl FromLua for Receiver {
+    fn from_lua(v: Value, _: &Lua) -> mlua::Result<Self> {
+        match v {
+            Value::Table(_) => Ok(Receiver),
+            _ => Err(not_a_receiver()),
+        }
+    }
+
+    // `from_stack` is mlua's hidden fast path for callback arguments (the default makes a
+    // `Value`, which for a table means a registry reference taken and released per call).
+    unsafe fn from_stack(idx: c_int, lua: &mlua::state::RawLua) -> mlua::Result<Self> {
+        // SAFETY: mlua passes a valid index of the running callback's stack; `lua_type`
+        // only reads that slot's tag.
+        if unsafe { mlua::ffi::lua_type(lua.state(), idx) } == mlua::ffi::LUA_TTABLE {
+            Ok(Receiver)
+        } else {
+            Err(not_a_receiver())
+        }
+    }
+}
+
+/// A header name or value argument, parsed from the Lua string's bytes without an
+/// intermediate `String` (numbers are coerced like Lua does).
+struct Arg<T>(T);
+
+trait ParseArg: Sized {
+    fn parse(b: &[u8]) -> mlua::Result<Self>;
+}
+
+impl ParseArg for HeaderName {
+    fn parse(b: &[u8]) -> mlua::Result<Self> {
+        HeaderName::from_bytes(b).map_err(|_| {
+            mlua::Error::runtime(format!(
+                "invalid header name {:?}",
+                String::from_utf8_lossy(b)
+            ))
+        })
+    }
+}
+
+impl ParseArg for std::sync::Arc<str> {
+    fn parse(b: &[u8]) -> mlua::Result<Self> {
+        std::str::from_utf8(b)
+            .map(Into::into)
+            .map_err(|_| mlua::Error::runtime("expected a UTF-8 string"))
+    }
+}
+
+impl ParseArg for HeaderValue {
+    fn parse(b: &[u8]) -> mlua::Result<Self> {
+        HeaderValue::from_bytes(b).map_err(|_| {
+            mlua::Error::runtime(format!(
+                "invalid header value {:?}",
+                String::from_utf8_lossy(b)
+            ))
+        })
+    }
+}
+
+impl<T: ParseArg> FromLua for Arg<T> {
+    fn from_lua(v: Value, lua: &Lua) -> mlua::Result<Self> {
+        let s = String::from_lua(v, lua)?;
+        T::parse(s.as_bytes()).map(Arg)
+    }
+
+    unsafe fn from_stack(idx: c_int, lua: &mlua::state::RawLua) -> mlua::Result<Self> {
+        let state = lua.state();
+        // SAFETY: mlua passes a valid index of the running callback's stack. For a string,
+        // `lua_tolstring` returns a pointer to its bytes and their length without changing
+        // the stack; the string stays alive (it is on the stack) while the slice is read,
+        // which ends before this function returns.
+        unsafe {
+            if mlua::ffi::lua_type(state, idx) == mlua::ffi::LUA_TSTRING {
+                let mut len = 0;
+                let data = mlua::ffi::lua_tolstring(state, idx, &mut len);
+                let bytes = std::slice::from_raw_parts(data.cast::<u8>(), len);
+                return T::parse(bytes).map(Arg);
+            }
+            let s = <String as FromLua>::from_stack(idx, lua)?;
+            T::parse(s.as_bytes()).map(Arg)
+        }
+    }
+}
+
+/// Add a method that reads the context to the methods table `t`.
+fn reader<A, R, F>(lua: &Lua, t: &Table, name: &str, f: F) -> mlua::Result<()>
 where
     A: FromLuaMulti,
     R: IntoLuaMulti,
     F: Fn(&Lua, &FilterCtx, A) -> mlua::Result<R> + 'static,
 {
-    r.add_method(name, move |lua, c, a| {
-        crate::vm::owns(c)?;
-        f(lua, c, a)
-    });
+    let m = lua.create_function(move |lua, (_, a): (Receiver, A)| with_ref(|c| f(lua, c, a)))?;
+    t.raw_set(name, m)
 }
 
-/// A method that changes the context (an error in `should_filter`, where it is read-only).
-fn writer<A, R, F>(r: &mut UserDataRegistry<FilterCtx>, name: &str, f: F)
+/// Add a method that changes the context (an error in `should_filter`).
+fn writer<A, R, F>(lua: &Lua, t: &Table, name: &str, f: F) -> mlua::Result<()>
 where
     A: FromLuaMulti,
     R: IntoLuaMulti,
     F: Fn(&Lua, &mut FilterCtx, A) -> mlua::Result<R> + 'static,
 {
-    r.add_method_mut(name, move |lua, c, a| {
-        crate::vm::owns(c)?;
-        f(lua, c, a)
-    });
+    let m = lua.create_function(move |lua, (_, a): (Receiver, A)| with_mut(|c| f(lua, c, a)))?;
+    t.raw_set(name, m)
 }
 
-/// Register `FilterCtx` as a userdata type in `lua`.
+const METHODS: &str = "keymaster.ctx";
+
+/// Build the methods once per VM (kept in the registry for [`table_for_file`]).
 pub(crate) fn register(lua: &Lua) -> mlua::Result<()> {
-    lua.register_userdata_type::<FilterCtx>(methods)
+    let t = lua.create_table()?;
+    methods(lua, &t)?;
+    lua.set_named_registry_value(METHODS, t)
 }
 
-fn methods(r: &mut UserDataRegistry<FilterCtx>) {
-    r.add_field_method_get("http", |lua, _| {
-        lua.named_registry_value::<Value>("keymaster.http")
-    });
+/// A filter file's own `ctx` table: the methods and `http` (a script that changes its
+/// table changes only its own).
+pub(crate) fn table_for_file(lua: &Lua) -> mlua::Result<Table> {
+    let methods: Table = lua.named_registry_value(METHODS)?;
+    let t = lua.create_table()?;
+    for pair in methods.pairs::<Value, Value>() {
+        let (k, v) = pair?;
+        t.raw_set(k, v)?;
+    }
+    t.raw_set("http", lua.named_registry_value::<Value>("keymaster.http")?)?;
+    Ok(t)
+}
+
+fn methods(lua: &Lua, r: &Table) -> mlua::Result<()> {
     // Request facts.
-    reader(r, "stage", |_, c, ()| Ok(c.stage().as_str()));
-    reader(r, "method", |_, c, ()| Ok(c.method().as_str().to_string()));
-    reader(r, "path", |_, c, ()| Ok(c.path().to_string()));
-    reader(r, "query", |_, c, ()| Ok(c.query().map(str::to_string)));
-    reader(r, "route", |_, c, ()| Ok(c.route().to_string()));
-    reader(r, "client_ip", |_, c, ()| Ok(c.client_ip().to_string()));
-    reader(r, "client_port", |_, c, ()| Ok(c.client_addr().port()));
-    reader(r, "tls", |lua, c, ()| {
+    reader(lua, r, "stage", |_, c, ()| Ok(c.stage().as_str()))?;
+    reader(lua, r, "method", |_, c, ()| {
+        Ok(c.method().as_str().to_string())
+    })?;
+    reader(lua, r, "path", |_, c, ()| Ok(c.path().to_string()))?;
+    reader(lua, r, "query", |_, c, ()| {
+        Ok(c.query().map(str::to_string))
+    })?;
+    reader(lua, r, "route", |_, c, ()| Ok(c.route().to_string()))?;
+    reader(lua, r, "client_ip", |_, c, ()| {
+        Ok(c.client_ip().to_string())
+    })?;
+    reader(lua, r, "client_port", |_, c, ()| Ok(c.client_addr().port()))?;
+    reader(lua, r, "tls", |lua, c, ()| {
         if !c.is_tls() {
             return Ok(None);
         }
         let t = lua.create_table()?;
         t.set("client_identity", c.tls_client_identity())?;
         Ok(Some(t))
-    });
+    })?;
     // Request headers.
-    reader(r, "header", |_, c, n: String| {
+    reader(lua, r, "header", |_, c, n: String| {
         Ok(get(c.request_headers(), &n))
-    });
-    reader(r, "headers", |lua, c, ()| {
+    })?;
+    reader(lua, r, "headers", |lua, c, ()| {
         to_table(lua, c.request_headers())
-    });
-    writer(r, "set_header", |_, c, (n, v): (String, String)| {
-        c.set_request_header(name(&n)?, value(&v)?);
+    })?;
+    writer(lua, r, "set_header", |_, c, (Arg(n), Arg(v))| {
+        c.set_request_header(n, v);
         Ok(())
-    });
-    writer(r, "add_header", |_, c, (n, v): (String, String)| {
-        c.append_request_header(name(&n)?, value(&v)?);
+    })?;
+    writer(lua, r, "add_header", |_, c, (Arg(n), Arg(v))| {
+        c.append_request_header(n, v);
         Ok(())
-    });
-    writer(r, "remove_header", |_, c, n: String| {
-        c.remove_request_header(&name(&n)?);
+    })?;
+    writer(lua, r, "remove_header", |_, c, Arg(n)| {
+        c.remove_request_header(&n);
         Ok(())
-    });
+    })?;
     // Per-request values shared by the filters of one request.
-    reader(r, "meta", |_, c, k: String| Ok(c.meta().get(&k).cloned()));
-    writer(r, "set_meta", |_, c, (k, v): (String, Option<String>)| {
-        match v {
-            Some(v) => c.meta_mut().insert(k, v),
-            None => c.meta_mut().remove(&k),
-        };
-        Ok(())
-    });
+    reader(lua, r, "meta", |_, c, k: String| {
+        Ok(c.meta().get(&k).cloned())
+    })?;
+    writer(
+        lua,
+        r,
+        "set_meta",
+        |_, c, (k, v): (String, Option<String>)| {
+            match v {
+                Some(v) => c.meta_mut().insert(k, v),
+                None => c.meta_mut().remove(&k),
+            };
+            Ok(())
+        },
+    )?;
     // Routing.
-    reader(r, "cluster", |_, c, ()| {
+    reader(lua, r, "cluster", |_, c, ()| {
         Ok(c.upstream_cluster().map(str::to_string))
-    });
-    writer(r, "set_cluster", |_, c, n: String| {
-        c.set_cluster(n);
-        Ok(())
-    });
-    writer(r, "set_upstream_path", |_, c, p: String| {
+    })?;
+    writer(
+        lua,
+        r,
+        "set_cluster",
+        |_, c, Arg::<std::sync::Arc<str>>(n)| {
+            c.set_cluster(n);
+            Ok(())
+        },
+    )?;
+    writer(lua, r, "set_upstream_path", |_, c, p: String| {
         if !p.starts_with('/') {
             return Err(mlua::Error::runtime(
                 "the upstream path must start with '/'",
@@ -153,13 +359,14 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
         }
         c.set_upstream_path(p);
         Ok(())
-    });
-    writer(r, "set_upstream_host", |_, c, h: String| {
-        c.set_upstream_host(value(&h)?);
+    })?;
+    writer(lua, r, "set_upstream_host", |_, c, Arg(h)| {
+        c.set_upstream_host(h);
         Ok(())
-    });
+    })?;
     // Answering.
     writer(
+        lua,
         r,
         "respond",
         |_, c, (s, h, body): (u16, Option<Table>, Option<mlua::LuaString>)| {
@@ -167,71 +374,74 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
             c.respond(status(s)?, from_table(h)?, body);
             Ok(())
         },
-    );
-    reader(r, "responded", |_, c, ()| Ok(c.responded()));
+    )?;
+    reader(lua, r, "responded", |_, c, ()| Ok(c.responded()))?;
     // The response (post, and error after a proxy failure).
-    reader(r, "response_status", |_, c, ()| {
+    reader(lua, r, "response_status", |_, c, ()| {
         Ok(c.response_status().map(|s| s.as_u16()))
-    });
-    writer(r, "set_response_status", |_, c, s: u16| {
+    })?;
+    writer(lua, r, "set_response_status", |_, c, s: u16| {
         c.set_response_status(status(s)?);
         Ok(())
-    });
-    reader(r, "response_header", |_, c, n: String| {
+    })?;
+    reader(lua, r, "response_header", |_, c, n: String| {
         Ok(c.response_headers().and_then(|h| get(h, &n)))
-    });
-    reader(r, "response_headers", |lua, c, ()| {
+    })?;
+    reader(lua, r, "response_headers", |lua, c, ()| {
         match c.response_headers() {
             Some(h) => to_table(lua, h).map(Some),
             None => Ok(None),
         }
-    });
+    })?;
     writer(
+        lua,
         r,
         "set_response_header",
-        |_, c, (n, v): (String, String)| {
-            let (n, v) = (name(&n)?, value(&v)?);
+        |_, c, (Arg::<HeaderName>(n), Arg::<HeaderValue>(v))| {
             if let Some(h) = c.response_headers_mut() {
                 h.insert(n, v);
             }
             Ok(())
         },
-    );
+    )?;
+    writer(lua, r, "add_response_header", |_, c, (Arg(n), Arg(v))| {
+        c.append_response_header(n, v);
+        Ok(())
+    })?;
     writer(
+        lua,
         r,
-        "add_response_header",
-        |_, c, (n, v): (String, String)| {
-            let (n, v) = (name(&n)?, value(&v)?);
-            c.append_response_header(n, v);
+        "remove_response_header",
+        |_, c, Arg::<HeaderName>(n)| {
+            if let Some(h) = c.response_headers_mut() {
+                h.remove(n);
+            }
             Ok(())
         },
-    );
-    writer(r, "remove_response_header", |_, c, n: String| {
-        let n = name(&n)?;
-        if let Some(h) = c.response_headers_mut() {
-            h.remove(n);
-        }
-        Ok(())
-    });
+    )?;
     // Bodies (only when the file declares request_body / response_body = true).
-    reader(r, "request_body", |lua, c, ()| match c.request_body() {
-        Some(b) => lua.create_string(b).map(Some),
-        None => Ok(None),
-    });
-    writer(r, "set_request_body", |_, c, b: mlua::LuaString| {
+    reader(lua, r, "request_body", |lua, c, ()| {
+        match c.request_body() {
+            Some(b) => lua.create_string(b).map(Some),
+            None => Ok(None),
+        }
+    })?;
+    writer(lua, r, "set_request_body", |_, c, b: mlua::LuaString| {
         c.set_request_body(b.as_bytes().to_vec());
         Ok(())
-    });
-    reader(r, "response_body", |lua, c, ()| match c.response_body() {
-        Some(b) => lua.create_string(b).map(Some),
-        None => Ok(None),
-    });
-    writer(r, "set_response_body", |_, c, b: mlua::LuaString| {
+    })?;
+    reader(lua, r, "response_body", |lua, c, ()| {
+        match c.response_body() {
+            Some(b) => lua.create_string(b).map(Some),
+            None => Ok(None),
+        }
+    })?;
+    writer(lua, r, "set_response_body", |_, c, b: mlua::LuaString| {
         c.set_response_body(b.as_bytes().to_vec());
         Ok(())
-    });
+    })?;
     // The error stage: what failed.
-    reader(r, "failure", |lua, c, ()| match c.failure() {
+    reader(lua, r, "failure", |lua, c, ()| match c.failure() {
         Some(f) => {
             let t = lua.create_table()?;
             t.set("filter", &*f.filter)?;
@@ -240,5 +450,6 @@ fn methods(r: &mut UserDataRegistry<FilterCtx>) {
             Ok(Some(t))
         }
         None => Ok(None),
-    });
+    })?;
+    Ok(())
 }

@@ -6,7 +6,7 @@
 //! | [`LuaFilters`] (here) | the [`FilterSource`] the gateway asks for each config version; the directory watcher |
 //! | `set` | compiling and validating a directory into a filter set (off the request path) |
 //! | `vm` | one sandboxed VM per worker thread, instruction budget, memory cap |
-//! | `ctx` | the `ctx` userdata mirroring the native `FilterCtx` |
+//! | `ctx` | the `ctx` method table mirroring the native `FilterCtx`, and the lent context it works on |
 //! | `api` | `shared` (process-wide dictionary) and `http` (non-blocking client) |
 //! | [`dict`] | the sharded shared dictionary |
 //!
@@ -20,10 +20,10 @@ mod set;
 mod vm;
 mod watch;
 
+use ctx::Lent;
 use keymaster_config::Config;
 use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSource, FilterSpec};
 use keymaster_gateway::{ConfigSource, Gateway};
-use mlua::AnyUserData;
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -181,18 +181,12 @@ impl Filter for LuaFilter {
 }
 
 fn should_filter(set: &Arc<LuaSet>, index: usize, ctx: &FilterCtx) -> Result<bool, String> {
-    let h = vm::handle(set, index)?;
-    let Some(should) = h.fns.should.as_ref() else {
-        return Ok(true);
-    };
-    let owned: *const FilterCtx = ctx;
-    let r = h.lua.scope(|scope| {
-        let ud = scope.create_any_userdata_ref(ctx)?;
-        vm::with_budget_ctx(set.settings.budget, owned, || {
-            should.call::<mlua::Value>(ud)
-        })
-    });
-    vm::after_call(&h, set.settings.memory_limit, is_memory(&r));
+    let r = vm::call(set, index, |_, fns| match fns.should.as_ref() {
+        Some(should) => vm::with_budget(set.settings.budget, || {
+            Lent::read_only(ctx).during(|| should.call::<mlua::Value>(&fns.ctx))
+        }),
+        None => Ok(mlua::Value::Boolean(true)),
+    })?;
     match r {
         Ok(v) => Ok(!matches!(v, mlua::Value::Nil | mlua::Value::Boolean(false))),
         Err(e) => Err(error_text(&e)),
@@ -201,75 +195,24 @@ fn should_filter(set: &Arc<LuaSet>, index: usize, ctx: &FilterCtx) -> Result<boo
 
 type FilterResult = Result<(), keymaster_gateway::filter::FilterError>;
 
-/// Move the request context into a (reused) userdata for a call: the userdata and the
-/// address the call owns.
-fn lend(h: &vm::Handle, ctx: &mut FilterCtx) -> Result<(AnyUserData, *const FilterCtx), String> {
-    // A reused carrier holds an empty context: swap the request's in (a pointer swap, as
-    // `FilterCtx` is a box). A new one is created holding it.
-    let (ud, reused) = match vm::take_slot(h) {
-        Some(ud) => (ud, true),
-        None => {
-            let ud = h.lua.create_any_userdata(ctx.take());
-            (ud.map_err(|e| error_text(&e))?, false)
-        }
-    };
-    // One borrow both swaps and yields the address the call owns (the userdata's storage
-    // does not move).
-    let owned: *const FilterCtx = {
-        let mut slot = ud.borrow_mut::<FilterCtx>().map_err(|e| error_text(&e))?;
-        if reused {
-            std::mem::swap(&mut *slot, ctx);
-        }
-        &*slot
-    };
-    Ok((ud, owned))
-}
-
-/// After the call: the context goes back whatever happened, and the carrier is kept for
-/// reuse (it now holds the empty context).
-fn give_back(
-    set: &LuaSet,
-    h: &vm::Handle,
-    ud: AnyUserData,
-    ctx: &mut FilterCtx,
-    r: mlua::Result<()>,
-) -> FilterResult {
-    match ud.borrow_mut::<FilterCtx>() {
-        Ok(mut slot) => std::mem::swap(&mut *slot, ctx),
-        Err(e) => return Err(format!("the request context was lost: {e}").into()),
-    }
-    vm::put_slot(h, ud);
-    vm::after_call(h, set.settings.memory_limit, is_memory(&r));
+/// A file that never names `http` cannot suspend: a plain protected call, no coroutine.
+fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResult {
+    let r = vm::call(set, index, |_, fns| {
+        vm::with_budget(set.settings.budget, || {
+            Lent::writable(ctx).during(|| fns.run.call::<()>(&fns.ctx))
+        })
+    })?;
     r.map_err(|e| error_text(&e).into())
 }
 
-/// A file that never names `http` cannot suspend: a plain protected call, no coroutine.
-fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResult {
-    let h = vm::handle(set, index)?;
-    let (ud, owned) = lend(&h, ctx)?;
-    let r = vm::with_budget_ctx(set.settings.budget, owned, || h.fns.run.call::<()>(&ud));
-    give_back(set, &h, ud, ctx, r)
-}
-
-/// A file that may call `http`: the call runs as a coroutine the worker can suspend.
+/// A file that may call `http`: the call runs as a coroutine the worker can suspend. The
+/// future borrows `ctx` for its whole life; the context is lent to the call for each poll.
 async fn run(set: Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResult {
     let h = vm::handle(&set, index)?;
-    let (ud, owned) = lend(&h, ctx)?;
-    let call = h.fns.run.call_async::<()>(&ud);
-    let r = vm::Budgeted::new(call, set.settings.budget, owned).await;
-    give_back(&set, &h, ud, ctx, r)
-}
-
-fn is_memory(r: &mlua::Result<impl Sized>) -> bool {
-    fn mem(e: &mlua::Error) -> bool {
-        match e {
-            mlua::Error::MemoryError(_) => true,
-            mlua::Error::CallbackError { cause, .. } => mem(cause),
-            mlua::Error::RuntimeError(m) => m.contains("not enough memory"),
-            _ => false,
-        }
-    }
-    matches!(r, Err(e) if mem(e))
+    let call = h.fns.run.call_async::<()>(&h.fns.ctx);
+    let r = vm::Budgeted::new(call, set.settings.budget, Lent::writable(ctx)).await;
+    vm::after_call(&h, set.settings.memory_limit, &r);
+    r.map_err(|e| error_text(&e).into())
 }
 
 /// A Lua error as one line: the message with `file:line`, without the traceback.

@@ -23,15 +23,15 @@
 //! after a memory error, the worker's VM is dropped and rebuilt on its next use (calls still
 //! suspended on the old VM finish on it).
 
-use keymaster_gateway::filter::FilterCtx;
 use mlua::chunk::ChunkMode;
-use mlua::{AnyUserData, Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
+use mlua::{Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
+use crate::ctx::Lent;
 use crate::set::{LuaSet, Settings};
 
 /// The count hook fires every this many VM instructions.
@@ -44,19 +44,6 @@ thread_local! {
     /// Instructions left for the Lua call running on this thread, if any.
     static BUDGET: Cell<Option<i64>> = const { Cell::new(None) };
     static GENERATION: Cell<u64> = const { Cell::new(0) };
-    /// The request context of the Lua call running on this thread (compared, never read).
-    static CURRENT_CTX: Cell<*const FilterCtx> = const { Cell::new(std::ptr::null()) };
-}
-
-/// Whether `c` is the context of the call running now (see `ctx::reader`).
-pub(crate) fn owns(c: &FilterCtx) -> mlua::Result<()> {
-    if std::ptr::eq(c, CURRENT_CTX.with(Cell::get)) {
-        Ok(())
-    } else {
-        Err(mlua::Error::runtime(
-            "ctx used outside the filter call it was passed to",
-        ))
-    }
 }
 
 /// A new sandboxed VM for `settings` (JIT off, budget hook, memory cap, keymaster's API).
@@ -153,16 +140,9 @@ fn spent() -> bool {
 
 /// Run `f` (synchronous Lua code) with `budget` instructions.
 pub(crate) fn with_budget<R>(budget: u64, f: impl FnOnce() -> R) -> R {
-    with_budget_ctx(budget, std::ptr::null(), f)
-}
-
-/// [`with_budget`] with `ctx` as the context the running call owns.
-pub(crate) fn with_budget_ctx<R>(budget: u64, ctx: *const FilterCtx, f: impl FnOnce() -> R) -> R {
     let prev = BUDGET.with(|b| b.replace(Some(budget.min(i64::MAX as u64) as i64)));
-    let prev_ctx = CURRENT_CTX.with(|c| c.replace(ctx));
     let r = f();
     BUDGET.with(|b| b.set(prev));
-    CURRENT_CTX.with(|c| c.set(prev_ctx));
     r
 }
 
@@ -171,12 +151,12 @@ pub(crate) fn with_budget_ctx<R>(budget: u64, ctx: *const FilterCtx, f: impl FnO
 pub(crate) struct Budgeted<F> {
     inner: Pin<Box<F>>,
     left: i64,
-    /// The context this call owns (installed for each poll like the budget).
-    ctx: *const FilterCtx,
+    /// The request context lent to this call (installed for each poll like the budget).
+    ctx: Lent,
 }
 
 impl<F> Budgeted<F> {
-    pub(crate) fn new(inner: F, budget: u64, ctx: *const FilterCtx) -> Self {
+    pub(crate) fn new(inner: F, budget: u64, ctx: Lent) -> Self {
         Budgeted {
             inner: Box::pin(inner),
             left: budget.min(i64::MAX as u64) as i64,
@@ -190,10 +170,10 @@ impl<F: Future> Future for Budgeted<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         let prev = BUDGET.with(|b| b.replace(Some(this.left)));
-        let prev_ctx = CURRENT_CTX.with(|c| c.replace(this.ctx));
+        let prev_ctx = this.ctx.install();
         let r = this.inner.as_mut().poll(cx);
         this.left = BUDGET.with(|b| b.replace(prev)).unwrap_or(0);
-        CURRENT_CTX.with(|c| c.set(prev_ctx));
+        Lent::restore(prev_ctx);
         r
     }
 }
@@ -203,6 +183,8 @@ impl<F: Future> Future for Budgeted<F> {
 pub(crate) struct Fns {
     pub should: Option<Function>,
     pub run: Function,
+    /// The file's `ctx` table (`crate::ctx::table_for_file`).
+    pub ctx: Table,
 }
 
 /// What a request's filter call needs: the VM, its functions, and which VM it was.
@@ -212,13 +194,7 @@ pub(crate) struct Handle {
     generation: u64,
 }
 
-/// Most idle context carriers a worker VM keeps for reuse.
-const MAX_SLOTS: usize = 64;
-
 struct WorkerVm {
-    /// Idle userdata that carry a request context into a `run` call (creating one per call
-    /// costs about 4,000 instructions; swapping a context in and out costs a few dozen).
-    slots: Vec<AnyUserData>,
     lua: Lua,
     settings: Settings,
     generation: u64,
@@ -251,14 +227,15 @@ fn instantiate(lua: &Lua, set: &LuaSet) -> mlua::Result<Vec<Fns>> {
         out.push(Fns {
             should: t.get("should_filter")?,
             run: t.get("run")?,
+            ctx: crate::ctx::table_for_file(lua)?,
         });
     }
     Ok(out)
 }
 
-/// This worker's VM and the functions of filter `index` of `set` (instantiating the set's
-/// validated bytecode the first time this worker sees that version).
-pub(crate) fn handle(set: &Arc<LuaSet>, index: usize) -> Result<Handle, String> {
+/// Make sure this worker's VM exists for `set`'s settings and has instantiated `set` (its
+/// validated bytecode, the first time this worker sees that version).
+fn ensure(set: &Arc<LuaSet>) -> Result<(), String> {
     WORKER.with(|w| {
         let mut w = w.borrow_mut();
         if w.as_ref()
@@ -270,7 +247,6 @@ pub(crate) fn handle(set: &Arc<LuaSet>, index: usize) -> Result<Handle, String> 
                 g.get()
             });
             *w = Some(WorkerVm {
-                slots: Vec::new(),
                 lua,
                 settings: set.settings.clone(),
                 generation,
@@ -280,77 +256,108 @@ pub(crate) fn handle(set: &Arc<LuaSet>, index: usize) -> Result<Handle, String> 
         let Some(vm) = w.as_mut() else {
             return Err("lua VM missing".to_string());
         };
-        if let Some((_, _, fns)) = vm.loaded.iter().find(|(id, _, _)| *id == set.id) {
-            return fns
-                .get(index)
-                .map(|fns| Handle {
-                    lua: vm.lua.clone(),
-                    fns: fns.clone(),
-                    generation: vm.generation,
-                })
-                .ok_or_else(|| "lua filter index out of range".to_string());
+        if vm.loaded.iter().any(|(id, _, _)| *id == set.id) {
+            return Ok(());
         }
         vm.loaded.retain(|(_, s, _)| s.strong_count() > 0);
         let fns = instantiate(&vm.lua, set).map_err(|e| crate::error_text(&e))?;
-        let one = fns
-            .get(index)
-            .cloned()
-            .ok_or_else(|| "lua filter index out of range".to_string())?;
         vm.loaded.push((set.id, Arc::downgrade(set), fns));
+        Ok(())
+    })
+}
+
+/// Call `f` with this worker's VM and the functions of filter `index` of `set`, borrowed
+/// (no handles cloned): for calls that cannot suspend. Then enforce the memory cap.
+pub(crate) fn call<R>(
+    set: &Arc<LuaSet>,
+    index: usize,
+    f: impl FnOnce(&Lua, &Fns) -> mlua::Result<R>,
+) -> Result<mlua::Result<R>, String> {
+    ensure(set)?;
+    let (r, rebuild) = WORKER.with(|w| {
+        let w = w.borrow();
+        let vm = w.as_ref().ok_or("lua VM missing")?;
+        let fns = functions(vm, set, index)?;
+        let r = f(&vm.lua, fns);
+        let rebuild = over_cap(&vm.lua, set.settings.memory_limit, is_memory(&r));
+        Ok::<_, String>((r, rebuild.then_some(vm.generation)))
+    })?;
+    if let Some(generation) = rebuild {
+        drop_vm(generation);
+    }
+    Ok(r)
+}
+
+fn functions<'a>(vm: &'a WorkerVm, set: &LuaSet, index: usize) -> Result<&'a Fns, String> {
+    vm.loaded
+        .iter()
+        .find(|(id, _, _)| *id == set.id)
+        .and_then(|(_, _, fns)| fns.get(index))
+        .ok_or_else(|| "lua filter index out of range".to_string())
+}
+
+/// This worker's VM and the functions of filter `index` of `set`, owned: for calls that
+/// may suspend (they outlive any borrow of the worker's state).
+pub(crate) fn handle(set: &Arc<LuaSet>, index: usize) -> Result<Handle, String> {
+    ensure(set)?;
+    WORKER.with(|w| {
+        let w = w.borrow();
+        let vm = w.as_ref().ok_or("lua VM missing")?;
         Ok(Handle {
             lua: vm.lua.clone(),
-            fns: one,
+            fns: functions(vm, set, index)?.clone(),
             generation: vm.generation,
         })
     })
 }
 
-/// An idle context carrier of the handle's VM, if any.
-pub(crate) fn take_slot(h: &Handle) -> Option<AnyUserData> {
-    WORKER.with(|w| {
-        let mut w = w.borrow_mut();
-        w.as_mut()
-            .filter(|vm| vm.generation == h.generation)
-            .and_then(|vm| vm.slots.pop())
-    })
+/// After a suspendable call: enforce the memory cap.
+pub(crate) fn after_call<R>(h: &Handle, limit: usize, r: &mlua::Result<R>) {
+    if over_cap(&h.lua, limit, is_memory(r)) {
+        drop_vm(h.generation);
+    }
 }
 
-/// Return a context carrier (holding an empty context) for reuse.
-pub(crate) fn put_slot(h: &Handle, ud: AnyUserData) {
-    WORKER.with(|w| {
-        let mut w = w.borrow_mut();
-        if let Some(vm) = w.as_mut().filter(|vm| vm.generation == h.generation) {
-            if vm.slots.len() < MAX_SLOTS {
-                vm.slots.push(ud);
-            }
-        }
-    })
-}
-
-/// After a call: enforce the memory cap by rebuilding the worker's VM when it is (nearly)
-/// full or an allocation failed.
-pub(crate) fn after_call(h: &Handle, limit: usize, memory_error: bool) {
+/// Whether the VM is (nearly) full or an allocation failed: it is then rebuilt on the
+/// worker's next call (calls still suspended on it finish on it).
+fn over_cap(lua: &Lua, limit: usize, memory_error: bool) -> bool {
     let high = limit / 4 * 3;
-    if !memory_error && h.lua.used_memory() <= high {
-        return;
+    if !memory_error && lua.used_memory() <= high {
+        return false;
     }
     if !memory_error {
-        let _ = h.lua.gc_collect();
-        if h.lua.used_memory() <= high {
-            return;
+        let _ = lua.gc_collect();
+        if lua.used_memory() <= high {
+            return false;
         }
     }
     tracing::warn!(
-        used = h.lua.used_memory(),
+        used = lua.used_memory(),
         limit,
         "lua: VM over its memory cap; rebuilding this worker's VM"
     );
+    true
+}
+
+fn drop_vm(generation: u64) {
     WORKER.with(|w| {
         let mut w = w.borrow_mut();
-        if w.as_ref().is_some_and(|vm| vm.generation == h.generation) {
+        if w.as_ref().is_some_and(|vm| vm.generation == generation) {
             *w = None;
         }
     });
+}
+
+fn is_memory<R>(r: &mlua::Result<R>) -> bool {
+    fn mem(e: &mlua::Error) -> bool {
+        match e {
+            mlua::Error::MemoryError(_) => true,
+            mlua::Error::CallbackError { cause, .. } => mem(cause),
+            mlua::Error::RuntimeError(m) => m.contains("not enough memory"),
+            _ => false,
+        }
+    }
+    matches!(r, Err(e) if mem(e))
 }
 
 #[cfg(test)]
