@@ -145,6 +145,14 @@ impl Filter for Panic {
     }
 }
 
+/// Panics in `run` itself, before returning a future (a synchronous filter's panic).
+struct PanicNow;
+impl Filter for PanicNow {
+    fn run<'a>(&'a self, _ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        panic!("deliberate panic in a synchronous native filter");
+    }
+}
+
 /// Skips requests carrying `x-skip`.
 struct Picky;
 impl Filter for Picky {
@@ -427,6 +435,11 @@ async fn failing_filter_gives_500_and_counts() {
 #[tokio::test]
 async fn panicking_filter_gives_500_and_counts() {
     failure_case(spec("boom", FilterStage::Pre, 0, Panic), "boom").await;
+}
+
+#[tokio::test]
+async fn synchronous_panic_gives_500_and_counts() {
+    failure_case(spec("boom-now", FilterStage::Pre, 0, PanicNow), "boom-now").await;
 }
 
 #[tokio::test]

@@ -162,6 +162,8 @@ pub struct Failure {
 
 /// A declarative match compiled.
 struct Matcher {
+    /// Nothing to check: every request matches.
+    always: bool,
     routes: Vec<String>,
     path_prefix: Option<String>,
     methods: Vec<Method>,
@@ -171,6 +173,10 @@ struct Matcher {
 impl Matcher {
     fn compile(m: &FilterMatch) -> Result<Matcher, String> {
         Ok(Matcher {
+            always: m.routes.is_empty()
+                && m.path_prefix.is_none()
+                && m.methods.is_empty()
+                && m.headers.is_empty(),
             routes: m.routes.clone(),
             path_prefix: m.path_prefix.clone(),
             methods: m
@@ -187,6 +193,9 @@ impl Matcher {
     }
 
     fn matches(&self, ctx: &FilterCtx) -> bool {
+        if self.always {
+            return true;
+        }
         (self.routes.is_empty() || self.routes.iter().any(|r| **r == *ctx.route))
             && self
                 .path_prefix
@@ -342,7 +351,19 @@ impl FilterChain {
             // The duration histogram samples runs (every one in debug mode): two clock reads
             // and a histogram update per run would cost more than a small filter itself.
             let started = (ctx.debug.is_some() || sample_timing()).then(Instant::now);
-            let r = AssertUnwindSafe(e.filter.run(ctx)).catch_unwind().await;
+            // A panic in `run` itself (synchronous filters) or while its future is polled.
+            // A finished future (the common case) is taken as it is, without an await.
+            let c = &mut *ctx;
+            let r = match std::panic::catch_unwind(AssertUnwindSafe(move || {
+                let c = c; // moved in: the closure is FnOnce, so the future may borrow it
+                e.filter.run(c)
+            })) {
+                Ok(FilterFuture(Run::Ready(r))) => {
+                    Ok(r.unwrap_or_else(|| Err("filter future polled after completion".into())))
+                }
+                Ok(f) => AssertUnwindSafe(f).catch_unwind().await,
+                Err(p) => Err(p),
+            };
             if let Some(started) = started {
                 let took = started.elapsed();
                 e.metrics.duration.observe(took.as_secs_f64());
