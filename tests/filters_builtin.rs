@@ -666,3 +666,77 @@ keys = ["k1"]
         "https://app.example.com"
     );
 }
+
+/// Reads the request id from the request headers and forwards it as `x-seen-id`.
+struct SeesRequestId;
+impl Filter for SeesRequestId {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        if let Some(id) = ctx.request_headers().get("x-request-id").cloned() {
+            ctx.set_request_header(http::HeaderName::from_static("x-seen-id"), id);
+        }
+        done(Ok(()))
+    }
+}
+
+/// The `x-request-id` lines of the request head the origin got (echoed in the body).
+fn forwarded_ids(r: &Reply) -> Vec<String> {
+    body(r)
+        .lines()
+        .filter_map(|l| l.strip_prefix("x-request-id: "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A generated request id reaches the origin exactly once whether or not the filters read
+/// the request headers (when none does, it is not put in their map but added on the way
+/// out); a filter reading the headers sees it; a filter setting the header wins, and one
+/// removing it removes it.
+#[tokio::test]
+async fn request_id_goes_out_once_whatever_the_filters_read() {
+    let f = fixture(
+        r#"
+[[filters]]
+name = "in"
+type = "headers"
+stage = "pre"
+set = { x-in = "1" }
+"#,
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    let r = req(&mut c, "GET", "/x", &[]).await;
+    let id = r.headers["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(forwarded_ids(&r), vec![id], "{}", body(&r));
+    assert!(body(&r).contains("x-in: 1\r\n"));
+
+    let f = fixture_with(
+        "",
+        vec![FilterSpec::new("sees", FilterStage::Pre, 0, SeesRequestId)],
+    )
+    .await;
+    let mut c = Client::connect(f.g.addr).await;
+    let r = req(&mut c, "GET", "/x", &[]).await;
+    let id = r.headers["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(forwarded_ids(&r), vec![id.clone()], "{}", body(&r));
+    assert!(
+        body(&r).contains(&format!("x-seen-id: {id}\r\n")),
+        "{}",
+        body(&r)
+    );
+
+    for (edit, want) in [
+        (
+            r#"set = { x-request-id = "mine" }"#,
+            vec!["mine".to_string()],
+        ),
+        (r#"remove = ["x-request-id"]"#, vec![]),
+    ] {
+        let f = fixture(&format!(
+            "[[filters]]\nname = \"id\"\ntype = \"headers\"\nstage = \"pre\"\n{edit}\n"
+        ))
+        .await;
+        let mut c = Client::connect(f.g.addr).await;
+        let r = req(&mut c, "GET", "/x", &[]).await;
+        assert_eq!(forwarded_ids(&r), want, "{edit}: {}", body(&r));
+    }
+}

@@ -216,19 +216,20 @@ async fn proxy(
         &listener.limits,
     )?;
 
-    // Request id: propagate the client's or make one. A new one goes into the map for
-    // filters to see, else it is sent with the other added fields (`AddedFields`).
-    let (rid, rid_added) = match parts.headers.get(&listener.request_id_header) {
+    // Request id: propagate the client's or make one. A new one goes into the map when a
+    // filter may read the request headers, else it is sent with the other added fields
+    // (`AddedFields`).
+    let (rid, mut rid_added) = match parts.headers.get(&listener.request_id_header) {
         Some(v) => (v.clone(), false),
         None => {
             let v = hdr::new_request_id();
-            let filters = !snapshot.filters.is_empty();
-            if filters {
+            let in_map = snapshot.filters.wants_request_id_in_map();
+            if in_map {
                 parts
                     .headers
                     .insert(listener.request_id_header.clone(), v.clone());
             }
-            (v, !filters)
+            (v, !in_map)
         }
     };
     info.request_id = Some(rid.clone());
@@ -298,6 +299,9 @@ async fn proxy(
             return Ok(resp);
         }
         parts.headers = snapshot.filters.request_headers(&mut ctx);
+        // A filter that set the request id header itself wins over a generated one.
+        rid_added &= !(ctx.request_headers_edited()
+            && parts.headers.contains_key(&listener.request_id_header));
         if let Some(b) = ctx.take_request_body() {
             crate::filter::set_body_length(&mut parts.headers, b.len());
             buffered = Some(b);

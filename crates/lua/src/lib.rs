@@ -171,6 +171,10 @@ impl Filter for LuaFilter {
         self.set.files[self.index].needs_request_headers
     }
 
+    fn reads_request_headers(&self) -> bool {
+        self.set.files[self.index].reads_request_headers
+    }
+
     fn needs_request_body(&self) -> bool {
         self.set.files[self.index].request_body
     }

@@ -57,6 +57,8 @@ pub(crate) struct LuaFile {
     /// `run` is a plain call (no coroutine to create and resume).
     pub may_suspend: bool,
     pub needs_request_headers: bool,
+    /// The source may read the request headers or remove one (`names_request_header_read`).
+    pub reads_request_headers: bool,
     /// Body opt-in: `request_body = true` / `response_body = true`.
     pub request_body: bool,
     pub response_body: bool,
@@ -204,9 +206,21 @@ fn compile_file(lua: &mlua::Lua, path: &Path, budget: u64) -> Result<LuaFile, St
         has_should,
         may_suspend: source.windows(4).any(|w| w == b"http"),
         needs_request_headers,
+        reads_request_headers: names_request_header_read(&source),
         request_body,
         response_body,
     })
+}
+
+/// Whether `source` names `header` anywhere except right after `_` (`set_header`,
+/// `ctx:response_header`, ...), or `remove_header` (which may target the request id): a
+/// conservative test for a filter that needs the request headers as the gateway has them.
+fn names_request_header_read(source: &[u8]) -> bool {
+    source
+        .windows(7)
+        .any(|w| &w[1..] == b"header" && w[0] != b'_')
+        || source.starts_with(b"header")
+        || source.windows(13).any(|w| w == b"remove_header")
 }
 
 fn read_match(m: &Table) -> Result<FilterMatch, String> {
@@ -235,4 +249,24 @@ fn read_match(m: &Table) -> Result<FilterMatch, String> {
         methods,
         headers: list("headers")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_request_header_read as reads;
+
+    #[test]
+    fn header_reads_are_told_from_writes() {
+        assert!(reads(b"local v = ctx:header('x-a')"));
+        assert!(reads(b"for k, v in pairs(ctx:headers()) do end"));
+        assert!(reads(b"match = { headers = { 'x-a' } }"));
+        assert!(reads(b"ctx:remove_header('x-request-id')"));
+        assert!(reads(b"header"));
+        assert!(!reads(
+            b"ctx:set_header('x-in', '1') ctx:add_header('x-b', '2')"
+        ));
+        assert!(!reads(
+            b"ctx:add_response_header('x-out', ctx:response_header('x-o'))"
+        ));
+    }
 }

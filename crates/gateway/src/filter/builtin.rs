@@ -176,6 +176,10 @@ impl Filter for Headers {
         }
         done(Ok(()))
     }
+    // A removal may target the request id, which must then be in the map to go.
+    fn reads_request_headers(&self) -> bool {
+        !self.response_side && !self.edits.remove.is_empty()
+    }
 }
 
 /// redirect and static: answer with a fixed response.
@@ -189,6 +193,9 @@ impl Filter for Fixed {
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         ctx.respond(self.status, self.headers.clone(), self.body.clone());
         done(Ok(()))
+    }
+    fn reads_request_headers(&self) -> bool {
+        false
     }
 }
 
@@ -319,6 +326,9 @@ impl Filter for IpFilter {
             deny(ctx, StatusCode::FORBIDDEN, HeaderMap::new());
         }
         done(Ok(()))
+    }
+    fn reads_request_headers(&self) -> bool {
+        false
     }
 }
 
@@ -461,6 +471,9 @@ impl Filter for Reroute {
             ctx.set_upstream_host(h.clone());
         }
         done(Ok(()))
+    }
+    fn reads_request_headers(&self) -> bool {
+        false
     }
 }
 

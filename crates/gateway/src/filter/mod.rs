@@ -97,6 +97,14 @@ pub trait Filter: Send + Sync + 'static {
     fn needs_request_headers(&self) -> bool {
         false
     }
+    /// Whether the filter may read the request headers (through
+    /// [`FilterCtx::request_headers`], also in `should_filter`). Say `false` only for filters
+    /// that never do: when no filter of a chain reads them and no declarative match names a
+    /// header, a request id the gateway generates is not put in the map for filters to see
+    /// (it is added on the way to the origin, which saves a map insert per request).
+    fn reads_request_headers(&self) -> bool {
+        true
+    }
     /// A `pre` or `route` filter that reads or replaces the request body says so: for requests
     /// it matches (declaratively), the body is buffered before the `pre` stage, up to
     /// `[filter_body] max_request` (413 past it). See [`FilterCtx::request_body`].
@@ -222,6 +230,9 @@ pub(crate) struct FilterChain {
     empty: bool,
     /// Post or error filters read request headers: they get a copy.
     outbound: bool,
+    /// Some filter reads the request headers (or a match names one): a generated request
+    /// id goes into the map for filters to see.
+    reads_request_headers: bool,
     /// Some pre/route filter reads the request body; some post filter the response body.
     request_body: bool,
     response_body: bool,
@@ -291,7 +302,12 @@ impl FilterChain {
             .flatten()
             .any(|e| e.filter.needs_request_body());
         let response_body = stages[2].iter().any(|e| e.filter.needs_response_body());
+        let reads_request_headers = stages
+            .iter()
+            .flatten()
+            .any(|e| e.filter.reads_request_headers() || !e.matcher.headers.is_empty());
         Ok(FilterChain {
+            reads_request_headers,
             request_body,
             response_body,
             debug,
@@ -304,6 +320,12 @@ impl FilterChain {
     /// No filters at all: the request path skips the chain entirely.
     pub(crate) fn is_empty(&self) -> bool {
         self.empty
+    }
+
+    /// Whether a generated request id goes into the request map before the filters run
+    /// (some filter may read the request headers), rather than being added on the way out.
+    pub(crate) fn wants_request_id_in_map(&self) -> bool {
+        !self.empty && self.reads_request_headers
     }
 
     /// The filter names of a stage in run order (for tests and docs).
