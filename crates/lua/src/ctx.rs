@@ -14,9 +14,11 @@ use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
 use keymaster_gateway::filter::FilterCtx;
 use mlua::{FromLua, FromLuaMulti, IntoLuaMulti, Lua, Table, Value};
-use std::cell::Cell;
+use rustc_hash::FxHashMap;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 fn status(n: u16) -> mlua::Result<StatusCode> {
     StatusCode::from_u16(n).map_err(|_| mlua::Error::runtime(format!("invalid status {n}")))
@@ -181,22 +183,56 @@ trait ParseArg: Sized {
     fn parse(b: &[u8]) -> mlua::Result<Self>;
 }
 
+/// Most names a worker keeps parsed (header names and cluster names are few and fixed in
+/// practice; the cache is emptied when full).
+const CACHED: usize = 256;
+
+thread_local! {
+    static NAMES: RefCell<FxHashMap<Box<[u8]>, HeaderName>> = RefCell::default();
+    static CLUSTERS: RefCell<FxHashMap<Box<[u8]>, Arc<str>>> = RefCell::default();
+}
+
+/// `parse(b)`, remembered in `cache` (a clone of a parsed value is cheaper than validating
+/// and copying the bytes again on every call).
+fn cached<T: Clone>(
+    cache: &'static std::thread::LocalKey<RefCell<FxHashMap<Box<[u8]>, T>>>,
+    b: &[u8],
+    parse: impl FnOnce(&[u8]) -> mlua::Result<T>,
+) -> mlua::Result<T> {
+    cache.with(|c| {
+        if let Some(v) = c.borrow().get(b) {
+            return Ok(v.clone());
+        }
+        let v = parse(b)?;
+        let mut c = c.borrow_mut();
+        if c.len() >= CACHED {
+            c.clear();
+        }
+        c.insert(b.into(), v.clone());
+        Ok(v)
+    })
+}
+
 impl ParseArg for HeaderName {
     fn parse(b: &[u8]) -> mlua::Result<Self> {
-        HeaderName::from_bytes(b).map_err(|_| {
-            mlua::Error::runtime(format!(
-                "invalid header name {:?}",
-                String::from_utf8_lossy(b)
-            ))
+        cached(&NAMES, b, |b| {
+            HeaderName::from_bytes(b).map_err(|_| {
+                mlua::Error::runtime(format!(
+                    "invalid header name {:?}",
+                    String::from_utf8_lossy(b)
+                ))
+            })
         })
     }
 }
 
-impl ParseArg for std::sync::Arc<str> {
+impl ParseArg for Arc<str> {
     fn parse(b: &[u8]) -> mlua::Result<Self> {
-        std::str::from_utf8(b)
-            .map(Into::into)
-            .map_err(|_| mlua::Error::runtime("expected a UTF-8 string"))
+        cached(&CLUSTERS, b, |b| {
+            std::str::from_utf8(b)
+                .map(Into::into)
+                .map_err(|_| mlua::Error::runtime("expected a UTF-8 string"))
+        })
     }
 }
 
@@ -342,15 +378,10 @@ fn methods(lua: &Lua, r: &Table) -> mlua::Result<()> {
     reader(lua, r, "cluster", |_, c, ()| {
         Ok(c.upstream_cluster().map(str::to_string))
     })?;
-    writer(
-        lua,
-        r,
-        "set_cluster",
-        |_, c, Arg::<std::sync::Arc<str>>(n)| {
-            c.set_cluster(n);
-            Ok(())
-        },
-    )?;
+    writer(lua, r, "set_cluster", |_, c, Arg::<Arc<str>>(n)| {
+        c.set_cluster(n);
+        Ok(())
+    })?;
     writer(lua, r, "set_upstream_path", |_, c, p: String| {
         if !p.starts_with('/') {
             return Err(mlua::Error::runtime(

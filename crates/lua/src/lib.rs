@@ -148,20 +148,23 @@ impl Filter for LuaFilter {
     }
 
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
-        let pending = PENDING.with(|p| {
-            let mut p = p.borrow_mut();
-            match p.take() {
-                Some((id, i, e)) if id == self.set.id && i == self.index => Some(e),
-                other => {
-                    *p = other;
-                    None
+        let file = &self.set.files[self.index];
+        let pending = file.has_should.then(|| {
+            PENDING.with(|p| {
+                let mut p = p.borrow_mut();
+                match p.take() {
+                    Some((id, i, e)) if id == self.set.id && i == self.index => Some(e),
+                    other => {
+                        *p = other;
+                        None
+                    }
                 }
-            }
+            })
         });
-        if let Some(e) = pending {
+        if let Some(e) = pending.flatten() {
             return done(Err(format!("should_filter: {e}").into()));
         }
-        if !self.set.files[self.index].may_suspend {
+        if !file.may_suspend {
             return done(run_sync(&self.set, self.index, ctx));
         }
         FilterFuture::new(run(self.set.clone(), self.index, ctx))

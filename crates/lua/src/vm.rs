@@ -268,24 +268,43 @@ fn ensure(set: &Arc<LuaSet>) -> Result<(), String> {
 
 /// Call `f` with this worker's VM and the functions of filter `index` of `set`, borrowed
 /// (no handles cloned): for calls that cannot suspend. Then enforce the memory cap.
-pub(crate) fn call<R>(
+pub(crate) fn call<R, F: FnOnce(&Lua, &Fns) -> mlua::Result<R>>(
     set: &Arc<LuaSet>,
     index: usize,
-    f: impl FnOnce(&Lua, &Fns) -> mlua::Result<R>,
+    f: F,
 ) -> Result<mlua::Result<R>, String> {
+    let mut f = Some(f);
+    if let Some(r) = try_call(set, index, &mut f) {
+        return r;
+    }
     ensure(set)?;
+    try_call(set, index, &mut f).unwrap_or_else(|| Err("lua VM missing".to_string()))
+}
+
+/// [`call`] if this worker's VM has instantiated `set` (one borrow: the common case). A VM
+/// that holds `set` was made for its settings (a VM is replaced, not changed).
+fn try_call<R, F: FnOnce(&Lua, &Fns) -> mlua::Result<R>>(
+    set: &LuaSet,
+    index: usize,
+    f: &mut Option<F>,
+) -> Option<Result<mlua::Result<R>, String>> {
     let (r, rebuild) = WORKER.with(|w| {
         let w = w.borrow();
-        let vm = w.as_ref().ok_or("lua VM missing")?;
-        let fns = functions(vm, set, index)?;
-        let r = f(&vm.lua, fns);
-        let rebuild = over_cap(&vm.lua, set.settings.memory_limit, is_memory(&r));
-        Ok::<_, String>((r, rebuild.then_some(vm.generation)))
+        let vm = w.as_ref()?;
+        let (_, _, all) = vm.loaded.iter().find(|(id, _, _)| *id == set.id)?;
+        let f = f.take()?;
+        let r = match all.get(index) {
+            Some(fns) => Ok(f(&vm.lua, fns)),
+            None => Err("lua filter index out of range".to_string()),
+        };
+        let full =
+            matches!(&r, Ok(r) if over_cap(&vm.lua, set.settings.memory_limit, is_memory(r)));
+        Some((r, full.then_some(vm.generation)))
     })?;
     if let Some(generation) = rebuild {
         drop_vm(generation);
     }
-    Ok(r)
+    Some(r)
 }
 
 fn functions<'a>(vm: &'a WorkerVm, set: &LuaSet, index: usize) -> Result<&'a Fns, String> {

@@ -19,8 +19,8 @@ pub(crate) struct LocalResponse {
 
 /// The narrow per-request API filters see. Bodies are not part of it (they stream past).
 ///
-/// One pointer wide: the state lives in a box, so handing the context to a scripting host
-/// and back (a swap per call, see `keymaster-lua`) moves 8 bytes, not the whole state.
+/// One pointer wide: the state lives in a box, so the request future that keeps the
+/// context from the `pre` stage to the `post` stage stays small and moves 8 bytes.
 pub struct FilterCtx(Box<CtxState>);
 
 impl std::ops::Deref for FilterCtx {
@@ -128,25 +128,6 @@ impl FilterCtx {
         *req.uri_mut() = uri.parse().expect("valid uri");
         let (parts, ()) = req.into_parts();
         FilterCtx::new(&parts, headers, client, None, "test".into())
-    }
-
-    /// Move the whole context out, leaving an empty one in its place (no allocation beyond
-    /// a shared route name). A scripting host owns the context while a script runs (scripts
-    /// need `'static` values) and moves it back with `*ctx = taken` afterwards.
-    pub fn take(&mut self) -> FilterCtx {
-        thread_local! {
-            static NONE: Arc<str> = Arc::from("");
-        }
-        let placeholder = FilterCtx::fresh(
-            self.stage,
-            Method::GET,
-            Uri::default(),
-            HeaderMap::new(),
-            SocketAddr::from(([0, 0, 0, 0], 0)),
-            None,
-            NONE.with(|r| r.clone()),
-        );
-        std::mem::replace(self, placeholder)
     }
 
     /// The stage now running.
