@@ -187,15 +187,18 @@ trait ParseArg: Sized {
 /// practice; the cache is emptied when full).
 const CACHED: usize = 256;
 
+/// Parsed values by the bytes they were parsed from.
+type Cache<T> = RefCell<FxHashMap<Box<[u8]>, T>>;
+
 thread_local! {
-    static NAMES: RefCell<FxHashMap<Box<[u8]>, HeaderName>> = RefCell::default();
-    static CLUSTERS: RefCell<FxHashMap<Box<[u8]>, Arc<str>>> = RefCell::default();
+    static NAMES: Cache<HeaderName> = RefCell::default();
+    static CLUSTERS: Cache<Arc<str>> = RefCell::default();
 }
 
 /// `parse(b)`, remembered in `cache` (a clone of a parsed value is cheaper than validating
 /// and copying the bytes again on every call).
 fn cached<T: Clone>(
-    cache: &'static std::thread::LocalKey<RefCell<FxHashMap<Box<[u8]>, T>>>,
+    cache: &'static std::thread::LocalKey<Cache<T>>,
     b: &[u8],
     parse: impl FnOnce(&[u8]) -> mlua::Result<T>,
 ) -> mlua::Result<T> {
