@@ -87,22 +87,26 @@ impl Lent {
         }
     }
 
-    /// Make this the running call's context; returns the one it replaces (restore it with
-    /// [`Lent::restore`] when the call returns or suspends).
-    pub(crate) fn install(self) -> Option<Lent> {
-        LENT.with(|l| l.replace(Some(self)))
-    }
-
-    pub(crate) fn restore(prev: Option<Lent>) {
-        LENT.with(|l| l.set(prev));
+    /// Make this the running call's context until the returned guard is dropped, which
+    /// puts back the one it replaced (also when the call unwinds, so a context is never
+    /// left installed past the borrow it came from).
+    pub(crate) fn install(self) -> Installed {
+        Installed(LENT.with(|l| l.replace(Some(self))))
     }
 
     /// Run `f` with `self` installed.
     pub(crate) fn during<R>(self, f: impl FnOnce() -> R) -> R {
-        let prev = self.install();
-        let r = f();
-        Lent::restore(prev);
-        r
+        let _installed = self.install();
+        f()
+    }
+}
+
+/// See [`Lent::install`].
+pub(crate) struct Installed(Option<Lent>);
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        LENT.with(|l| l.set(self.0));
     }
 }
 
@@ -126,9 +130,10 @@ fn with_ref<R>(f: impl FnOnce(&FilterCtx) -> mlua::Result<R>) -> mlua::Result<R>
     // SAFETY: `lent.ptr` was made from a reference (`&FilterCtx` or `&mut FilterCtx`) that
     // the host holds, unused, for as long as the lent value is installed: `Lent::during`
     // around a synchronous call, or `vm::Budgeted` around each poll of a suspended call's
-    // future, which borrows the context for its whole life. Methods run on this thread
-    // inside that window. The value was taken out of `LENT`, so no other reference made
-    // from it exists until `_back` puts it back after `f`.
+    // future, which borrows the context for its whole life. The `Installed` guard removes
+    // it when that call or poll returns or unwinds, and methods run on this thread inside
+    // that window. The value was taken out of `LENT`, so no other reference made from it
+    // exists until `_back` puts it back after `f`.
     let c = unsafe { lent.ptr.as_ref() };
     f(c)
 }

@@ -170,10 +170,10 @@ impl<F: Future> Future for Budgeted<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         let prev = BUDGET.with(|b| b.replace(Some(this.left)));
-        let prev_ctx = this.ctx.install();
+        let installed = this.ctx.install();
         let r = this.inner.as_mut().poll(cx);
         this.left = BUDGET.with(|b| b.replace(prev)).unwrap_or(0);
-        Lent::restore(prev_ctx);
+        drop(installed);
         r
     }
 }
