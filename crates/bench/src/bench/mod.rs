@@ -6,6 +6,8 @@
 //! `/proc` ([`procfs`]) around every measured window, and writes `report.md`, SVG charts and
 //! `results.json` ([`report`]). See `docs/benchmarking.md` for the method.
 
+mod compare;
+mod machine;
 pub mod model;
 pub mod procfs;
 pub mod report;
@@ -18,14 +20,15 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::load::{parse_duration, run_load, LoadConfig, LoadReport};
-use model::{
-    BenchRun, Machine, ProcFigures, Sample, ScenarioResult, Settings, StepResult, SystemInfo,
-};
+use model::{BenchRun, ProcFigures, Sample, ScenarioResult, Settings, StepResult, SystemInfo};
 use systems::{CpuSet, Parity, Proc, SystemKind, SystemSpec};
 
+pub use compare::{comparison_markdown, DriverComparison, AGREEMENT};
+use machine::machine;
+pub use machine::timestamp;
 pub use scenarios::{scenarios, Scenario, PRESET_2013, SCENARIOS};
 
 /// Which program drives the load.
@@ -703,121 +706,6 @@ fn run_step(
     Ok((load, figures))
 }
 
-/// Drivers agree when requests/s and p50 differ by at most this fraction.
-pub const AGREEMENT: f64 = 0.10;
-
-/// One step run with both drivers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DriverComparison {
-    /// Scenario.
-    pub scenario: String,
-    /// System under test.
-    pub system: String,
-    /// Connections.
-    pub connections: usize,
-    /// Requests/s: built-in, wrk.
-    pub rps: (f64, f64),
-    /// p50 latency, ms: built-in, wrk.
-    pub p50_ms: (f64, f64),
-    /// Whether either run had errors.
-    pub errors: bool,
-}
-
-impl DriverComparison {
-    /// Compares the built-in generator's and wrk's reports of the same step.
-    pub fn new(
-        scenario: &str,
-        system: &str,
-        connections: usize,
-        builtin: &LoadReport,
-        wrk: &LoadReport,
-    ) -> DriverComparison {
-        DriverComparison {
-            scenario: scenario.to_owned(),
-            system: system.to_owned(),
-            connections,
-            rps: (builtin.requests_per_sec, wrk.requests_per_sec),
-            p50_ms: (builtin.latency_ms.p50, wrk.latency_ms.p50),
-            errors: !builtin.all_ok() || !wrk.all_ok(),
-        }
-    }
-
-    /// wrk / built-in requests/s.
-    pub fn rps_ratio(&self) -> f64 {
-        ratio(self.rps.1, self.rps.0)
-    }
-
-    /// wrk / built-in p50.
-    pub fn p50_ratio(&self) -> f64 {
-        ratio(self.p50_ms.1, self.p50_ms.0)
-    }
-
-    /// Whether requests/s or p50 differ by more than [`AGREEMENT`] (or either run had errors).
-    pub fn disagree(&self) -> bool {
-        let off = |r: f64| !r.is_finite() || (r - 1.0).abs() > AGREEMENT;
-        self.errors || off(self.rps_ratio()) || off(self.p50_ratio())
-    }
-
-    /// A progress line.
-    pub fn line(&self) -> String {
-        format!(
-            "drivers {} {} c={}: req/s builtin {:.0} wrk {:.0} (x{:.3}), p50 builtin {:.3} wrk {:.3} ms (x{:.3}){}",
-            self.scenario,
-            self.system,
-            self.connections,
-            self.rps.0,
-            self.rps.1,
-            self.rps_ratio(),
-            self.p50_ms.0,
-            self.p50_ms.1,
-            self.p50_ratio(),
-            if self.disagree() { "  DISAGREE" } else { "  agree" }
-        )
-    }
-}
-
-fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 {
-        a / b
-    } else if a == 0.0 {
-        1.0
-    } else {
-        f64::INFINITY
-    }
-}
-
-/// The `--compare-drivers` table.
-pub fn comparison_markdown(rows: &[DriverComparison]) -> String {
-    let mut md = format!(
-        "# Load drivers compared\n\nEach step run with the built-in generator and with wrk, one right after \
-         the other, against the same system. Ratios are wrk / built-in; a step is flagged when \
-         requests/s or p50 differ by more than {:.0}% or either run had errors.\n\n\
-         | scenario | system | conns | req/s builtin | req/s wrk | ratio | p50 builtin (ms) | p50 wrk (ms) | ratio | verdict |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
-        AGREEMENT * 100.0
-    );
-    for r in rows {
-        md.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {} |\n",
-            r.scenario,
-            r.system,
-            r.connections,
-            r.rps.0,
-            r.rps.1,
-            r.rps_ratio(),
-            r.p50_ms.0,
-            r.p50_ms.1,
-            r.p50_ratio(),
-            match (r.disagree(), r.errors) {
-                (_, true) => "**errors**",
-                (true, false) => "**disagree**",
-                (false, false) => "agree",
-            }
-        ));
-    }
-    md
-}
-
 fn sleep_until(t: Instant) {
     let now = Instant::now();
     if t > now {
@@ -851,44 +739,6 @@ fn progress(line: &str) {
     eprintln!("bench: {line}");
 }
 
-fn machine(cpus: usize) -> Machine {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu_model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map_or_else(|| "unknown CPU".to_owned(), |(_, m)| m.trim().to_owned());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map_or_else(|_| "unknown".to_owned(), |k| k.trim().to_owned());
-    Machine {
-        cpus,
-        cpu_model,
-        kernel,
-    }
-}
-
-/// UTC time as `2024-05-01T12:34:56Z`, or `20240501-123456` for a directory name.
-pub fn timestamp(t: SystemTime, compact: bool) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
-    // Howard Hinnant's civil_from_days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(mo <= 2);
-    if compact {
-        format!("{y:04}{mo:02}{d:02}-{h:02}{m:02}{s:02}")
-    } else {
-        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -902,14 +752,6 @@ mod tests {
 
     fn parse(argv: &[&str]) -> BenchArgs {
         Cli::parse_from(std::iter::once("bench").chain(argv.iter().copied())).args
-    }
-
-    #[test]
-    fn timestamps() {
-        let t = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        assert_eq!(timestamp(t, false), "2023-11-14T22:13:20Z");
-        assert_eq!(timestamp(t, true), "20231114-221320");
-        assert_eq!(timestamp(UNIX_EPOCH, false), "1970-01-01T00:00:00Z");
     }
 
     #[test]
@@ -952,57 +794,6 @@ mod tests {
             let e = driver_note(&parse(&["--driver", "wrk"])).unwrap_err();
             assert!(e.contains("wrk is not installed"), "{e}");
         }
-    }
-
-    #[test]
-    fn driver_agreement() {
-        let report = |rps: f64, p50: f64| LoadReport {
-            requests_per_sec: rps,
-            latency_ms: crate::load::LatencySummary {
-                p50,
-                ..Default::default()
-            },
-            ..run_load_report_template()
-        };
-        let c = DriverComparison::new(
-            "saturation",
-            "direct",
-            20,
-            &report(1000.0, 2.0),
-            &report(1090.0, 1.85),
-        );
-        assert!((c.rps_ratio() - 1.09).abs() < 1e-9);
-        assert!((c.p50_ratio() - 0.925).abs() < 1e-9);
-        assert!(!c.disagree());
-        assert!(c.line().ends_with("agree"));
-        let c = DriverComparison::new(
-            "ramp",
-            "keymaster",
-            20,
-            &report(1000.0, 2.0),
-            &report(880.0, 2.0),
-        );
-        assert!(c.disagree());
-        let c = DriverComparison::new(
-            "ramp",
-            "keymaster",
-            20,
-            &report(1000.0, 2.0),
-            &report(1000.0, 2.3),
-        );
-        assert!(c.disagree());
-        let md = comparison_markdown(&[c]);
-        assert!(md.contains("| ramp | keymaster | 20 | 1000 | 1000 | 1.000 | 2.000 | 2.300 | 1.150 | **disagree** |"), "{md}");
-        let c = DriverComparison::new("x", "y", 1, &report(0.0, 0.0), &report(0.0, 0.0));
-        assert!(!c.disagree());
-    }
-
-    fn run_load_report_template() -> LoadReport {
-        wrk::parse_wrk_output(
-            "  1 threads and 1 connections\n  10 requests in 1.00s, 1.00KB read\n    Latency 1ms 1ms 1ms 1%\n 50% 1ms\n 75% 1ms\n 90% 1ms\n 99% 1ms\nRequests/sec: 10\n",
-        )
-        .unwrap()
-        .to_report(&LoadConfig::default())
     }
 
     #[test]
