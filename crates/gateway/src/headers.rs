@@ -279,6 +279,15 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, scan: &HeadScan) -> bool
     trailers
 }
 
+/// Append the field line `name: value\r\n` (heads and trailers written as bytes).
+#[inline]
+pub(crate) fn put_field(dst: &mut impl bytes::BufMut, name: &[u8], value: &[u8]) {
+    dst.put_slice(name);
+    dst.put_slice(b": ");
+    dst.put_slice(value);
+    dst.put_slice(b"\r\n");
+}
+
 /// An origin's response head kept in wire form (keymaster's HTTP/1.1 client keeps one it
 /// has nothing to change in but the fields the proxy stage adds): no `HeaderMap` is built
 /// only to be encoded again. hyper writes it through `hyper::ext::RawHeaderBlock`
@@ -301,12 +310,8 @@ pub(crate) struct RawHead {
 impl RawHead {
     /// Append the field `name: value`.
     pub(crate) fn push(&mut self, name: &[u8], value: &[u8]) {
-        let b = &mut self.block;
-        b.reserve(name.len() + value.len() + 4);
-        b.extend_from_slice(name);
-        b.extend_from_slice(b": ");
-        b.extend_from_slice(value);
-        b.extend_from_slice(b"\r\n");
+        self.block.reserve(name.len() + value.len() + 4);
+        put_field(&mut self.block, name, value);
     }
 
     /// Whether a field may be appended to the block: not one hyper writes or acts on itself
@@ -388,8 +393,6 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Add `X-Forwarded-For/-Proto/-Host` (and optionally `Forwarded`) from what the gateway saw.
-/// An existing chain is kept only when the peer is a trusted proxy.
 /// The forwarding fields and Via the proxy stage adds to a request that has none of them to
 /// replace or extend: the HTTP/1.1 origin client writes them straight after the request's own
 /// fields (four map inserts would cost more than the writes); an HTTP/2 send puts them in the
@@ -453,10 +456,7 @@ impl AddedFields {
         dst.extend_from_slice(self.via.as_bytes());
         dst.extend_from_slice(b"\r\n");
         if let Some((n, v)) = &self.request_id {
-            dst.extend_from_slice(n.as_str().as_bytes());
-            dst.extend_from_slice(b": ");
-            dst.extend_from_slice(v.as_bytes());
-            dst.extend_from_slice(b"\r\n");
+            put_field(dst, n.as_str().as_bytes(), v.as_bytes());
         }
     }
 
@@ -475,6 +475,8 @@ impl AddedFields {
     }
 }
 
+/// Add `X-Forwarded-For/-Proto/-Host` (and optionally `Forwarded`) from what the gateway saw.
+/// An existing chain is kept only when the peer is a trusted proxy.
 pub(crate) fn add_forwarding(
     headers: &mut HeaderMap,
     client: &ClientFacts,

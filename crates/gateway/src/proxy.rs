@@ -300,8 +300,9 @@ async fn proxy(
         }
         parts.headers = snapshot.filters.request_headers(&mut ctx);
         // A filter that set the request id header itself wins over a generated one.
-        rid_added &= !(ctx.request_headers_edited()
-            && parts.headers.contains_key(&listener.request_id_header));
+        if rid_added && parts.headers.contains_key(&listener.request_id_header) {
+            rid_added = false;
+        }
         if let Some(b) = ctx.take_request_body() {
             crate::filter::set_body_length(&mut parts.headers, b.len());
             buffered = Some(b);

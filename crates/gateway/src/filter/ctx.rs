@@ -64,8 +64,6 @@ pub struct CtxState {
     /// The request head may have changed in a field the proxy stage's head scan looks at
     /// (framing, hop-by-hop, Host, Expect): it scans again only then.
     head_touched: bool,
-    /// Some filter changed (or could have changed) the request headers at all.
-    headers_edited: bool,
     /// Bodies buffered for filters that declared they need them (`filter::body`).
     pub(super) request_body: Option<bytes::Bytes>,
     pub(super) response_body: Option<bytes::Bytes>,
@@ -115,7 +113,6 @@ impl FilterCtx {
             failure: None,
             debug: None,
             head_touched: false,
-            headers_edited: false,
             request_body: None,
             response_body: None,
         }))
@@ -154,33 +151,24 @@ impl FilterCtx {
     /// `set`/`append`/`remove_request_header` methods do so only for the fields it scans.
     pub fn request_headers_mut(&mut self) -> &mut HeaderMap {
         self.head_touched = true;
-        self.headers_edited = true;
         &mut self.headers
     }
     pub fn set_request_header(&mut self, name: HeaderName, value: HeaderValue) {
         self.head_touched |= crate::headers::affects_head_scan(&name);
-        self.headers_edited = true;
         self.headers.insert(name, value);
     }
     pub fn append_request_header(&mut self, name: HeaderName, value: HeaderValue) {
         self.head_touched |= crate::headers::affects_head_scan(&name);
-        self.headers_edited = true;
         self.headers.append(name, value);
     }
     pub fn remove_request_header(&mut self, name: &HeaderName) {
         self.head_touched |= crate::headers::affects_head_scan(name);
-        self.headers_edited = true;
         self.headers.remove(name);
     }
     /// Apply compiled header edits to the request.
     pub(crate) fn edit_request_headers(&mut self, edits: &crate::headers::HeaderEdits) {
         self.head_touched |= edits.affects_head_scan();
-        self.headers_edited = true;
         edits.apply(&mut self.headers);
-    }
-    /// Whether a filter may have changed any request header.
-    pub(crate) fn request_headers_edited(&self) -> bool {
-        self.headers_edited
     }
     /// Whether a filter may have changed a field the proxy stage's head scan looks at.
     pub(crate) fn head_touched(&self) -> bool {

@@ -325,7 +325,7 @@ impl FilterChain {
     /// Whether a generated request id goes into the request map before the filters run
     /// (some filter may read the request headers), rather than being added on the way out.
     pub(crate) fn wants_request_id_in_map(&self) -> bool {
-        !self.empty && self.reads_request_headers
+        self.reads_request_headers // false for an empty chain
     }
 
     /// The filter names of a stage in run order (for tests and docs).

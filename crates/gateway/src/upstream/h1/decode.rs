@@ -266,10 +266,7 @@ fn raw_head(
             }
         } else {
             flush(&mut run, &mut raw.block);
-            raw.block.extend_from_slice(name);
-            raw.block.extend_from_slice(b": ");
-            raw.block.extend_from_slice(&head[v0..v1]);
-            raw.block.extend_from_slice(b"\r\n");
+            raw.push(name, &head[v0..v1]);
         }
     }
     flush(&mut run, &mut raw.block);

@@ -15,7 +15,7 @@ use tokio::io::AsyncWrite;
 use super::io::Io;
 use crate::body::RequestBody;
 use crate::error::BoxError;
-use crate::headers::AddedFields;
+use crate::headers::{put_field, AddedFields};
 
 /// Small buffered bodies go out in the same write as the head.
 const COALESCE: usize = 16 * 1024;
@@ -67,10 +67,7 @@ fn encode_head(
         if framing == BodyFraming::Chunked && *name == header::CONTENT_LENGTH {
             continue;
         }
-        dst.extend_from_slice(name.as_str().as_bytes());
-        dst.extend_from_slice(b": ");
-        dst.extend_from_slice(value.as_bytes());
-        dst.extend_from_slice(b"\r\n");
+        put_field(dst, name.as_str().as_bytes(), value.as_bytes());
     }
     if let Some(a) = added {
         a.write(dst);
@@ -220,10 +217,7 @@ impl Pump {
         b.put_slice(b"0\r\n");
         for (name, value) in trailers.into_iter().flatten() {
             if self.trailers_allowed.contains(name) {
-                b.put_slice(name.as_str().as_bytes());
-                b.put_slice(b": ");
-                b.put_slice(value.as_bytes());
-                b.put_slice(b"\r\n");
+                put_field(&mut b, name.as_str().as_bytes(), value.as_bytes());
             }
         }
         b.put_slice(b"\r\n");
