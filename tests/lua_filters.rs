@@ -259,6 +259,61 @@ async fn ctx_reaches_only_the_running_calls_request() {
     assert_eq!(filter_metric(&g, "errors", "ctxuse"), 3.0);
 }
 
+const VALUES: &str = r#"
+return {
+  stage = "pre",
+  match = { path_prefix = "/values" },
+  run = function(ctx)
+    local p = ctx:path()
+    if p == "/values/case" then
+      ctx:set_header("X-Mixed-Case", "a")
+      ctx:add_header("x-mixed-case", "b")
+    elseif p == "/values/bad" then
+      ctx:set_header("x-ok", "line\nbreak")
+    else
+      ctx:set_header("x-echo", p .. "!") -- a string made by this call
+    end
+  end,
+}
+"#;
+
+const MESSAGE: &str = r#"
+return {
+  stage = "error",
+  run = function(ctx) ctx:respond(500, { ["x-message"] = ctx:failure().message }, "") end,
+}
+"#;
+
+/// The `ctx` methods on plain values: names in any case, values made per call (never a
+/// value parsed for an earlier call), and errors naming the script's file and line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctx_methods_take_names_in_any_case_and_fresh_values() {
+    let (origin, canary) = (echo_origin("main").await, echo_origin("canary").await);
+    let dir = filters_dir(false, &[("values.lua", VALUES), ("message.lua", MESSAGE)]);
+    let g = start(&lua_config(origin.addr, canary.addr, dir.path(), ""));
+    let mut c = Client::connect(g.addr).await;
+    let r = c.get("/values/case").await;
+    let seen = body(&r).to_ascii_lowercase();
+    assert!(seen.contains("x-mixed-case: a\r\n"), "{seen}");
+    assert!(seen.contains("x-mixed-case: b\r\n"), "{seen}");
+    for i in 0..50 {
+        let path = format!("/values/echo/{i}");
+        let r = c.get(&path).await;
+        assert!(
+            body(&r).contains(&format!("x-echo: {path}!\r\n")),
+            "request {i}: {}",
+            body(&r)
+        );
+    }
+    let r = c.get("/values/bad").await;
+    assert_eq!(r.status, 500);
+    let message = header(&r, "x-message").unwrap_or("");
+    assert!(
+        message.contains("values.lua:") && message.contains("invalid header value"),
+        "{message}"
+    );
+}
+
 const RUNAWAY: &str = r#"
 return {
   stage = "pre",

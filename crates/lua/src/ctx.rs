@@ -14,18 +14,17 @@ use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
 use keymaster_gateway::filter::FilterCtx;
 use mlua::{FromLua, FromLuaMulti, IntoLuaMulti, Lua, Table, Value};
-use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-fn status(n: u16) -> mlua::Result<StatusCode> {
+pub(crate) fn status(n: u16) -> mlua::Result<StatusCode> {
     StatusCode::from_u16(n).map_err(|_| mlua::Error::runtime(format!("invalid status {n}")))
 }
 
 /// Every value of `n` in `h`, joined with ", " (nil when absent).
-fn get(h: &HeaderMap, n: &str) -> Option<String> {
+pub(crate) fn get(h: &HeaderMap, n: &str) -> Option<String> {
     let mut it = h.get_all(n).iter().filter_map(|v| v.to_str().ok());
     let first = it.next()?.to_string();
     Some(it.fold(first, |acc, v| acc + ", " + v))
@@ -124,7 +123,7 @@ fn outside() -> mlua::Error {
 }
 
 /// `f` with the running call's context, read-only.
-fn with_ref<R>(f: impl FnOnce(&FilterCtx) -> mlua::Result<R>) -> mlua::Result<R> {
+pub(crate) fn with_ref<R>(f: impl FnOnce(&FilterCtx) -> mlua::Result<R>) -> mlua::Result<R> {
     let lent = LENT.with(Cell::take).ok_or_else(outside)?;
     let _back = Return(lent);
     // SAFETY: `lent.ptr` was made from a reference (`&FilterCtx` or `&mut FilterCtx`) that
@@ -139,7 +138,7 @@ fn with_ref<R>(f: impl FnOnce(&FilterCtx) -> mlua::Result<R>) -> mlua::Result<R>
 }
 
 /// `f` with the running call's context, writable (an error in `should_filter`).
-fn with_mut<R>(f: impl FnOnce(&mut FilterCtx) -> mlua::Result<R>) -> mlua::Result<R> {
+pub(crate) fn with_mut<R>(f: impl FnOnce(&mut FilterCtx) -> mlua::Result<R>) -> mlua::Result<R> {
     let mut lent = LENT.with(Cell::take).ok_or_else(outside)?;
     let _back = Return(lent);
     if !lent.writable {
@@ -180,103 +179,101 @@ impl FromLua for Receiver {
     }
 }
 
-/// A header name or value argument, parsed from the Lua string's bytes without an
-/// intermediate `String` (numbers are coerced like Lua does).
-struct Arg<T>(T);
-
-trait ParseArg: Sized {
+/// A header name or value, cluster name: parsed from a Lua string's bytes.
+pub(crate) trait ParseArg: Sized {
     fn parse(b: &[u8]) -> mlua::Result<Self>;
 }
 
-/// Most names a worker keeps parsed (header names and cluster names are few and fixed in
-/// practice; the cache is emptied when full).
-const CACHED: usize = 256;
+/// Slots in each per-worker cache of parsed arguments.
+const SLOTS: usize = 64;
 
-/// Parsed values by the bytes they were parsed from.
-type Cache<T> = RefCell<FxHashMap<Box<[u8]>, T>>;
+/// Parsed arguments, direct-mapped by the address of the bytes they were parsed from. Lua
+/// strings are interned, so a script's constant (`"x-in"`) is the same string at the same
+/// address on every call: the slot is found without hashing the bytes, and a hit is
+/// checked against the value's own bytes (an address may be reused by other bytes).
+type Slots<T> = RefCell<[Option<T>; SLOTS]>;
 
 thread_local! {
-    static NAMES: Cache<HeaderName> = RefCell::default();
-    static CLUSTERS: Cache<Arc<str>> = RefCell::default();
+    static NAMES: Slots<HeaderName> = const { RefCell::new([const { None }; SLOTS]) };
+    static VALUES: Slots<HeaderValue> = const { RefCell::new([const { None }; SLOTS]) };
+    static CLUSTERS: Slots<Arc<str>> = const { RefCell::new([const { None }; SLOTS]) };
 }
 
-/// `parse(b)`, remembered in `cache` (a clone of a parsed value is cheaper than validating
-/// and copying the bytes again on every call).
+/// `parse(b)`, remembered in `slots`: a clone of a parsed value is cheaper than validating
+/// and copying the bytes again (an allocation, for a value) on every call. `same(v, b)`:
+/// `v` is what `b` parses to.
+#[inline(always)]
 fn cached<T: Clone>(
-    cache: &'static std::thread::LocalKey<Cache<T>>,
+    slots: &'static std::thread::LocalKey<Slots<T>>,
     b: &[u8],
-    parse: impl FnOnce(&[u8]) -> mlua::Result<T>,
+    same: impl Fn(&T, &[u8]) -> bool,
+    parse: impl Fn(&[u8]) -> mlua::Result<T>,
 ) -> mlua::Result<T> {
-    cache.with(|c| {
-        if let Some(v) = c.borrow().get(b) {
-            return Ok(v.clone());
+    let slot = (b.as_ptr() as usize >> 3) % SLOTS;
+    slots.with(|s| {
+        if let Some(v) = &s.borrow()[slot] {
+            if same(v, b) {
+                return Ok(v.clone());
+            }
         }
         let v = parse(b)?;
-        let mut c = c.borrow_mut();
-        if c.len() >= CACHED {
-            c.clear();
-        }
-        c.insert(b.into(), v.clone());
+        s.borrow_mut()[slot] = Some(v.clone());
         Ok(v)
     })
 }
 
 impl ParseArg for HeaderName {
     fn parse(b: &[u8]) -> mlua::Result<Self> {
-        cached(&NAMES, b, |b| {
-            HeaderName::from_bytes(b).map_err(|_| {
-                mlua::Error::runtime(format!(
-                    "invalid header name {:?}",
-                    String::from_utf8_lossy(b)
-                ))
-            })
-        })
+        // Names are case-insensitive: `b` in any case parses to the lowercase name.
+        cached(
+            &NAMES,
+            b,
+            |n, b| {
+                let n = n.as_str().as_bytes();
+                n == b || n.eq_ignore_ascii_case(b)
+            },
+            |b| {
+                HeaderName::from_bytes(b).map_err(|_| {
+                    mlua::Error::runtime(format!(
+                        "invalid header name {:?}",
+                        String::from_utf8_lossy(b)
+                    ))
+                })
+            },
+        )
     }
 }
 
 impl ParseArg for Arc<str> {
     fn parse(b: &[u8]) -> mlua::Result<Self> {
-        cached(&CLUSTERS, b, |b| {
-            std::str::from_utf8(b)
-                .map(Into::into)
-                .map_err(|_| mlua::Error::runtime("expected a UTF-8 string"))
-        })
+        cached(
+            &CLUSTERS,
+            b,
+            |c, b| c.as_bytes() == b,
+            |b| {
+                std::str::from_utf8(b)
+                    .map(Into::into)
+                    .map_err(|_| mlua::Error::runtime("expected a UTF-8 string"))
+            },
+        )
     }
 }
 
 impl ParseArg for HeaderValue {
     fn parse(b: &[u8]) -> mlua::Result<Self> {
-        HeaderValue::from_bytes(b).map_err(|_| {
-            mlua::Error::runtime(format!(
-                "invalid header value {:?}",
-                String::from_utf8_lossy(b)
-            ))
-        })
-    }
-}
-
-impl<T: ParseArg> FromLua for Arg<T> {
-    fn from_lua(v: Value, lua: &Lua) -> mlua::Result<Self> {
-        let s = String::from_lua(v, lua)?;
-        T::parse(s.as_bytes()).map(Arg)
-    }
-
-    unsafe fn from_stack(idx: c_int, lua: &mlua::state::RawLua) -> mlua::Result<Self> {
-        let state = lua.state();
-        // SAFETY: mlua passes a valid index of the running callback's stack. For a string,
-        // `lua_tolstring` returns a pointer to its bytes and their length without changing
-        // the stack; the string stays alive (it is on the stack) while the slice is read,
-        // which ends before this function returns.
-        unsafe {
-            if mlua::ffi::lua_type(state, idx) == mlua::ffi::LUA_TSTRING {
-                let mut len = 0;
-                let data = mlua::ffi::lua_tolstring(state, idx, &mut len);
-                let bytes = std::slice::from_raw_parts(data.cast::<u8>(), len);
-                return T::parse(bytes).map(Arg);
-            }
-            let s = <String as FromLua>::from_stack(idx, lua)?;
-            T::parse(s.as_bytes()).map(Arg)
-        }
+        cached(
+            &VALUES,
+            b,
+            |v, b| v.as_bytes() == b,
+            |b| {
+                HeaderValue::from_bytes(b).map_err(|_| {
+                    mlua::Error::runtime(format!(
+                        "invalid header value {:?}",
+                        String::from_utf8_lossy(b)
+                    ))
+                })
+            },
+        )
     }
 }
 
@@ -325,20 +322,9 @@ pub(crate) fn table_for_file(lua: &Lua) -> mlua::Result<Table> {
 }
 
 fn methods(lua: &Lua, r: &Table) -> mlua::Result<()> {
-    // Request facts.
-    reader(lua, r, "stage", |_, c, ()| Ok(c.stage().as_str()))?;
-    reader(lua, r, "method", |_, c, ()| {
-        Ok(c.method().as_str().to_string())
-    })?;
-    reader(lua, r, "path", |_, c, ()| Ok(c.path().to_string()))?;
-    reader(lua, r, "query", |_, c, ()| {
-        Ok(c.query().map(str::to_string))
-    })?;
-    reader(lua, r, "route", |_, c, ()| Ok(c.route().to_string()))?;
-    reader(lua, r, "client_ip", |_, c, ()| {
-        Ok(c.client_ip().to_string())
-    })?;
-    reader(lua, r, "client_port", |_, c, ()| Ok(c.client_addr().port()))?;
+    // Methods on plain values (most of them) are C functions (`methods.rs`); these build
+    // or read tables and bodies.
+    crate::methods::register(lua, r)?;
     reader(lua, r, "tls", |lua, c, ()| {
         if !c.is_tls() {
             return Ok(None);
@@ -347,61 +333,8 @@ fn methods(lua: &Lua, r: &Table) -> mlua::Result<()> {
         t.set("client_identity", c.tls_client_identity())?;
         Ok(Some(t))
     })?;
-    // Request headers.
-    reader(lua, r, "header", |_, c, n: String| {
-        Ok(get(c.request_headers(), &n))
-    })?;
     reader(lua, r, "headers", |lua, c, ()| {
         to_table(lua, c.request_headers())
-    })?;
-    writer(lua, r, "set_header", |_, c, (Arg(n), Arg(v))| {
-        c.set_request_header(n, v);
-        Ok(())
-    })?;
-    writer(lua, r, "add_header", |_, c, (Arg(n), Arg(v))| {
-        c.append_request_header(n, v);
-        Ok(())
-    })?;
-    writer(lua, r, "remove_header", |_, c, Arg(n)| {
-        c.remove_request_header(&n);
-        Ok(())
-    })?;
-    // Per-request values shared by the filters of one request.
-    reader(lua, r, "meta", |_, c, k: String| {
-        Ok(c.meta().get(&k).cloned())
-    })?;
-    writer(
-        lua,
-        r,
-        "set_meta",
-        |_, c, (k, v): (String, Option<String>)| {
-            match v {
-                Some(v) => c.meta_mut().insert(k, v),
-                None => c.meta_mut().remove(&k),
-            };
-            Ok(())
-        },
-    )?;
-    // Routing.
-    reader(lua, r, "cluster", |_, c, ()| {
-        Ok(c.upstream_cluster().map(str::to_string))
-    })?;
-    writer(lua, r, "set_cluster", |_, c, Arg::<Arc<str>>(n)| {
-        c.set_cluster(n);
-        Ok(())
-    })?;
-    writer(lua, r, "set_upstream_path", |_, c, p: String| {
-        if !p.starts_with('/') {
-            return Err(mlua::Error::runtime(
-                "the upstream path must start with '/'",
-            ));
-        }
-        c.set_upstream_path(p);
-        Ok(())
-    })?;
-    writer(lua, r, "set_upstream_host", |_, c, Arg(h)| {
-        c.set_upstream_host(h);
-        Ok(())
     })?;
     // Answering.
     writer(
@@ -414,50 +347,12 @@ fn methods(lua: &Lua, r: &Table) -> mlua::Result<()> {
             Ok(())
         },
     )?;
-    reader(lua, r, "responded", |_, c, ()| Ok(c.responded()))?;
-    // The response (post, and error after a proxy failure).
-    reader(lua, r, "response_status", |_, c, ()| {
-        Ok(c.response_status().map(|s| s.as_u16()))
-    })?;
-    writer(lua, r, "set_response_status", |_, c, s: u16| {
-        c.set_response_status(status(s)?);
-        Ok(())
-    })?;
-    reader(lua, r, "response_header", |_, c, n: String| {
-        Ok(c.response_headers().and_then(|h| get(h, &n)))
-    })?;
     reader(lua, r, "response_headers", |lua, c, ()| {
         match c.response_headers() {
             Some(h) => to_table(lua, h).map(Some),
             None => Ok(None),
         }
     })?;
-    writer(
-        lua,
-        r,
-        "set_response_header",
-        |_, c, (Arg::<HeaderName>(n), Arg::<HeaderValue>(v))| {
-            if let Some(h) = c.response_headers_mut() {
-                h.insert(n, v);
-            }
-            Ok(())
-        },
-    )?;
-    writer(lua, r, "add_response_header", |_, c, (Arg(n), Arg(v))| {
-        c.append_response_header(n, v);
-        Ok(())
-    })?;
-    writer(
-        lua,
-        r,
-        "remove_response_header",
-        |_, c, Arg::<HeaderName>(n)| {
-            if let Some(h) = c.response_headers_mut() {
-                h.remove(n);
-            }
-            Ok(())
-        },
-    )?;
     // Bodies (only when the file declares request_body / response_body = true).
     reader(lua, r, "request_body", |lua, c, ()| {
         match c.request_body() {

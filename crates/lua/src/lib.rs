@@ -16,6 +16,7 @@
 mod api;
 mod ctx;
 pub mod dict;
+mod methods;
 mod set;
 mod vm;
 mod watch;
@@ -134,6 +135,10 @@ thread_local! {
 }
 
 impl Filter for LuaFilter {
+    fn has_should_filter(&self) -> bool {
+        self.set.files[self.index].has_should
+    }
+
     fn should_filter(&self, ctx: &FilterCtx) -> bool {
         if !self.set.files[self.index].has_should {
             return true;
@@ -188,28 +193,25 @@ impl Filter for LuaFilter {
 }
 
 fn should_filter(set: &Arc<LuaSet>, index: usize, ctx: &FilterCtx) -> Result<bool, String> {
-    let r = vm::call(set, index, |_, fns| match fns.should.as_ref() {
+    let r = vm::call(set, index, |lua, fns| match &fns.keys.should {
         Some(should) => vm::with_budget(set.settings.budget, || {
-            Lent::read_only(ctx).during(|| should.call::<mlua::Value>(&fns.ctx))
+            Lent::read_only(ctx).during(|| vm::pcall(lua, should, &fns.keys.ctx))
         }),
-        None => Ok(mlua::Value::Boolean(true)),
+        None => Ok(true),
     })?;
-    match r {
-        Ok(v) => Ok(!matches!(v, mlua::Value::Nil | mlua::Value::Boolean(false))),
-        Err(e) => Err(error_text(&e)),
-    }
+    r.map_err(|e| error_text(&e))
 }
 
 type FilterResult = Result<(), keymaster_gateway::filter::FilterError>;
 
 /// A file that never names `http` cannot suspend: a plain protected call, no coroutine.
 fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResult {
-    let r = vm::call(set, index, |_, fns| {
+    let r = vm::call(set, index, |lua, fns| {
         vm::with_budget(set.settings.budget, || {
-            Lent::writable(ctx).during(|| fns.run.call::<()>(&fns.ctx))
+            Lent::writable(ctx).during(|| vm::pcall(lua, &fns.keys.run, &fns.keys.ctx))
         })
     })?;
-    r.map_err(|e| error_text(&e).into())
+    r.map(drop).map_err(|e| error_text(&e).into())
 }
 
 /// A file that may call `http`: the call runs as a coroutine the worker can suspend. The

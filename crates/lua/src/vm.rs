@@ -19,15 +19,18 @@
 //!
 //! **Memory.** mlua's allocator limit ([`mlua::Lua::set_memory_limit`]) works with the
 //! vendored LuaJIT (64-bit GC): an allocation past the cap fails and the call errors. After
-//! every call the VM's used memory is also checked; past 3/4 of the cap after a full GC, or
-//! after a memory error, the worker's VM is dropped and rebuilt on its next use (calls still
-//! suspended on the old VM finish on it).
+//! a memory error, and after every [`CHECK_EVERY`]th call, the VM's used memory is also
+//! checked; past 3/4 of the cap after a full GC (or after the memory error) the worker's VM
+//! is dropped and rebuilt on its next use (calls still suspended on the old VM finish on it).
 
 use mlua::chunk::ChunkMode;
-use mlua::{Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
+use mlua::{
+    ffi, Function, HookTriggers, Lua, LuaOptions, RegistryKey, StdLib, Table, Value, VmState,
+};
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
@@ -44,7 +47,12 @@ thread_local! {
     /// Instructions left for the Lua call running on this thread, if any.
     static BUDGET: Cell<Option<i64>> = const { Cell::new(None) };
     static GENERATION: Cell<u64> = const { Cell::new(0) };
+    /// Calls on this thread until the next memory check (`over_cap`).
+    static UNCHECKED: Cell<u32> = const { Cell::new(CHECK_EVERY) };
 }
+
+/// Filter calls between two checks of a VM's memory use.
+const CHECK_EVERY: u32 = 16;
 
 /// A new sandboxed VM for `settings` (JIT off, budget hook, memory cap, keymaster's API).
 pub(crate) fn new_vm(settings: &Settings) -> mlua::Result<Lua> {
@@ -181,10 +189,82 @@ impl<F: Future> Future for Budgeted<F> {
 /// A filter file's functions, instantiated in one VM.
 #[derive(Clone)]
 pub(crate) struct Fns {
-    pub should: Option<Function>,
     pub run: Function,
     /// The file's `ctx` table (`crate::ctx::table_for_file`).
     pub ctx: Table,
+    /// The same values anchored in the registry, for [`pcall`].
+    pub keys: Rc<Keys>,
+}
+
+/// A file's `should_filter`, `run` and `ctx` as registry entries.
+pub(crate) struct Keys {
+    pub should: Option<RegistryKey>,
+    pub run: RegistryKey,
+    pub ctx: RegistryKey,
+}
+
+/// A protected call of `f(arg)` (registry entries) on the VM's stack, for synchronous
+/// calls: whether its first result is truthy. mlua's `Function::call` does the same work
+/// through its generic machinery (values moved between its reference thread and the main
+/// stack, a traceback handler, result conversion), which cost several hundred
+/// instructions per call more.
+pub(crate) fn pcall(lua: &Lua, f: &RegistryKey, arg: &RegistryKey) -> mlua::Result<bool> {
+    lua.exec_raw_lua(|raw| {
+        let l = raw.state();
+        // SAFETY: `l` is the VM's main state, not running (synchronous filter calls start
+        // from Rust, never from inside Lua), and `raw` holds mlua's lock on it for this
+        // closure. The stack is checked for the two values pushed; `f` and `arg` are live
+        // registry entries of this VM (their keys are borrowed), and the stack is put back
+        // to where it was before returning, as mlua expects.
+        unsafe {
+            let top = ffi::lua_gettop(l);
+            if ffi::lua_checkstack(l, 2) == 0 {
+                return Err(mlua::Error::StackError);
+            }
+            ffi::lua_rawgeti(l, ffi::LUA_REGISTRYINDEX, f.id().into());
+            ffi::lua_rawgeti(l, ffi::LUA_REGISTRYINDEX, arg.id().into());
+            let rc = ffi::lua_pcall(l, 1, 1, 0);
+            let r = if rc == ffi::LUA_OK {
+                Ok(ffi::lua_toboolean(l, -1) != 0)
+            } else {
+                Err(error_on_top(raw, rc))
+            };
+            ffi::lua_settop(l, top);
+            r
+        }
+    })
+}
+
+/// The error value a failed `lua_pcall` left on top of the stack, as mlua's error.
+///
+/// # Safety
+/// The top of `raw`'s stack must be that value.
+unsafe fn error_on_top(raw: &mlua::state::RawLua, rc: std::ffi::c_int) -> mlua::Error {
+    let l = raw.state();
+    // SAFETY: index -1 is the error value (the caller's contract). A string's bytes are
+    // read in place (no allocation: the VM may be out of memory), copied before the
+    // caller pops it.
+    unsafe {
+        if ffi::lua_type(l, -1) == ffi::LUA_TSTRING {
+            let mut len = 0;
+            let data = ffi::lua_tolstring(l, -1, &mut len);
+            let text = String::from_utf8_lossy(std::slice::from_raw_parts(data.cast(), len));
+            return match rc {
+                ffi::LUA_ERRMEM => mlua::Error::MemoryError(text.into_owned()),
+                _ => mlua::Error::RuntimeError(text.into_owned()),
+            };
+        }
+        // An error raised by one of mlua's callbacks (the budget hook, `ctx.http`, the
+        // table methods) is its error object: mlua reads it back as the error.
+        match <Value as mlua::FromLua>::from_stack(-1, raw) {
+            Ok(Value::Error(e)) => *e,
+            Ok(other) => mlua::Error::RuntimeError(format!(
+                "(error object is a {} value)",
+                other.type_name()
+            )),
+            Err(e) => e,
+        }
+    }
 }
 
 /// What a request's filter call needs: the VM, its functions, and which VM it was.
@@ -224,10 +304,18 @@ fn instantiate(lua: &Lua, set: &LuaSet) -> mlua::Result<Vec<Fns>> {
             .set_environment(new_env(lua)?)
             .into_function()?;
         let t = declare(&f, set.settings.budget)?;
+        let should: Option<Function> = t.get("should_filter")?;
+        let run: Function = t.get("run")?;
+        let ctx = crate::ctx::table_for_file(lua)?;
+        let keys = Keys {
+            should: should.map(|f| lua.create_registry_value(f)).transpose()?,
+            run: lua.create_registry_value(run.clone())?,
+            ctx: lua.create_registry_value(ctx.clone())?,
+        };
         out.push(Fns {
-            should: t.get("should_filter")?,
-            run: t.get("run")?,
-            ctx: crate::ctx::table_for_file(lua)?,
+            run,
+            ctx,
+            keys: Rc::new(keys),
         });
     }
     Ok(out)
@@ -340,6 +428,19 @@ pub(crate) fn after_call<R>(h: &Handle, limit: usize, r: &mlua::Result<R>) {
 /// Whether the VM is (nearly) full or an allocation failed: it is then rebuilt on the
 /// worker's next call (calls still suspended on it finish on it).
 fn over_cap(lua: &Lua, limit: usize, memory_error: bool) -> bool {
+    // The allocator's cap holds on every allocation; this check only retires a VM that is
+    // filling up, so once every few calls is enough (reading the VM's use costs a lock and
+    // a call into LuaJIT).
+    if !memory_error {
+        let due = UNCHECKED.with(|n| {
+            let left = n.get().saturating_sub(1);
+            n.set(if left == 0 { CHECK_EVERY } else { left });
+            left == 0
+        });
+        if !due {
+            return false;
+        }
+    }
     let high = limit / 4 * 3;
     if !memory_error && lua.used_memory() <= high {
         return false;

@@ -8,18 +8,17 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::{idx, FilterChain, FilterCtx, FilterStage};
+use super::{FilterChain, FilterCtx, FilterStage};
 use crate::error::{Error, Kind};
 
 impl FilterChain {
     /// Whether a `pre`/`route` filter that needs the request body matches this request.
     pub(crate) fn wants_request_body(&self, ctx: &FilterCtx) -> bool {
         self.request_body
-            && [FilterStage::Pre, FilterStage::Route].iter().any(|s| {
-                self.stages[idx(*s)]
-                    .iter()
-                    .any(|e| e.filter.needs_request_body() && e.matcher.matches(ctx))
-            })
+            && self
+                .pre_and_route()
+                .iter()
+                .any(|e| e.filter.needs_request_body() && e.matcher.matches(ctx))
     }
 
     /// Whether a `post` filter that needs the response body matches this request (and the
@@ -29,7 +28,8 @@ impl FilterChain {
             && ctx.method() != http::Method::HEAD
             && status != http::StatusCode::NO_CONTENT
             && status != http::StatusCode::NOT_MODIFIED
-            && self.stages[idx(FilterStage::Post)]
+            && self
+                .stage(FilterStage::Post)
                 .iter()
                 .any(|e| e.filter.needs_response_body() && e.matcher.matches(ctx))
     }

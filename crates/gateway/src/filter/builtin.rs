@@ -160,6 +160,9 @@ struct Headers {
 }
 
 impl Filter for Headers {
+    fn has_should_filter(&self) -> bool {
+        false
+    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         if self.response_side {
             let e = &self.edits;
@@ -190,6 +193,9 @@ struct Fixed {
 }
 
 impl Filter for Fixed {
+    fn has_should_filter(&self) -> bool {
+        false
+    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         ctx.respond(self.status, self.headers.clone(), self.body.clone());
         done(Ok(()))
@@ -312,6 +318,9 @@ struct IpFilter {
 }
 
 impl Filter for IpFilter {
+    fn has_should_filter(&self) -> bool {
+        false
+    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         let ip = match ctx.client_ip() {
             IpAddr::V6(v6) => v6
@@ -338,6 +347,9 @@ struct ApiKey {
 }
 
 impl Filter for ApiKey {
+    fn has_should_filter(&self) -> bool {
+        false
+    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         let ok = ctx
             .request_headers()
@@ -413,6 +425,9 @@ impl RateLimit {
 }
 
 impl Filter for RateLimit {
+    fn has_should_filter(&self) -> bool {
+        false
+    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         let key = match self.key {
             RateLimitKey::ClientIp => ctx.client_ip().to_string(),
@@ -456,6 +471,9 @@ struct Reroute {
 }
 
 impl Filter for Reroute {
+    fn has_should_filter(&self) -> bool {
+        false
+    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         if let Some(c) = &self.cluster {
             ctx.set_cluster(c.clone());

@@ -161,6 +161,9 @@ impl Jwt {
 }
 
 impl Filter for Jwt {
+    fn has_should_filter(&self) -> bool {
+        false
+    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         // Claim headers come only from a verified token, never from the client.
         for (_, h) in &self.claims {

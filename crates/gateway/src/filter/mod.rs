@@ -89,6 +89,11 @@ pub trait Filter: Send + Sync + 'static {
     fn should_filter(&self, _ctx: &FilterCtx) -> bool {
         true
     }
+    /// `false` for a filter whose `should_filter` is the default (always `true`): the chain
+    /// then does not call it. Filters that override `should_filter` keep the default.
+    fn has_should_filter(&self) -> bool {
+        true
+    }
     /// Do the filter's work. Synchronous filters return [`done`].
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a>;
     /// A `post` or `error` filter that reads the request headers says so: the chain then
@@ -216,6 +221,9 @@ impl Matcher {
 
 struct Entry {
     name: Arc<str>,
+    stage: FilterStage,
+    /// [`Filter::has_should_filter`], asked once.
+    asks: bool,
     order: i32,
     matcher: Matcher,
     filter: Arc<dyn Filter>,
@@ -224,7 +232,11 @@ struct Entry {
 
 /// One config version's filters, sorted per stage by (order, name).
 pub(crate) struct FilterChain {
-    stages: [Vec<Entry>; 4],
+    /// Every filter, in run order: pre, route, post, error; each stage sorted by (order,
+    /// name). Stage `i` is `entries[bounds[i]..bounds[i + 1]]`, so pre and route together
+    /// are one slice, run by one loop.
+    entries: Vec<Entry>,
+    bounds: [usize; 5],
     /// Debug mode: the header and the secret it must carry.
     debug: Option<(HeaderName, Vec<u8>)>,
     empty: bool,
@@ -270,21 +282,30 @@ impl FilterChain {
             }
             specs.push(n.clone());
         }
-        let mut stages: [Vec<Entry>; 4] = Default::default();
+        let mut entries = Vec::with_capacity(specs.len());
         for s in specs {
             let matcher =
                 Matcher::compile(&s.matches).map_err(|e| format!("filter {}: {e}", s.name))?;
-            stages[idx(s.stage)].push(Entry {
+            entries.push(Entry {
                 metrics: metrics.filter(&s.name),
                 name: s.name.as_str().into(),
+                stage: s.stage,
+                asks: s.filter.has_should_filter(),
                 order: s.order,
                 matcher,
                 filter: s.filter,
             });
         }
-        for st in stages.iter_mut() {
-            st.sort_by(|a, b| a.order.cmp(&b.order).then_with(|| a.name.cmp(&b.name)));
+        entries.sort_by(|a, b| {
+            (idx(a.stage), a.order)
+                .cmp(&(idx(b.stage), b.order))
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        let mut bounds = [0; 5];
+        for (i, b) in bounds.iter_mut().enumerate() {
+            *b = entries.iter().filter(|e| idx(e.stage) < i).count();
         }
+        let stages: [&[Entry]; 4] = std::array::from_fn(|i| &entries[bounds[i]..bounds[i + 1]]);
         let d = &config.filter_debug;
         let debug = match &d.secret {
             Some(secret) => Some((
@@ -295,25 +316,27 @@ impl FilterChain {
         };
         let outbound = stages[2..]
             .iter()
+            .copied()
             .flatten()
             .any(|e| e.filter.needs_request_headers() || !e.matcher.headers.is_empty());
         let request_body = stages[..2]
             .iter()
+            .copied()
             .flatten()
             .any(|e| e.filter.needs_request_body());
         let response_body = stages[2].iter().any(|e| e.filter.needs_response_body());
-        let reads_request_headers = stages
+        let reads_request_headers = entries
             .iter()
-            .flatten()
             .any(|e| e.filter.reads_request_headers() || !e.matcher.headers.is_empty());
         Ok(FilterChain {
             reads_request_headers,
             request_body,
             response_body,
             debug,
-            empty: stages.iter().all(|s| s.is_empty()),
+            empty: entries.is_empty(),
             outbound,
-            stages,
+            entries,
+            bounds,
         })
     }
 
@@ -331,37 +354,48 @@ impl FilterChain {
     /// The filter names of a stage in run order (for tests and docs).
     #[allow(dead_code)]
     pub(crate) fn names(&self, stage: FilterStage) -> Vec<&str> {
-        self.stages[idx(stage)].iter().map(|e| &*e.name).collect()
+        self.stage(stage).iter().map(|e| &*e.name).collect()
     }
 
-    /// Run one stage. `Err` is the first failure (pre/route/post); the error stage runs every
-    /// filter whatever happens and never fails.
-    async fn run_stage(&self, stage: FilterStage, ctx: &mut FilterCtx) -> Result<(), Failure> {
-        ctx.stage = stage;
-        let entries = &self.stages[idx(stage)];
-        if entries.is_empty() {
-            return Ok(());
-        }
+    /// The pre filters then the route filters, in run order.
+    fn pre_and_route(&self) -> &[Entry] {
+        &self.entries[..self.bounds[2]]
+    }
+
+    /// One stage's filters, in run order.
+    fn stage(&self, stage: FilterStage) -> &[Entry] {
+        let i = idx(stage);
+        &self.entries[self.bounds[i]..self.bounds[i + 1]]
+    }
+
+    /// Run one stage's filters (or pre and route's, one after the other). `Err` is the first
+    /// failure (pre/route/post); the error stage runs every filter whatever happens and
+    /// never fails.
+    async fn run_stage(&self, entries: &[Entry], ctx: &mut FilterCtx) -> Result<(), Failure> {
         for e in entries {
+            let stage = e.stage;
+            ctx.stage = stage;
             if matches!(stage, FilterStage::Pre | FilterStage::Route) && ctx.local.is_some() {
                 break; // answered: the rest of pre/route is skipped
             }
             let should = e.matcher.matches(ctx)
-                && match std::panic::catch_unwind(AssertUnwindSafe(|| e.filter.should_filter(ctx)))
-                {
-                    Ok(b) => b,
-                    Err(p) => {
-                        let f = self.failed(
-                            e,
-                            stage,
-                            format!("should_filter panicked: {}", panic_text(&p)),
-                        );
-                        if stage == FilterStage::Error {
-                            continue;
+                && (!e.asks
+                    || match std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        e.filter.should_filter(ctx)
+                    })) {
+                        Ok(b) => b,
+                        Err(p) => {
+                            let f = self.failed(
+                                e,
+                                stage,
+                                format!("should_filter panicked: {}", panic_text(&p)),
+                            );
+                            if stage == FilterStage::Error {
+                                continue;
+                            }
+                            return Err(f);
                         }
-                        return Err(f);
-                    }
-                };
+                    });
             if !should {
                 e.metrics.skips.inc();
                 if let Some(d) = ctx.debug.as_mut() {
@@ -429,7 +463,8 @@ impl FilterChain {
     async fn fail(&self, ctx: &mut FilterCtx, f: Failure) {
         ctx.local = None;
         ctx.failure = Some(f);
-        let _ = self.run_stage(FilterStage::Error, ctx).await;
+        ctx.stage = FilterStage::Error;
+        let _ = self.run_stage(self.stage(FilterStage::Error), ctx).await;
     }
 
     /// Debug mode: when the request carries the secret, trace this request's filters (and
@@ -466,16 +501,11 @@ impl FilterChain {
     /// Run `pre` then `route`. `true`: proxy the request. `false`: answer it with
     /// [`FilterChain::local_response`] (a filter responded, or one failed).
     pub(crate) async fn inbound(&self, ctx: &mut FilterCtx) -> bool {
-        for stage in [FilterStage::Pre, FilterStage::Route] {
-            if let Err(f) = self.run_stage(stage, ctx).await {
-                self.fail(ctx, f).await;
-                return false;
-            }
-            if ctx.local.is_some() {
-                return false;
-            }
+        if let Err(f) = self.run_stage(self.pre_and_route(), ctx).await {
+            self.fail(ctx, f).await;
+            return false;
         }
-        true
+        ctx.local.is_none()
     }
 
     /// The request headers to forward after `inbound` (a copy stays for post/error filters).
@@ -499,13 +529,14 @@ impl FilterChain {
         raw: &mut Option<crate::headers::RawHead>,
         failed: impl Fn() -> Response<ResponseBody>,
     ) -> Result<(), Response<ResponseBody>> {
-        if self.stages[2].is_empty() {
+        let post = self.stage(FilterStage::Post);
+        if post.is_empty() {
             Self::stamp_debug(ctx, headers, raw);
             return Ok(());
         }
         ctx.response = Some((*status, std::mem::take(headers)));
         ctx.raw_response = raw.take();
-        match self.run_stage(FilterStage::Post, ctx).await {
+        match self.run_stage(post, ctx).await {
             Ok(()) => {
                 let (s, h) = ctx.response.take().unwrap_or_default();
                 *status = s;
@@ -566,14 +597,15 @@ impl FilterChain {
         failed: &impl Fn() -> Response<ResponseBody>,
     ) -> Response<ResponseBody> {
         let (mut parts, mut body) = resp.into_parts();
-        if !self.stages[3].is_empty() {
+        if !self.stage(FilterStage::Error).is_empty() {
             ctx.local = None;
             ctx.failure = Some(Failure {
                 filter: "proxy".into(),
                 stage: FilterStage::Route,
                 message: category.to_string(),
             });
-            let _ = self.run_stage(FilterStage::Error, ctx).await;
+            ctx.stage = FilterStage::Error;
+            let _ = self.run_stage(self.stage(FilterStage::Error), ctx).await;
             if let Some(l) = ctx.local.take() {
                 // Keep the gateway's own duties (request id, Connection: close) unless the
                 // error filter set them.
