@@ -44,13 +44,31 @@ pub(crate) use io::{Io, Upgraded};
 /// The largest read while a body streams.
 const MAX_READ: usize = 64 * 1024;
 
-/// An open HTTP/1.1 connection to an origin, idle or carrying one request.
-pub(crate) struct Connection {
+/// An open HTTP/1.1 connection to an origin, idle or carrying one request. One pointer
+/// wide: it moves between the pool, the request in flight and the response body several
+/// times per request, and lives for many requests (one allocation per connection).
+pub(crate) struct Connection(Box<ConnState>);
+
+/// What a [`Connection`] holds.
+pub(crate) struct ConnState {
     io: Io,
     /// Bytes read and not yet parsed.
     buf: BytesMut,
     /// Keeps the connection counted as open (the cluster's cap and gauge) until dropped.
     open: OpenSlot,
+}
+
+impl std::ops::Deref for Connection {
+    type Target = ConnState;
+    fn deref(&self) -> &ConnState {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Connection {
+    fn deref_mut(&mut self) -> &mut ConnState {
+        &mut self.0
+    }
 }
 
 /// Why a request failed before its response head, and what can be done about it.
@@ -80,11 +98,11 @@ impl Failure {
 
 impl Connection {
     pub(crate) fn new(io: Io, open: OpenSlot) -> Connection {
-        Connection {
+        Connection(Box::new(ConnState {
             io,
             buf: BytesMut::new(),
             open,
-        }
+        }))
     }
 
     /// An idle connection is unusable: the origin closed or reset it, or sent bytes nobody
@@ -113,7 +131,8 @@ impl Connection {
         if spare < 512 || spare < want.min(4096) {
             self.buf.reserve(want.clamp(2048, MAX_READ));
         }
-        poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+        let c = &mut *self.0;
+        poll_read_buf(Pin::new(&mut c.io), cx, &mut c.buf)
     }
 
     /// Read until a final response head is parsed. `received`: any byte came.
@@ -355,7 +374,7 @@ impl Body {
         if !self.upgrade {
             return None;
         }
-        let mut c = self.conn.take()?;
+        let mut c = self.conn.take()?.0;
         Some(Upgraded {
             read_ahead: c.buf.split().freeze(),
             io: c.io,
