@@ -478,7 +478,9 @@ async fn proxy(
         .inspect_err(|_| cluster.metrics.overflow.inc())?;
     let upstream_body =
         attempt::buffer_for_replay(&up, &parts, upstream_body, body_state.as_deref()).await?;
-    let mut request = Some(Request::from_parts(parts, upstream_body));
+    // Boxed: the request moves through the attempt loop and into the connection, 8 bytes
+    // at a time.
+    let mut request = Some(Box::new(Request::from_parts(parts, upstream_body)));
     let sent = attempt::send(
         &up,
         &mut request,

@@ -163,7 +163,7 @@ struct Failed {
 /// which every in-flight request carries, hold it once instead of once per level.
 pub(super) async fn send(
     up: &Upstream<'_>,
-    slot: &mut Option<Request<RequestBody>>,
+    slot: &mut Option<Box<Request<RequestBody>>>,
     body_state: Option<&RequestBodyState>,
     mut log: Option<&mut LogRecord>,
 ) -> Result<Sent, Error> {
@@ -195,7 +195,7 @@ pub(super) async fn send(
         }
         if slot.is_none() {
             match &template {
-                Some(t) => *slot = Some(t.build()),
+                Some(t) => *slot = Some(Box::new(t.build())),
                 // Cannot happen: a retry is only chosen with the request or a template.
                 None => return Err(no_request()),
             }
@@ -342,7 +342,7 @@ pub(super) fn backoff(policy: &keymaster_config::RetryConfig, retry: u32) -> std
 async fn one(
     up: &Upstream<'_>,
     server: &Arc<OriginServer>,
-    slot: &mut Option<Request<RequestBody>>,
+    slot: &mut Option<Box<Request<RequestBody>>>,
     template: &mut Option<Box<Template>>,
     rebuildable: bool,
     body_state: Option<&RequestBodyState>,
@@ -394,13 +394,13 @@ async fn one(
                 });
             }
             match (f.unsent, f.resend) {
-                (Some(r), _) if is_reused => *slot = Some(*r),
-                (None, Some(r)) if is_reused && f.stale => *slot = Some(*r),
+                (Some(r), _) if is_reused => *slot = Some(r),
+                (None, Some(r)) if is_reused && f.stale => *slot = Some(r),
                 (None, None) if is_reused && f.stale && template.is_some() => {
-                    *slot = template.as_ref().map(|t| t.build())
+                    *slot = template.as_ref().map(|t| Box::new(t.build()))
                 }
                 (unsent, _) => {
-                    *slot = unsent.map(|r| *r);
+                    *slot = unsent;
                     return Err(Failed {
                         err: f.err,
                         sends: 1,
@@ -421,7 +421,7 @@ async fn one(
     match second {
         Ok(Ok(resp)) => Ok((resp, conn, 2)),
         Ok(Err(f)) => {
-            *slot = f.unsent.map(|r| *r);
+            *slot = f.unsent;
             Err(Failed {
                 err: body_error(body_state).unwrap_or(f.err),
                 sends: 2,
@@ -441,7 +441,7 @@ async fn one(
 fn start_send<'c>(
     up: &Upstream<'_>,
     conn: &'c mut Conn,
-    slot: &mut Option<Request<RequestBody>>,
+    slot: &mut Option<Box<Request<RequestBody>>>,
     head_timeout: HeadTimeout,
     sends: u32,
 ) -> Result<SendWithin<'c>, Failed> {

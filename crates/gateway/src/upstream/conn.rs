@@ -86,7 +86,7 @@ impl Conn {
     /// (see [`h1::send`]). `added`: fields to send that are not in the request's map.
     pub(crate) fn send_within(
         &mut self,
-        mut req: Request<RequestBody>,
+        mut req: Box<Request<RequestBody>>,
         deadline: Instant,
         raw_head: Option<http::HeaderName>,
         added: Option<&crate::headers::AddedFields>,
@@ -107,7 +107,7 @@ impl Conn {
                     a.insert_into(req.headers_mut());
                 }
                 Sending::H2(Box::pin(async move {
-                    match super::h2::send(s, server, req).await {
+                    match super::h2::send(s, server, *req).await {
                         Ok(r) => Ok(r.map(UpstreamBody::H2)),
                         Err(mut e) => {
                             let unsent = e.take_message().map(Box::new);
@@ -190,7 +190,7 @@ pub(crate) enum Sending<'a> {
     H1(h1::Sending),
     H2(Pin<Box<dyn Future<Output = Sent> + 'a>>),
     /// The HTTP/1.1 connection was not in hand: nothing was sent.
-    Unavailable(Option<Request<RequestBody>>),
+    Unavailable(Option<Box<Request<RequestBody>>>),
 }
 
 impl Future for Sending<'_> {
@@ -204,7 +204,7 @@ impl Future for Sending<'_> {
             Sending::H2(f) => f.as_mut().poll(cx),
             Sending::Unavailable(req) => Poll::Ready(Err(SendFailure {
                 err: Error::new(Kind::OriginReset, "origin connection not available"),
-                unsent: req.take().map(Box::new),
+                unsent: req.take(),
                 resend: None,
                 stale: true,
             })),

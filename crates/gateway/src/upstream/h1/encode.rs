@@ -4,8 +4,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderName};
-use http::request::Parts;
-use http::Method;
+use http::{Method, Request};
 use http_body::Body;
 use std::io;
 use std::pin::Pin;
@@ -32,8 +31,8 @@ enum BodyFraming {
 
 /// Serialise the request head into `dst` and decide the body's framing. The target is the
 /// request's origin-form as it is (no normalisation); header names go out lower-case.
-fn encode_head(
-    parts: &Parts,
+fn encode_head<B>(
+    req: &Request<B>,
     body: &RequestBody,
     added: Option<&AddedFields>,
     dst: &mut Vec<u8>,
@@ -41,17 +40,17 @@ fn encode_head(
     let framing = match body {
         RequestBody::Empty | RequestBody::Buffered(None) => BodyFraming::None,
         RequestBody::Buffered(Some(_)) => BodyFraming::Raw,
-        RequestBody::Stream { .. } if parts.headers.contains_key(header::CONTENT_LENGTH) => {
+        RequestBody::Stream { .. } if req.headers().contains_key(header::CONTENT_LENGTH) => {
             BodyFraming::Raw
         }
         RequestBody::Stream { .. } => BodyFraming::Chunked,
     };
-    dst.extend_from_slice(parts.method.as_str().as_bytes());
+    dst.extend_from_slice(req.method().as_str().as_bytes());
     dst.push(b' ');
-    match parts.uri.path_and_query() {
+    match req.uri().path_and_query() {
         Some(pq) => dst.extend_from_slice(pq.as_str().as_bytes()),
-        None => match parts.uri.authority() {
-            Some(a) if parts.method == Method::CONNECT => {
+        None => match req.uri().authority() {
+            Some(a) if req.method() == Method::CONNECT => {
                 dst.extend_from_slice(a.as_str().as_bytes())
             }
             _ => dst.push(b'/'),
@@ -60,7 +59,7 @@ fn encode_head(
     dst.extend_from_slice(b" HTTP/1.1\r\n");
     // A buffered body's length is its own; a chunked body's framing is ours.
     let own_length = matches!(body, RequestBody::Buffered(Some(_)));
-    for (name, value) in &parts.headers {
+    for (name, value) in req.headers() {
         if *name == header::TRANSFER_ENCODING || (own_length && *name == header::CONTENT_LENGTH) {
             continue;
         }
@@ -108,9 +107,10 @@ pub(super) struct Pump {
 
 impl Pump {
     /// Start a request: the head (with a small buffered body) is the first write.
-    pub(super) fn new(parts: &Parts, body: RequestBody, added: Option<&AddedFields>) -> Pump {
-        let mut head = Vec::with_capacity(192 + parts.headers.len() * 40);
-        let framing = encode_head(parts, &body, added, &mut head);
+    /// `req`: the request's head (its body is `body`).
+    pub(super) fn new<B>(req: &Request<B>, body: RequestBody, added: Option<&AddedFields>) -> Pump {
+        let mut head = Vec::with_capacity(192 + req.headers().len() * 40);
+        let framing = encode_head(req, &body, added, &mut head);
         let mut body = body;
         if let RequestBody::Buffered(b @ Some(_)) = &mut body {
             if b.as_ref().is_some_and(|b| b.len() <= COALESCE) {
@@ -119,8 +119,7 @@ impl Pump {
             }
         }
         let trailers_allowed = if framing == BodyFraming::Chunked {
-            parts
-                .headers
+            req.headers()
                 .get_all(header::TRAILER)
                 .iter()
                 .filter_map(|v| v.to_str().ok())
@@ -240,9 +239,8 @@ mod tests {
     use http::Request;
 
     fn head_of(req: Request<()>, body: &RequestBody) -> (String, BodyFraming) {
-        let (parts, ()) = req.into_parts();
         let mut dst = Vec::new();
-        let f = encode_head(&parts, body, None, &mut dst);
+        let f = encode_head(&req, body, None, &mut dst);
         (String::from_utf8(dst).unwrap(), f)
     }
 

@@ -190,11 +190,12 @@ fn is_reset(e: &std::io::Error) -> bool {
 /// `added`: fields written after the request's own (see [`crate::headers::AddedFields`]).
 pub(crate) fn send(
     conn: Connection,
-    req: Request<RequestBody>,
+    mut req: Box<Request<RequestBody>>,
     raw_head: Option<http::HeaderName>,
     added: Option<&crate::headers::AddedFields>,
 ) -> Sending {
-    let (parts, body) = req.into_parts();
+    // The body goes to the pump; the boxed head stays for a resend (moved: 8 bytes).
+    let body = std::mem::replace(req.body_mut(), RequestBody::Empty);
     // What a resend needs if the request goes out and the connection turns out dead.
     let replay = match &body {
         RequestBody::Empty => Some(RequestBody::Empty),
@@ -202,9 +203,9 @@ pub(crate) fn send(
         RequestBody::Stream { .. } => None,
     };
     Sending {
-        pump: Some(Pump::new(&parts, body, added)),
+        pump: Some(Pump::new(&req, body, added)),
         conn: Some(conn),
-        parts: Some(parts),
+        req: Some(req),
         replay,
         raw_head,
         write_error: None,
@@ -218,8 +219,9 @@ pub(crate) fn send(
 /// arguments next to the locals moved out of them.
 pub(crate) struct Sending {
     conn: Option<Connection>,
-    /// The request head: for a resend if the connection turns out dead.
-    parts: Option<http::request::Parts>,
+    /// The request head (its body is with `pump`): for a resend if the connection turns
+    /// out dead.
+    req: Option<Box<Request<RequestBody>>>,
     replay: Option<RequestBody>,
     /// See [`send`].
     raw_head: Option<http::HeaderName>,
@@ -233,7 +235,7 @@ impl std::future::Future for Sending {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let (Some(conn), Some(parts)) = (this.conn.as_mut(), this.parts.as_ref()) else {
+        let (Some(conn), Some(req)) = (this.conn.as_mut(), this.req.as_ref()) else {
             return Poll::Pending; // polled after completion
         };
         if let Some(p) = this.pump.as_mut().filter(|_| this.write_error.is_none()) {
@@ -251,7 +253,7 @@ impl std::future::Future for Sending {
             }
         }
         let raw = this.raw_head.as_ref();
-        let failure = match conn.poll_head(&parts.method, raw, cx, &mut this.received) {
+        let failure = match conn.poll_head(req.method(), raw, cx, &mut this.received) {
             Poll::Pending if this.write_error.is_none() => return Poll::Pending,
             Poll::Pending => None,
             Poll::Ready(Ok(head)) => {
@@ -265,9 +267,9 @@ impl std::future::Future for Sending {
                 // A head kept as bytes leaves the response's map empty: the request's map,
                 // emptied, takes its place, so hyper's server (which keeps a response's map
                 // for the next request head it parses) still gets an allocated one.
-                let recycled = match (&head.raw, this.parts.as_mut()) {
-                    (Some(_), Some(p)) => {
-                        let mut h = std::mem::take(&mut p.headers);
+                let recycled = match (&head.raw, this.req.as_mut()) {
+                    (Some(_), Some(r)) => {
+                        let mut h = std::mem::take(r.headers_mut());
                         h.clear();
                         Some(h)
                     }
@@ -290,15 +292,17 @@ impl std::future::Future for Sending {
             f.stale = !this.received;
             f
         });
-        let parts = this.parts.take();
+        let req = this.req.take();
         if written == 0 {
-            if let (Some(p), Some(parts)) = (this.pump.take(), parts) {
-                f.unsent = Some(Box::new(Request::from_parts(parts, p.into_body())));
+            if let (Some(p), Some(mut req)) = (this.pump.take(), req) {
+                *req.body_mut() = p.into_body();
+                f.unsent = Some(req);
                 f.stale = true;
             }
         } else if f.stale {
-            if let (Some(b), Some(parts)) = (this.replay.take(), parts) {
-                f.resend = Some(Box::new(Request::from_parts(parts, b)));
+            if let (Some(b), Some(mut req)) = (this.replay.take(), req) {
+                *req.body_mut() = b;
+                f.resend = Some(req);
             }
         }
         Poll::Ready(Err(f))
