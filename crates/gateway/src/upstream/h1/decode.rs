@@ -132,23 +132,18 @@ pub(super) fn parse_head(
         } else {
             Version::HTTP_10
         };
-        let fields = || {
-            ranges[..count].iter().map(|&(n0, n1, v0, v1)| {
-                (
-                    &head[n0 as usize..n1 as usize],
-                    &head[v0 as usize..v1 as usize],
-                )
-            })
-        };
         let bodyless = matches!(status.as_u16(), 101 | 204 | 304);
         if let Some(rid) = raw.filter(|_| !bodyless && method != Method::HEAD) {
-            if let Some(mut raw) = raw_head(&head, &ranges[..count], rid) {
+            if let Some((mut raw, found)) = raw_head(&head, &ranges[..count], rid) {
+                let value = |(v0, v1): (u32, u32)| &head[v0 as usize..v1 as usize];
                 let framing = framing(
                     status,
                     version,
                     method,
-                    fields_named(fields(), b"transfer-encoding").next_back(),
-                    fields_named(fields(), b"content-length"),
+                    found.transfer_encoding.map(value),
+                    found.content_lengths[..found.n_content_lengths]
+                        .iter()
+                        .map(|&r| value(r)),
                 )?;
                 let keep_alive = version == Version::HTTP_11 && framing != Framing::Close;
                 if let Framing::Length(n) = framing {
@@ -205,12 +200,14 @@ pub(super) fn parse_head(
     }
 }
 
-/// The values of the fields called `name` (lowercase), in order.
-fn fields_named<'a>(
-    fields: impl DoubleEndedIterator<Item = (&'a [u8], &'a [u8])>,
-    name: &'static [u8],
-) -> impl DoubleEndedIterator<Item = &'a [u8]> {
-    fields.filter_map(move |(n, v)| n.eq_ignore_ascii_case(name).then_some(v))
+/// The framing fields [`raw_head`] met on its way, as value ranges in the head: the last
+/// `Transfer-Encoding` and the first few `Content-Length`s (a head with more takes the
+/// `HeaderMap` path).
+#[derive(Default)]
+struct FramingFields {
+    transfer_encoding: Option<(u32, u32)>,
+    content_lengths: [(u32, u32); 4],
+    n_content_lengths: usize,
 }
 
 /// The head's fields as a [`RawHead`] block, or `None` if a hop-by-hop field other than
@@ -222,7 +219,8 @@ fn raw_head(
     head: &[u8],
     ranges: &[(u32, u32, u32, u32)],
     request_id: &HeaderName,
-) -> Option<RawHead> {
+) -> Option<(RawHead, FramingFields)> {
+    let mut found = FramingFields::default();
     // Room for the fields plus Via and the request id.
     let mut raw = RawHead {
         block: BytesMut::with_capacity(head.len() + 128),
@@ -247,9 +245,17 @@ fn raw_head(
             // hyper passes on only the trailer fields a `Trailer` field of the map announces.
             7 if lower(b"upgrade") || lower(b"trailer") => return None,
             10 if lower(b"connection") || lower(b"keep-alive") => return None,
-            14 if lower(b"content-length") => continue,
+            14 if lower(b"content-length") => {
+                let slot = found.content_lengths.get_mut(found.n_content_lengths)?;
+                *slot = (v0 as u32, v1 as u32);
+                found.n_content_lengths += 1;
+                continue;
+            }
             16 if lower(b"proxy-connection") => return None,
-            17 if lower(b"transfer-encoding") => continue,
+            17 if lower(b"transfer-encoding") => {
+                found.transfer_encoding = Some((v0 as u32, v1 as u32));
+                continue;
+            }
             _ => {}
         }
         if name.eq_ignore_ascii_case(request_id.as_str().as_bytes()) {
@@ -270,7 +276,7 @@ fn raw_head(
         }
     }
     flush(&mut run, &mut raw.block);
-    Some(raw)
+    Some((raw, found))
 }
 
 /// The body's framing (RFC 9112 §6.3) from the status, the last `Transfer-Encoding` value
