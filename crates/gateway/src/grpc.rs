@@ -7,8 +7,7 @@ use std::time::Duration;
 
 /// A gRPC call: `content-type: application/grpc` or `application/grpc+<codec>`.
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
+    crate::headers::find(headers, &CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| {
             let ct = ct.trim();

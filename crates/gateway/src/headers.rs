@@ -81,6 +81,18 @@ impl HeadScan {
     }
 }
 
+/// The first value of `name` in `h`, like [`HeaderMap::get`]. A head of a few fields (the
+/// usual request) is searched in order, which costs a few comparisons; hashing the name for
+/// the map's index costs more than that.
+#[inline]
+pub(crate) fn find<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
+    if h.len() <= 8 {
+        h.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    } else {
+        h.get(name)
+    }
+}
+
 /// Does adding, changing or removing the field `name` change what [`HeadScan`] finds
 /// (beyond its byte count)?
 pub(crate) fn affects_head_scan(name: &HeaderName) -> bool {
@@ -115,7 +127,7 @@ pub(crate) fn validate_request_head(
         if version == Version::HTTP_11 && scan.hosts == 0 {
             return Err(Error::new(Kind::BadRequest, "missing Host header"));
         }
-        if let Some(h) = headers.get(header::HOST) {
+        if let Some(h) = find(headers, &header::HOST) {
             if !valid_host(h.as_bytes()) {
                 return Err(Error::new(Kind::BadRequest, "invalid Host header"));
             }

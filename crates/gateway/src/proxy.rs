@@ -219,7 +219,7 @@ async fn proxy(
     // Request id: propagate the client's or make one. A new one goes into the map when a
     // filter may read the request headers, else it is sent with the other added fields
     // (`AddedFields`).
-    let (rid, mut rid_added) = match parts.headers.get(&listener.request_id_header) {
+    let (rid, mut rid_added) = match hdr::find(&parts.headers, &listener.request_id_header) {
         Some(v) => (v.clone(), false),
         None => {
             let v = hdr::new_request_id();
@@ -237,7 +237,7 @@ async fn proxy(
     // Host as the client addressed it: absolute-form / :authority wins over Host (RFC 9112 §3.2.2).
     let mut host_value: Option<HeaderValue> = match parts.uri.authority() {
         Some(a) => HeaderValue::from_str(a.as_str()).ok(),
-        None => parts.headers.get(header::HOST).cloned(),
+        None => hdr::find(&parts.headers, &header::HOST).cloned(),
     };
     let host = host_value
         .as_ref()
@@ -312,7 +312,7 @@ async fn proxy(
         if ctx.head_touched() || buffered.is_some() {
             scan = hdr::HeadScan::of(&parts.headers);
             if parts.uri.authority().is_none() {
-                host_value = parts.headers.get(header::HOST).cloned();
+                host_value = hdr::find(&parts.headers, &header::HOST).cloned();
             }
         }
         if let Some(name) = ctx.cluster.take() {
@@ -329,7 +329,7 @@ async fn proxy(
     // Body cap: refuse a declared oversize body before touching the origin.
     if let Some(cl) = scan
         .content_length
-        .then(|| parts.headers.get(header::CONTENT_LENGTH))
+        .then(|| hdr::find(&parts.headers, &header::CONTENT_LENGTH))
         .flatten()
     {
         if parse_content_length(cl.as_bytes()).unwrap_or(0) > route.max_body_size {

@@ -106,9 +106,7 @@ pub(super) async fn buffer_for_replay(
     state: Option<&RequestBodyState>,
 ) -> Result<RequestBody, Error> {
     let limit = up.route.retry.replay_buffer.get();
-    let fits = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
+    let fits = crate::headers::find(&parts.headers, &header::CONTENT_LENGTH)
         .and_then(|v| crate::headers::parse_content_length(v.as_bytes()))
         .is_some_and(|n| n <= limit);
     if up.route.retry.attempts <= 1 || !fits || !matches!(body, RequestBody::Stream { .. }) {
@@ -211,8 +209,10 @@ pub(super) async fn send(
                     req.headers_mut().insert(header::HOST, h.clone());
                 }
             }
-            if let (Some(t), Some(h)) = (template.as_mut(), req.headers().get(header::HOST)) {
-                t.headers.insert(header::HOST, h.clone());
+            if let Some(t) = template.as_mut() {
+                if let Some(h) = req.headers().get(header::HOST) {
+                    t.headers.insert(header::HOST, h.clone());
+                }
             }
         }
         if let Some(l) = log.as_deref_mut() {
