@@ -1,7 +1,8 @@
 //! Body types on the proxy path.
 //!
-//! [`RequestBody`] carries the client's body to the origin, enforcing the route's size cap
-//! as it streams. [`ResponseBody`] carries the origin's body (or a local one) to the client
+//! [`ClientBody`] is the client's request body as its connection delivers it (keymaster's
+//! HTTP/1.1 server or hyper's HTTP/2 server). [`RequestBody`] carries it to the origin,
+//! enforcing the route's size cap as it streams. [`ResponseBody`] carries the origin's body (or a local one) to the client
 //! and owns the [`Exchange`] that returns the upstream connection to its pool only once the
 //! body ended cleanly. Nothing here buffers a whole body: frames pass through one by one, so
 //! backpressure flows from the slower side to the faster one.
@@ -15,7 +16,7 @@ use std::rc::Rc;
 use std::task::{ready, Context, Poll};
 use tokio::time::Sleep;
 
-use crate::error::BoxError;
+use crate::error::{BoxError, Error, Kind};
 use crate::proxy::Exchange;
 use crate::upstream::conn::UpstreamBody;
 
@@ -28,6 +29,59 @@ pub(crate) struct RequestBodyState {
     pub(crate) malformed: Cell<bool>,
 }
 
+/// The client's request body, as its connection delivers it.
+pub enum ClientBody {
+    /// No body.
+    Empty,
+    /// From keymaster's HTTP/1.1 server, decoded from the connection's read buffer.
+    H1(crate::downstream::h1::RequestBody),
+    /// From hyper's HTTP/2 server.
+    H2(Incoming),
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        match self.get_mut() {
+            ClientBody::Empty => Poll::Ready(None),
+            ClientBody::H1(b) => Pin::new(b).poll_frame(cx),
+            ClientBody::H2(b) => match ready!(Pin::new(b).poll_frame(cx)) {
+                Some(Ok(frame)) => Poll::Ready(Some(Ok(frame))),
+                Some(Err(e)) => {
+                    let err = if is_malformed_body(&e) {
+                        Error::new(Kind::BadRequest, "malformed request body")
+                    } else {
+                        Error::new(Kind::ClientGone, "client request body failed")
+                    };
+                    Poll::Ready(Some(Err(err.with_source(e))))
+                }
+                None => Poll::Ready(None),
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Empty => true,
+            ClientBody::H1(b) => b.is_end_stream(),
+            ClientBody::H2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Empty => SizeHint::with_exact(0),
+            ClientBody::H1(b) => b.size_hint(),
+            ClientBody::H2(b) => b.size_hint(),
+        }
+    }
+}
+
 /// The downstream request body on its way upstream.
 pub enum RequestBody {
     /// No body (or a replayed bodyless request).
@@ -37,7 +91,7 @@ pub enum RequestBody {
     Buffered(Option<Bytes>),
     /// The client's body, streamed with a size cap.
     Stream {
-        inner: Incoming,
+        inner: ClientBody,
         limit: u64,
         seen: u64,
         state: Rc<RequestBodyState>,
@@ -90,7 +144,7 @@ impl Body for RequestBody {
                     Poll::Ready(Some(Ok(frame)))
                 }
                 Some(Err(e)) => {
-                    if is_malformed_body(&e) {
+                    if !e.is_client_gone() {
                         state.malformed.set(true);
                     }
                     Poll::Ready(Some(Err(Box::new(e))))
@@ -141,25 +195,17 @@ pub enum ResponseBody {
     /// A body keymaster produced (errors, admin pages); `None` once sent.
     Local(Option<Bytes>),
     /// The origin's body, streamed. Boxed: the response is moved several times on its way
-    /// to hyper (and inside hyper), and ~450 bytes per move cost more than one allocation.
+    /// to the client connection, and ~450 bytes per move cost more than one allocation.
     Origin(Box<OriginBody>),
+    /// A `101` to an HTTP/1.1 client: no body; the client connection becomes the client
+    /// side of this tunnel once the head is written.
+    Tunnel(Box<crate::upgrade::Tunnel>),
 }
 
 impl ResponseBody {
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         let b = bytes.into();
         ResponseBody::Local(if b.is_empty() { None } else { Some(b) })
-    }
-
-    /// hyper's HTTP/1 server asks each response body for its header fields in wire form
-    /// (vendor/PATCHES.md #5): a proxied origin head passed through as bytes rides here.
-    pub(crate) fn raw_header_block(
-        body: &mut dyn std::any::Any,
-    ) -> Option<hyper::ext::RawHeaderBlock> {
-        match body.downcast_mut::<ResponseBody>()? {
-            ResponseBody::Origin(o) => o.raw_head.take(),
-            ResponseBody::Local(_) => None,
-        }
     }
 }
 
@@ -175,9 +221,9 @@ pub struct OriginBody {
     pub(crate) grpc: bool,
     /// Ended by the gateway (the gRPC trailers were sent).
     pub(crate) ended: bool,
-    /// The response's header fields in wire form, until the client connection writes the
-    /// head (see [`ResponseBody::raw_header_block`]).
-    pub(crate) raw_head: Option<hyper::ext::RawHeaderBlock>,
+    /// The response's header fields in wire form, for the HTTP/1.1 server to write as they
+    /// are (the response's `HeaderMap` is then empty).
+    pub(crate) raw_head: Option<crate::headers::RawHead>,
 }
 
 impl Drop for OriginBody {
@@ -200,6 +246,7 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ResponseBody::Local(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            ResponseBody::Tunnel(_) => Poll::Ready(None),
             ResponseBody::Origin(o) => {
                 if o.ended {
                     return Poll::Ready(None);
@@ -254,13 +301,14 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Local(b) => b.is_none(),
+            ResponseBody::Tunnel(_) => true,
             ResponseBody::Origin(o) => o.ended || (o.prefix.is_none() && o.inner.is_end_stream()),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            ResponseBody::Local(None) => SizeHint::with_exact(0),
+            ResponseBody::Local(None) | ResponseBody::Tunnel(_) => SizeHint::with_exact(0),
             ResponseBody::Local(Some(b)) => SizeHint::with_exact(b.len() as u64),
             ResponseBody::Origin(o) => match &o.prefix {
                 Some(b) if o.inner.is_end_stream() => SizeHint::with_exact(b.len() as u64),

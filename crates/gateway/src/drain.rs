@@ -29,6 +29,11 @@ impl DrainSignal {
         }
     }
 
+    /// Whether draining has started.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.get()
+    }
+
     /// A future that completes when draining starts.
     pub(crate) fn wait(&self) -> Drain<'_> {
         Drain {

@@ -21,10 +21,22 @@ pub(crate) struct ClientFacts {
     pub tls: Option<crate::tls::TlsFacts>,
 }
 
-/// Limits from the listener that hyper does not enforce exactly as configured.
+/// A listener's limits on request heads.
 pub(crate) struct HeadLimits {
+    /// The longest request line (method, target, version; without its line end): 414.
     pub max_request_line: usize,
+    /// The most bytes of header fields (name, value, ": " and CRLF each): 431.
     pub max_header_bytes: usize,
+    /// The most header fields: 431.
+    pub max_headers: usize,
+}
+
+impl HeadLimits {
+    /// The most bytes a request head can take on the wire: a buffer holding more without
+    /// the head's end is refused (431).
+    pub(crate) fn max_head(&self) -> usize {
+        self.max_request_line + self.max_header_bytes + 8
+    }
 }
 
 /// What one pass over a header map found: size, framing fields and hop-by-hop fields.
@@ -302,8 +314,8 @@ pub(crate) fn put_field(dst: &mut impl bytes::BufMut, name: &[u8], value: &[u8])
 
 /// An origin's response head kept in wire form (keymaster's HTTP/1.1 client keeps one it
 /// has nothing to change in but the fields the proxy stage adds): no `HeaderMap` is built
-/// only to be encoded again. hyper writes it through `hyper::ext::RawHeaderBlock`
-/// (vendor/PATCHES.md #5); post filters see it as a map built when one reads or changes a
+/// only to be encoded again. keymaster's HTTP/1.1 server writes it as it is (an HTTP/2
+/// client gets the map path); post filters see it as a map built when one reads or changes a
 /// field other than by appending (`FilterCtx::response_headers`).
 #[derive(Debug)]
 pub(crate) struct RawHead {
@@ -365,11 +377,6 @@ impl RawHead {
             map.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
         }
         map
-    }
-
-    /// The block for hyper's encoder.
-    pub(crate) fn into_block(self) -> hyper::ext::RawHeaderBlock {
-        hyper::ext::RawHeaderBlock::new(self.block.freeze(), self.has_date)
     }
 }
 

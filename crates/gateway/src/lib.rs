@@ -7,10 +7,12 @@
 //! | [`gateway`] | start, reload (atomic config swap), graceful shutdown, signals |
 //! | `worker` | worker threads: one current-thread runtime + `LocalSet` each |
 //! | `runtime_thread` | background threads (admin, health checks, discovery), a runtime each |
-//! | `downstream` | listeners, accept loop, client connections, slowloris/idle timeouts |
+//! | `downstream` | listeners, accept loop, client connections (keymaster's own HTTP/1.1 server, hyper for HTTP/2), slowloris/idle timeouts |
 //! | `proxy_protocol` | the PROXY protocol header (v1/v2) on listeners behind L4 balancers |
 //! | [`filter`] | the Zuul filter chain: stages, native filter trait, built-in filters |
 //! | `proxy` | the proxy stage: route → upstream → response, the `Exchange` |
+//! | `framing` | HTTP/1.1 body framing shared by both sides: declared length, the body decoder |
+//! | `io` | the TCP or TLS stream under an HTTP/1.1 connection (either side), and what a 101 leaves of it |
 //! | `headers` | head validation, hop-by-hop, `Via`, `X-Forwarded-*`, request ids |
 //! | `route` | compiled routes, matching and path rewrites |
 //! | `upstream` | clusters, balancing, per-worker connection pools (HTTP/1.1 and multiplexed HTTP/2), connect, outbound TLS, health checks and outlier ejection, cluster caps and retry budgets |
@@ -30,9 +32,11 @@ mod downstream;
 mod drain;
 pub mod error;
 pub mod filter;
+mod framing;
 pub mod gateway;
 mod grpc;
 mod headers;
+mod io;
 pub mod metrics;
 mod overload;
 mod proxy;

@@ -14,14 +14,13 @@
 
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
-use hyper::body::Incoming;
 use std::convert::Infallible;
 use std::rc::Rc;
 use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::access_log::LogRecord;
-use crate::body::{OriginBody, RequestBody, RequestBodyState, ResponseBody};
+use crate::body::{ClientBody, OriginBody, RequestBody, RequestBodyState, ResponseBody};
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind, Side};
 use crate::filter::FilterCtx;
@@ -40,12 +39,13 @@ use attempt::{Outstanding, Upstream, UpstreamHost};
 
 /// Serve one request. Never fails: errors become responses here.
 ///
-/// A plain function returning an `async` block rather than an `async fn`: hyper keeps this
-/// future (boxed) for the client connection's whole life, and an `async fn` would store its
-/// request argument twice (the argument and the local it is moved into).
+/// A plain function returning an `async` block rather than an `async fn`: the client
+/// connection keeps this future while the request runs (hyper's HTTP/2 server boxes it), and
+/// an `async fn` would store its request argument twice (the argument and the local it is
+/// moved into).
 pub(crate) fn handle(
     cx: Rc<ConnCtx>,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
 ) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
     let mut req = Some(req);
     async move { handle_in(&cx, &mut req).await }
@@ -53,7 +53,7 @@ pub(crate) fn handle(
 
 async fn handle_in(
     cx: &Rc<ConnCtx>,
-    slot: &mut Option<Request<Incoming>>,
+    slot: &mut Option<Request<ClientBody>>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
     cx.state.request_started();
@@ -192,7 +192,7 @@ fn filter_failed(
 async fn proxy(
     cx: &Rc<ConnCtx>,
     snapshot: &Snapshot,
-    incoming: &mut Option<Request<Incoming>>,
+    incoming: &mut Option<Request<ClientBody>>,
     start: Instant,
     info: &mut RequestInfo,
 ) -> Result<Response<ResponseBody>, Error> {
@@ -608,7 +608,7 @@ async fn finish_response(
         }
     }
     // Post filters that only appended fields leave the head in wire form.
-    let raw_head = raw.map(hdr::RawHead::into_block);
+    let raw_head = raw;
     rparts.version = client_version;
     if let Some(switch) = switch {
         // 101: the origin connection now belongs to the tunnel, never to the pool.
@@ -624,8 +624,11 @@ async fn finish_response(
         // `handle` hands the request's in-flight count to us; the tunnel ends it.
         let inflight = InFlight(Some(cx.state.clone()));
         let metrics = route.metrics.tunnel.clone();
-        switch.start(&mut rparts, cx.clone(), &route.upgrade, metrics, inflight);
-        return Ok(Response::from_parts(rparts, ResponseBody::Local(None)));
+        let body = match switch.start(&mut rparts, cx.clone(), &route.upgrade, metrics, inflight) {
+            Some(tunnel) => ResponseBody::Tunnel(tunnel),
+            None => ResponseBody::Local(None),
+        };
+        return Ok(Response::from_parts(rparts, body));
     }
 
     let max_requests = cluster.config.pool.max_requests_per_connection;
@@ -758,7 +761,7 @@ impl Drop for Exchange {
 }
 
 impl LogRecord {
-    fn from_request(req: &Request<Incoming>, cx: &ConnCtx) -> LogRecord {
+    fn from_request(req: &Request<ClientBody>, cx: &ConnCtx) -> LogRecord {
         let h = |n: header::HeaderName| {
             req.headers()
                 .get(n)

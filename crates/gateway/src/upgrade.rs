@@ -3,14 +3,18 @@
 //! ```text
 //! client GET + Connection: upgrade, Upgrade: websocket
 //!   ─► proxy::handle: route, pre/route filters (they may refuse the handshake like any request)
-//!   ─► take_request        the route allows every offered protocol? keep the client's OnUpgrade
+//!   ─► take_request        the route allows every offered protocol? (HTTP/2: keep the
+//!                          stream's OnUpgrade; HTTP/1.1: the connection itself is handed over)
 //!   ─► restore_request     Upgrade + Connection: upgrade put back after hop-by-hop removal
 //!   ─► send                on a pooled or fresh origin connection
 //!   ─► accept_response     origin said 101: take its connection (keymaster's HTTP/1.1 client) and Upgrade value
 //!                          (any other status is an ordinary response, streamed as usual)
-//!   ─► Switch::start       101 to the client; a local task joins both upgraded sockets:
+//!   ─► Switch::start       101 to the client, then the tunnel joins both upgraded sockets:
 //!                          tokio copy_bidirectional (fixed buffers: backpressure both ways),
-//!                          closed after `upgrade.idle_timeout` with no bytes either way
+//!                          closed after `upgrade.idle_timeout` with no bytes either way.
+//!                          HTTP/1.1: the response body is the `Tunnel`, which the client
+//!                          connection runs once the 101 is written; HTTP/2: a local task
+//!                          that waits for hyper to hand over the stream
 //! ```
 //!
 //! The upstream connection of a tunnel never returns to the pool: after the 101 it belongs to
@@ -79,10 +83,19 @@ fn protocol_name(p: &str) -> &str {
     p.split('/').next().unwrap_or("").trim()
 }
 
+/// Where the client side of a tunnel comes from.
+enum ClientSide {
+    /// keymaster's HTTP/1.1 server hands over the connection once it has written the 101
+    /// (`ResponseBody::Tunnel`).
+    Connection,
+    /// hyper's HTTP/2 server hands over the stream once it has sent the 200.
+    Stream(OnUpgrade),
+}
+
 /// A client's request to switch protocols that its route allows.
 pub(crate) struct UpgradeRequest {
     upgrade: HeaderValue,
-    client: OnUpgrade,
+    client: ClientSide,
     /// HTTP/2 extended CONNECT (RFC 8441): sent upstream as an HTTP/1.1 upgrade, answered
     /// to the client with 200 instead of 101.
     h2: bool,
@@ -140,10 +153,9 @@ fn take_http1(
     if !any {
         return None;
     }
-    let client = parts.extensions.remove::<OnUpgrade>()?;
     Some(UpgradeRequest {
         upgrade,
-        client,
+        client: ClientSide::Connection,
         h2: false,
     })
 }
@@ -159,7 +171,7 @@ fn take_extended_connect(
         return None;
     }
     let upgrade = HeaderValue::from_str(protocol).ok()?;
-    let client = parts.extensions.remove::<OnUpgrade>()?;
+    let client = ClientSide::Stream(parts.extensions.remove::<OnUpgrade>()?);
     parts.method = Method::GET;
     Some(UpgradeRequest {
         upgrade,
@@ -186,7 +198,7 @@ pub(crate) fn restore_request(headers: &mut HeaderMap, up: &UpgradeRequest) {
 /// An origin's `101 Switching Protocols`, ready to become a tunnel.
 pub(crate) struct Switch {
     upgrade: HeaderValue,
-    client: OnUpgrade,
+    client: ClientSide,
     origin: Upgraded,
     h2: bool,
 }
@@ -224,9 +236,11 @@ pub(crate) fn accept_response(
 }
 
 impl Switch {
-    /// Finish the 101 head for the client and start the tunnel task. `inflight` keeps the
-    /// client connection's request in flight (no header/idle timeout on the raw socket)
-    /// until the tunnel ends; `cx` keeps the connection counted on its listener.
+    /// Finish the 101 head for the client and set up the tunnel: returned for an HTTP/1.1
+    /// client (its connection runs it once the head is written), started as a local task
+    /// for an HTTP/2 stream. `inflight` keeps the client connection's request in flight (no
+    /// header/idle timeout on the raw socket) until the tunnel ends; `cx` keeps the
+    /// connection counted on its listener.
     pub(crate) fn start(
         self,
         head: &mut response::Parts,
@@ -234,7 +248,7 @@ impl Switch {
         idle: &UpgradePolicy,
         metrics: TunnelMetrics,
         inflight: InFlight,
-    ) {
+    ) -> Option<Box<Tunnel>> {
         if self.h2 {
             // RFC 8441 §5: a 2xx opens the stream as the tunnel; the HTTP/1.1 key check
             // was the gateway's business with the origin.
@@ -245,21 +259,46 @@ impl Switch {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, self.upgrade);
         }
-        let idle_timeout = idle.idle_timeout;
         // Counted from the 101 on, so a client that has its 101 sees the tunnel counted.
         metrics.total.inc();
         metrics.active.inc();
-        tokio::task::spawn_local(async move {
-            let _held = (cx, inflight, Active(metrics.active.clone()));
-            let client = match self.client.await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::debug!(error = %e, "the client's upgrade did not complete");
-                    return;
-                }
-            };
-            tunnel(TokioIo::new(client), self.origin, idle_timeout, &metrics).await;
+        let tunnel = Box::new(Tunnel {
+            origin: self.origin,
+            idle_timeout: idle.idle_timeout,
+            _held: (cx, inflight, Active(metrics.active.clone())),
+            metrics,
         });
+        match self.client {
+            ClientSide::Connection => Some(tunnel),
+            ClientSide::Stream(client) => {
+                tokio::task::spawn_local(async move {
+                    match client.await {
+                        Ok(c) => tunnel.run(TokioIo::new(c)).await,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "the client's upgrade did not complete")
+                        }
+                    }
+                });
+                None
+            }
+        }
+    }
+}
+
+/// An accepted upgrade, waiting for its client side: the origin's upgraded connection and
+/// what the tunnel keeps alive while it runs.
+pub(crate) struct Tunnel {
+    origin: Upgraded,
+    idle_timeout: Duration,
+    metrics: TunnelMetrics,
+    /// The client connection's context, its in-flight request and the active gauge.
+    _held: (Rc<ConnCtx>, InFlight, Active),
+}
+
+impl Tunnel {
+    /// Copy between `client` and the origin until the tunnel ends.
+    pub(crate) async fn run<C: AsyncRead + AsyncWrite + Unpin>(self, client: C) {
+        tunnel(client, self.origin, self.idle_timeout, &self.metrics).await;
     }
 }
 

@@ -4,9 +4,9 @@
 //! request?), the buffering with its caps, and the `FilterCtx` accessors; the proxy stage
 //! only calls it at two points (before `pre`, before `post`).
 
+use crate::body::ClientBody;
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use super::{FilterChain, FilterCtx, FilterStage};
 use crate::error::{Error, Kind};
@@ -83,15 +83,13 @@ pub(crate) fn set_length(headers: &mut http::HeaderMap, len: usize) {
 
 /// Read the client's body to its end, failing with 413 past `cap` bytes (a declared
 /// Content-Length past the cap fails before reading).
-pub(crate) async fn read_request(body: &mut Incoming, cap: u64) -> Result<Bytes, Error> {
+pub(crate) async fn read_request(body: &mut ClientBody, cap: u64) -> Result<Bytes, Error> {
     if http_body::Body::size_hint(body).lower() > cap {
         return Err(too_large_request());
     }
     let mut buf = BytesMut::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            Error::new(Kind::ClientGone, "client request body failed").with_source(e)
-        })?;
+        let frame = frame?;
         if let Ok(data) = frame.into_data() {
             if (buf.len() + data.len()) as u64 > cap {
                 return Err(too_large_request());

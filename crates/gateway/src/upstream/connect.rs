@@ -83,7 +83,12 @@ pub(crate) async fn connect(
             if h2 {
                 handshake_h2(cluster, *tls, h2_streams, slot).await
             } else {
-                Ok(h1_conn(cluster, server, Io::Tls(tls), slot))
+                Ok(h1_conn(
+                    cluster,
+                    server,
+                    Io::Tls(Box::new((*tls).into())),
+                    slot,
+                ))
             }
         }
     }

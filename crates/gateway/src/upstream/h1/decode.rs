@@ -8,22 +8,19 @@
 //! not ending in `chunked`, obs-fold, bad chunk lines: all are errors (502 before the head
 //! reaches the client, an aborted response after).
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::BytesMut;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 
 use crate::error::{Error, Kind};
+use crate::framing::{self, Declared, Decoder};
+use crate::headers::has_token;
 use crate::headers::RawHead;
-use crate::headers::{ends_in_chunked, has_token, parse_content_length};
 
 /// The largest response head read (status line and fields).
 pub(super) const MAX_HEAD: usize = 64 * 1024;
 /// The most header fields in a response head.
 const MAX_HEADERS: usize = 128;
-/// The longest chunk-size line (size and extensions).
-const MAX_CHUNK_LINE: usize = 4 * 1024;
-/// The largest trailer section.
-const MAX_TRAILERS: usize = 16 * 1024;
 
 /// How a response's body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,240 +293,23 @@ fn framing<'a>(
         200..=299 if method == Method::CONNECT => return Ok(Framing::Close),
         _ => {}
     }
-    let mut content_lengths = content_lengths.peekable();
-    if let Some(te) = transfer_encoding {
-        if version == Version::HTTP_10 {
-            return Err(malformed("HTTP/1.0 origin sent Transfer-Encoding"));
-        }
-        if content_lengths.peek().is_some() {
-            return Err(malformed(
-                "origin sent both Transfer-Encoding and Content-Length",
-            ));
-        }
-        if !ends_in_chunked(te) {
-            return Err(malformed(
-                "origin sent a Transfer-Encoding that does not end in chunked",
-            ));
-        }
-        return Ok(Framing::Chunked);
-    }
-    let mut length = None;
-    for v in content_lengths {
-        // A list of identical values is one value (RFC 9110 §8.6); anything else is invalid.
-        for part in v.split(|&b| b == b',') {
-            let n = parse_content_length(part.trim_ascii())
-                .ok_or_else(|| malformed("origin sent an invalid Content-Length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(malformed("origin sent conflicting Content-Length values"));
-            }
-            length = Some(n);
-        }
-    }
-    Ok(match length {
-        Some(n) => Framing::Length(n),
-        None => Framing::Close,
+    let declared = framing::declared(version, transfer_encoding, content_lengths)
+        .map_err(framing::FramingError::by_origin)?;
+    Ok(match declared {
+        Declared::Nothing => Framing::Close,
+        Declared::Length(n) => Framing::Length(n),
+        Declared::Chunked => Framing::Chunked,
     })
 }
 
-/// What the body decoder produced from the buffer.
-#[derive(Debug)]
-pub(super) enum Step {
-    Data(Bytes),
-    Trailers(HeaderMap),
-    /// The body is complete.
-    End,
-    /// More bytes are needed.
-    More,
-}
-
-/// Where a chunked body is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Chunk {
-    Size,
-    Data(u64),
-    /// The CRLF after a chunk's data.
-    DataEnd,
-    Trailers,
-}
-
-/// The body's decoder: takes body bytes off the front of the read buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Decoder {
-    Length(u64),
-    Chunked(Chunk),
-    Close,
-    Done,
-}
-
-impl Decoder {
-    pub(super) fn new(framing: Framing) -> Decoder {
-        match framing {
-            Framing::Empty | Framing::Upgrade | Framing::Length(0) => Decoder::Done,
-            Framing::Length(n) => Decoder::Length(n),
-            Framing::Chunked => Decoder::Chunked(Chunk::Size),
-            Framing::Close => Decoder::Close,
-        }
+/// The decoder for a response body with this framing.
+pub(super) fn decoder(framing: Framing) -> Decoder {
+    match framing {
+        Framing::Empty | Framing::Upgrade => Decoder::Done,
+        Framing::Length(n) => Decoder::length(n),
+        Framing::Chunked => Decoder::chunked(),
+        Framing::Close => Decoder::Close,
     }
-
-    pub(super) fn is_done(&self) -> bool {
-        *self == Decoder::Done
-    }
-
-    /// Bytes still expected, when the length is known.
-    pub(super) fn remaining(&self) -> Option<u64> {
-        match self {
-            Decoder::Length(n) => Some(*n),
-            Decoder::Done => Some(0),
-            _ => None,
-        }
-    }
-
-    /// Decode the next piece of the body from `buf`.
-    pub(super) fn decode(&mut self, buf: &mut BytesMut) -> Result<Step, Error> {
-        loop {
-            match self {
-                Decoder::Done => return Ok(Step::End),
-                Decoder::Length(n) => {
-                    if buf.is_empty() {
-                        return Ok(Step::More);
-                    }
-                    let take = (*n).min(buf.len() as u64) as usize;
-                    *n -= take as u64;
-                    if *n == 0 {
-                        *self = Decoder::Done;
-                    }
-                    return Ok(Step::Data(buf.split_to(take).freeze()));
-                }
-                Decoder::Close => {
-                    if buf.is_empty() {
-                        return Ok(Step::More);
-                    }
-                    return Ok(Step::Data(buf.split().freeze()));
-                }
-                Decoder::Chunked(Chunk::Size) => {
-                    let Some(lf) = buf.iter().position(|&b| b == b'\n') else {
-                        if buf.len() > MAX_CHUNK_LINE {
-                            return Err(malformed("origin sent a chunk-size line too long"));
-                        }
-                        return Ok(Step::More);
-                    };
-                    let size = chunk_size(&buf[..lf])?;
-                    buf.advance(lf + 1);
-                    *self = Decoder::Chunked(if size == 0 {
-                        Chunk::Trailers
-                    } else {
-                        Chunk::Data(size)
-                    });
-                }
-                Decoder::Chunked(Chunk::Data(n)) => {
-                    if buf.is_empty() {
-                        return Ok(Step::More);
-                    }
-                    let take = (*n).min(buf.len() as u64) as usize;
-                    *n -= take as u64;
-                    let data = buf.split_to(take).freeze();
-                    if *n == 0 {
-                        *self = Decoder::Chunked(Chunk::DataEnd);
-                        // Finish the chunk now if its CRLF is here, so a body whose last
-                        // chunk arrived whole reads as ended without another poll.
-                        self.skip_data_end(buf)?;
-                    }
-                    return Ok(Step::Data(data));
-                }
-                Decoder::Chunked(Chunk::DataEnd) => {
-                    if !self.skip_data_end(buf)? {
-                        return Ok(Step::More);
-                    }
-                }
-                Decoder::Chunked(Chunk::Trailers) => {
-                    if buf.len() < 2 {
-                        return Ok(Step::More);
-                    }
-                    if buf.starts_with(b"\r\n") {
-                        buf.advance(2);
-                        *self = Decoder::Done;
-                        return Ok(Step::End);
-                    }
-                    let mut slots = [httparse::EMPTY_HEADER; 32];
-                    match httparse::parse_headers(buf, &mut slots) {
-                        Ok(httparse::Status::Complete((len, fields))) => {
-                            let mut trailers = HeaderMap::with_capacity(fields.len());
-                            for f in fields {
-                                let name = HeaderName::from_bytes(f.name.as_bytes())
-                                    .map_err(|_| malformed("origin sent an invalid trailer"))?;
-                                let value = HeaderValue::from_bytes(f.value)
-                                    .map_err(|_| malformed("origin sent an invalid trailer"))?;
-                                trailers.append(name, value);
-                            }
-                            buf.advance(len);
-                            *self = Decoder::Done;
-                            return Ok(Step::Trailers(trailers));
-                        }
-                        Ok(httparse::Status::Partial) if buf.len() > MAX_TRAILERS => {
-                            return Err(malformed("origin sent a trailer section too large"))
-                        }
-                        Ok(httparse::Status::Partial) => return Ok(Step::More),
-                        Err(e) => {
-                            return Err(malformed("origin sent invalid trailers").with_source(e))
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// In `DataEnd`: consume the CRLF if it is there. `Ok(false)`: not yet.
-    fn skip_data_end(&mut self, buf: &mut BytesMut) -> Result<bool, Error> {
-        if buf.len() < 2 {
-            return Ok(false);
-        }
-        if !buf.starts_with(b"\r\n") {
-            return Err(malformed("origin sent chunk data longer than its size"));
-        }
-        buf.advance(2);
-        *self = Decoder::Chunked(Chunk::Size);
-        Ok(true)
-    }
-
-    /// The origin closed the connection: the end of a close-delimited body, otherwise a
-    /// truncated one.
-    pub(super) fn on_eof(&mut self) -> Result<Step, Error> {
-        match self {
-            Decoder::Close | Decoder::Done => {
-                *self = Decoder::Done;
-                Ok(Step::End)
-            }
-            _ => Err(Error::new(
-                Kind::OriginReset,
-                "origin closed the connection before the body ended",
-            )),
-        }
-    }
-}
-
-/// The size from a chunk-size line (without its LF): hex digits, then optional extensions
-/// (`;name=value`, ignored), then CR.
-fn chunk_size(line: &[u8]) -> Result<u64, Error> {
-    let bad = || malformed("origin sent an invalid chunk size");
-    let line = line.strip_suffix(b"\r").ok_or_else(bad)?;
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    if digits == 0 || digits > 16 {
-        return Err(bad());
-    }
-    let rest = &line[digits..];
-    let ext_ok = rest.is_empty()
-        || rest
-            .iter()
-            .position(|&b| b != b' ' && b != b'\t')
-            .is_some_and(|i| rest[i] == b';')
-            && rest
-                .iter()
-                .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b));
-    if !ext_ok {
-        return Err(bad());
-    }
-    let hex = std::str::from_utf8(&line[..digits]).map_err(|_| bad())?;
-    u64::from_str_radix(hex, 16).map_err(|_| bad())
 }
 
 #[cfg(test)]
@@ -719,74 +499,5 @@ mod tests {
             b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n"
         ));
         assert!(!ka(b"HTTP/1.1 200 OK\r\n\r\n"));
-    }
-
-    /// Feed `input` to a decoder `step` bytes at a time; return the data and trailers.
-    fn decode_all(framing: Framing, input: &[u8], step: usize) -> Result<(Vec<u8>, usize), Error> {
-        let mut d = Decoder::new(framing);
-        let mut buf = BytesMut::new();
-        let (mut data, mut trailers) = (Vec::new(), 0);
-        let mut fed = 0;
-        loop {
-            match d.decode(&mut buf)? {
-                Step::Data(b) => data.extend_from_slice(&b),
-                Step::Trailers(t) => trailers += t.len(),
-                Step::End => return Ok((data, trailers)),
-                Step::More if fed == input.len() => {
-                    d.on_eof()?;
-                    return Ok((data, trailers));
-                }
-                Step::More => {
-                    let n = step.min(input.len() - fed);
-                    buf.extend_from_slice(&input[fed..fed + n]);
-                    fed += n;
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn chunked_bodies_decode_in_any_split() {
-        let body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nx-sum: 1\r\nx-b: 2\r\n\r\n";
-        for step in [1, 2, 3, 7, body.len()] {
-            let (data, trailers) = decode_all(Framing::Chunked, body, step).unwrap();
-            assert_eq!(data, b"hello world", "step {step}");
-            assert_eq!(trailers, 2, "step {step}");
-        }
-        let (data, t) = decode_all(Framing::Chunked, b"3\r\nabc\r\n0\r\n\r\n", 1).unwrap();
-        assert_eq!((data.as_slice(), t), (&b"abc"[..], 0));
-    }
-
-    #[test]
-    fn bad_or_truncated_chunked_bodies_fail() {
-        for bad in [
-            &b"5\r\nhelloX\r\n0\r\n\r\n"[..],
-            b"zz\r\nhello\r\n",
-            b"5 x\r\nhello\r\n0\r\n\r\n",
-            b"5\nhello\r\n0\r\n\r\n",
-            b"11111111111111111\r\n",
-            b"5\r\nhel",
-        ] {
-            assert!(
-                decode_all(Framing::Chunked, bad, 1).is_err(),
-                "{}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-    }
-
-    #[test]
-    fn length_and_close_bodies() {
-        let (data, _) = decode_all(Framing::Length(5), b"hello", 2).unwrap();
-        assert_eq!(data, b"hello");
-        assert!(decode_all(Framing::Length(5), b"hel", 2).is_err());
-        let (data, _) = decode_all(Framing::Close, b"until close", 4).unwrap();
-        assert_eq!(data, b"until close");
-        // Bytes past the declared length stay in the buffer (the caller refuses to reuse).
-        let mut d = Decoder::new(Framing::Length(2));
-        let mut buf = BytesMut::from(&b"okEXTRA"[..]);
-        assert!(matches!(d.decode(&mut buf).unwrap(), Step::Data(b) if &b[..] == b"ok"));
-        assert!(d.is_done());
-        assert_eq!(&buf[..], b"EXTRA");
     }
 }

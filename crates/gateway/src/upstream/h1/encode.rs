@@ -11,10 +11,10 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use tokio::io::AsyncWrite;
 
-use super::io::Io;
 use crate::body::RequestBody;
 use crate::error::BoxError;
 use crate::headers::{put_field, AddedFields};
+use crate::io::Io;
 
 /// Small buffered bodies go out in the same write as the head.
 const COALESCE: usize = 16 * 1024;

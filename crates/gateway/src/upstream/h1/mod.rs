@@ -13,17 +13,16 @@
 //!        │                                    (keeps going inside Body: full duplex) │
 //!        └─ read until a final head (decode::parse_head; 1xx skipped; kept in wire form
 //!           when nothing but Via and the request id is added to it) ─► Response<Body>
-//! Body::poll_frame ── decode::Decoder (length / chunked / until close) ─► frames
+//! Body::poll_frame ── framing::Decoder (length / chunked / until close) ─► frames
 //!        └─ clean end, keep-alive, request fully written, no stray bytes ─► take_reusable
 //! ```
 //!
 //! - [`decode`]: response head and body framing, on bytes already read.
 //! - [`encode`]: request head and body writing.
-//! - [`io`]: the transport (TCP or TLS) and what a 101 leaves of it.
+//! - [`crate::io`]: the transport (TCP or TLS) and what a 101 leaves of it.
 
 mod decode;
 mod encode;
-pub(crate) mod io;
 
 use bytes::{Bytes, BytesMut};
 use http::{Request, Response};
@@ -36,10 +35,13 @@ use tokio_util::io::poll_read_buf;
 use super::connect::OpenSlot;
 use crate::body::RequestBody;
 use crate::error::{BoxError, Error, Kind};
+use crate::framing::{Decoder, Step};
 use crate::headers::RawHead;
-use decode::{Decoder, Framing, Head, Step};
+pub(crate) use crate::io::Io;
+use decode::{Framing, Head};
 use encode::{Pump, PumpError};
-pub(crate) use io::{Io, Upgraded};
+/// An origin connection after a 101, holding its slot under the cluster's cap.
+pub(crate) type Upgraded = crate::io::Upgraded<OpenSlot>;
 
 /// The largest read while a body streams.
 const MAX_READ: usize = 64 * 1024;
@@ -319,7 +321,7 @@ fn respond(
 ) -> Response<Body> {
     let body = Body {
         raw_head: head.raw,
-        decoder: Decoder::new(head.framing),
+        decoder: decode::decoder(head.framing),
         upgrade: head.framing == Framing::Upgrade,
         keep_alive: head.keep_alive && !broken,
         conn: Some(conn),
@@ -382,7 +384,7 @@ impl Body {
         Some(Upgraded {
             read_ahead: c.buf.split().freeze(),
             io: c.io,
-            _open: c.open,
+            _held: c.open,
         })
     }
 
@@ -482,7 +484,7 @@ impl http_body::Body for Body {
                     return Poll::Ready(None);
                 }
                 Ok(Step::More) => {}
-                Err(e) => return this.fail(e, cx),
+                Err(e) => return this.fail(e.by_origin(), cx),
             }
             let want = this
                 .decoder
@@ -495,7 +497,7 @@ impl http_body::Body for Body {
                         this.finish();
                         return Poll::Ready(None);
                     }
-                    Err(e) => return this.fail(e, cx),
+                    Err(e) => return this.fail(e.by_origin(), cx),
                 },
                 Ok(_) => {}
                 Err(e) => {

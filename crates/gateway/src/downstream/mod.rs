@@ -1,11 +1,15 @@
 //! The downstream (client) side: listeners, the accept loop, and serving one client
-//! connection with hyper (HTTP/1.1, h2c prior knowledge, or detection of the h2 preface).
+//! connection: HTTP/1.1 with keymaster's own server ([`h1`]), HTTP/2 (h2c prior knowledge,
+//! the h2 preface detected on `auto` listeners, or ALPN on TLS) with hyper's.
 //!
 //! Each worker thread binds its own `SO_REUSEPORT` socket per listener, so the kernel
-//! spreads connections across workers with no shared accept lock. A connection's timeouts
-//! live in [`TimedIo`]: before the first request and whenever no request is in flight, the
-//! client must finish a request head within `header_read_timeout` of its first byte
-//! (slowloris) and must not sit idle past `idle_timeout`.
+//! spreads connections across workers with no shared accept lock. Before the first request
+//! and whenever no request is in flight, the client must finish a request head within
+//! `header_read_timeout` of its first byte (slowloris) and must not sit idle past
+//! `idle_timeout`: [`ConnState`] keeps the deadline, which the HTTP/1.1 server reads
+//! directly and [`TimedIo`] enforces under hyper's HTTP/2 server.
+
+pub(crate) mod h1;
 
 use http::header::HeaderName;
 use hyper::rt::{Read, ReadBufCursor, Write};
@@ -24,6 +28,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
 use crate::headers::{ClientFacts, HeadLimits};
+use crate::io::Io;
 use crate::metrics::ListenerMetrics;
 use crate::tls::{ListenerTls, TlsFacts};
 use crate::worker::Worker;
@@ -34,7 +39,6 @@ pub(crate) struct ListenerCtx {
     pub(crate) name: String,
     pub(crate) protocol: ListenerProtocol,
     pub(crate) limits: HeadLimits,
-    pub(crate) max_headers: usize,
     pub(crate) header_read_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) max_connections: usize,
@@ -70,8 +74,8 @@ impl ListenerCtx {
             limits: HeadLimits {
                 max_request_line: cfg.max_request_line.get() as usize,
                 max_header_bytes: cfg.max_header_bytes.get() as usize,
+                max_headers: cfg.max_headers,
             },
-            max_headers: cfg.max_headers,
             header_read_timeout: cfg.header_read_timeout.get(),
             idle_timeout: cfg.idle_timeout.get(),
             max_connections: cfg.max_connections,
@@ -154,6 +158,11 @@ impl ConnState {
     }
     fn deadline(&self) -> u64 {
         self.deadline.load(Ordering::Relaxed)
+    }
+    /// When a connection with no request in flight times out: the header-read deadline
+    /// before the first request, the idle deadline after each response.
+    pub(crate) fn deadline_at(&self) -> Instant {
+        self.at(self.deadline())
     }
     fn set_deadline(&self, t: Instant) {
         self.deadline.store(self.to_nanos(t), Ordering::Relaxed);
@@ -479,7 +488,7 @@ async fn serve_connection(
         }
     };
     let client = client_facts(&listener, peer, "http", None);
-    serve_io(guard, TokioIo::new(stream), h2, client, (peer, local)).await;
+    serve_io(guard, Io::Tcp(stream), h2, client, (peer, local)).await;
 }
 
 /// The TLS handshake, then HTTP on the session.
@@ -517,7 +526,8 @@ async fn serve_tls(guard: OpenGuard, stream: TcpStream, (peer, local): (SocketAd
         identity_header: settings.identity_header.clone(),
     };
     let client = client_facts(&listener, peer, "https", Some(facts));
-    serve_io(guard, TokioIo::new(stream), h2, client, (peer, local)).await;
+    let stream = Io::Tls(Box::new(tokio_rustls::TlsStream::Server(stream)));
+    serve_io(guard, stream, h2, client, (peer, local)).await;
 }
 
 fn client_facts(
@@ -539,15 +549,13 @@ fn client_facts(
 
 /// Serve HTTP on an established client stream (cleartext or after the TLS handshake).
 /// `guard` is the connection's slot on its listener and carries the worker and listener.
-async fn serve_io<S>(
+async fn serve_io(
     guard: OpenGuard,
-    stream: S,
+    stream: Io,
     h2: bool,
     client: ClientFacts,
     (peer, local): (SocketAddr, SocketAddr),
-) where
-    S: Read + Write + Unpin + Send + 'static,
-{
+) {
     let (worker, listener) = (guard.worker.clone(), guard.listener.clone());
     let state = Arc::new(ConnState::new(
         Instant::now(),
@@ -565,33 +573,20 @@ async fn serve_io<S>(
         private_upstream: std::cell::RefCell::new(None),
         _open: guard,
     });
+    if !h2 {
+        h1::serve(cx, stream).await;
+        return;
+    }
     let io = TimedIo {
-        inner: stream,
+        inner: TokioIo::new(stream),
         sleep: Box::pin(tokio::time::sleep_until(state.at(state.deadline()))),
         state,
     };
-    let svc = service_fn(move |req| crate::proxy::handle(cx.clone(), req));
-    if h2 {
-        // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state size.
-        Box::pin(serve_h2(&listener, &worker, io, svc)).await;
-    } else {
-        let mut builder = hyper::server::conn::http1::Builder::new();
-        builder
-            .keep_alive(true)
-            .half_close(false)
-            .max_headers(listener.max_headers)
-            // Hard cap for hyper's buffer; the exact limits (414/431) are checked per request.
-            .max_buf_size(
-                (listener.limits.max_header_bytes + listener.limits.max_request_line + 1024)
-                    .max(8192),
-            )
-            .header_read_timeout(None)
-            .timer(hyper_util::rt::TokioTimer::new())
-            .raw_header_source(crate::body::ResponseBody::raw_header_block);
-        // Upgrades (WebSocket): hyper hands the socket to `upgrade` after a 101.
-        let conn = builder.serve_connection(io, svc).with_upgrades();
-        serve_until_drain!(conn, worker);
-    }
+    let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        crate::proxy::handle(cx.clone(), req.map(crate::body::ClientBody::H2))
+    });
+    // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state size.
+    Box::pin(serve_h2(&listener, &worker, io, svc)).await;
 }
 
 async fn serve_h2<I, S>(listener: &ListenerCtx, worker: &Worker, io: I, svc: S)

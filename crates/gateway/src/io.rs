@@ -1,5 +1,6 @@
-//! The byte stream under an upstream HTTP/1.1 connection: plain TCP or TLS, and what a
-//! `101 Switching Protocols` leaves of it for a tunnel.
+//! The byte stream under an HTTP/1.1 connection, on either side of the proxy: plain TCP or
+//! TLS (a client's session on a TLS listener, or keymaster's session with an origin), and
+//! what a `101 Switching Protocols` leaves of it for a tunnel.
 
 use bytes::{Buf, Bytes};
 use std::io;
@@ -7,12 +8,23 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsStream;
 
-/// An origin connection's transport.
+/// A connection's transport.
 pub(crate) enum Io {
     Tcp(TcpStream),
+    /// Boxed: a TLS session is large, and most connections are plain.
     Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Io {
+    /// The TCP socket under the transport.
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        match self {
+            Io::Tcp(s) => s,
+            Io::Tls(s) => s.get_ref().0,
+        }
+    }
 }
 
 impl AsyncRead for Io {
@@ -73,16 +85,16 @@ impl AsyncWrite for Io {
     }
 }
 
-/// An origin connection after `101 Switching Protocols`: the bytes the origin sent after
-/// the 101 head (already read), then the socket.
-pub(crate) struct Upgraded {
-    pub(super) read_ahead: Bytes,
-    pub(super) io: Io,
-    /// Keeps the connection counted as open until the tunnel ends.
-    pub(super) _open: super::OpenSlot,
+/// A connection after `101 Switching Protocols`: the bytes the peer sent after the head that
+/// were already read, then the socket. `H` is held until the tunnel ends (an origin
+/// connection's slot under its cluster's cap).
+pub(crate) struct Upgraded<H = ()> {
+    pub(crate) read_ahead: Bytes,
+    pub(crate) io: Io,
+    pub(crate) _held: H,
 }
 
-impl AsyncRead for Upgraded {
+impl<H: Unpin> AsyncRead for Upgraded<H> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -99,7 +111,7 @@ impl AsyncRead for Upgraded {
     }
 }
 
-impl AsyncWrite for Upgraded {
+impl<H: Unpin> AsyncWrite for Upgraded<H> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

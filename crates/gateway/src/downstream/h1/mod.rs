@@ -1,0 +1,519 @@
+//! keymaster's own HTTP/1.1 server for client connections (cleartext and TLS; HTTP/2 stays
+//! hyper's).
+//!
+//! hyper's server drove each connection through a dispatcher state machine, a service
+//! future and its generic read and write buffers: measured at ~8k of ~24k instructions per
+//! proxied request, the largest cost left that keymaster did not own. Here the connection
+//! is one loop on the worker's task: read a head, run the proxy stage, write the response,
+//! repeat. The request body is decoded from the connection's read buffer as the proxy
+//! stage pulls it ([`RequestBody`] shares the connection through an `Rc`: the request, its
+//! body and the response all run on this one task), and the response goes out through an
+//! [`Outbox`](response::Outbox) that writes the head with the first body frame in one
+//! vectored write.
+//!
+//! ```text
+//! serve ─► read_head (slowloris / idle deadline, drain) ─► request::parse_head ─► Request
+//!       ─► run: proxy::handle, while watching for the client to go away
+//!       ─► write_response: response::encode_head, body frames (length / chunked / close)
+//!       ─► keep-alive: next head (pipelined bytes are already buffered) │ close │ abort (RST)
+//!       └► 101 with a tunnel: the connection becomes the client side of the tunnel
+//! ```
+
+mod request;
+mod response;
+
+pub(crate) use request::RequestBody;
+
+use bytes::BytesMut;
+use http::{Request, Response, StatusCode};
+use std::cell::RefCell;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::{pin, Pin};
+use std::rc::Rc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+use tokio_util::io::poll_read_buf;
+
+use super::ConnCtx;
+use crate::body::{ClientBody, ResponseBody};
+use crate::error::Error;
+use crate::framing::Decoder;
+use crate::io::{Io, Upgraded};
+use request::{Head, HeadScan};
+use response::{BodyFraming, Outbox, RequestFacts};
+
+/// The largest read while a request body streams.
+const MAX_READ: usize = 64 * 1024;
+/// A read buffer holding more than this while idle is given back.
+const MAX_IDLE_BUFFER: usize = 8 * 1024;
+/// How long a closing connection keeps reading (and discarding) what the client still
+/// sends, so that the kernel does not answer unread bytes with a reset that could destroy
+/// the response before the client reads it.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// The client connection's transport and read state, shared by the loop and the current
+/// request's body.
+pub(crate) struct ConnIo {
+    io: Io,
+    /// Bytes read and not yet parsed (the next request head, the current request's body).
+    rbuf: BytesMut,
+    /// The current request's body (done when it has none or it was read whole).
+    body: Decoder,
+    /// The body failed (bad framing, the client went away): nothing more is read.
+    body_failed: bool,
+    /// Bytes of a `100 Continue` still to be written before the body is read.
+    continue_left: usize,
+    /// The client closed its side (or the read failed).
+    read_closed: bool,
+}
+
+impl ConnIo {
+    /// Read more into the buffer, making room for up to `want` bytes. With nothing buffered
+    /// on a plain socket, the buffer grows only once the socket is readable, so a waiting
+    /// connection holds no more buffer than it had.
+    fn poll_fill(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<usize>> {
+        if let (true, Io::Tcp(tcp)) = (self.rbuf.is_empty(), &self.io) {
+            ready!(tcp.poll_read_ready(cx))?;
+        }
+        let spare = self.rbuf.capacity() - self.rbuf.len();
+        if spare < 512 || spare < want.min(4096) {
+            self.rbuf.reserve(want.clamp(1024, MAX_READ));
+        }
+        poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf)
+    }
+
+    /// Write the `100 Continue` the client waits for, if it is owed.
+    fn poll_continue(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.continue_left > 0 {
+            let from = response::CONTINUE.len() - self.continue_left;
+            match ready!(Pin::new(&mut self.io).poll_write(cx, &response::CONTINUE[from..])) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(n) => self.continue_left -= n,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// While a request runs and its body is read: take in what the client sends next (a
+    /// pipelined request, up to `cap` bytes) and notice when it goes away. `true`: it went
+    /// away (EOF or a failed read).
+    fn poll_watch(&mut self, cx: &mut Context<'_>, cap: usize) -> bool {
+        while !self.read_closed && self.body.is_done() && self.rbuf.len() < cap {
+            match self.poll_fill(cx, 1024) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => self.read_closed = true,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Pending => break,
+            }
+        }
+        self.read_closed
+    }
+}
+
+/// A connection's single timer, for the header-read (slowloris) and idle deadlines. Moved
+/// only when a deadline comes earlier than where it is set; a timer that fires for an older
+/// deadline is set again.
+struct Timer {
+    sleep: Pin<Box<Sleep>>,
+    armed: Instant,
+}
+
+impl Timer {
+    fn new(at: Instant) -> Timer {
+        Timer {
+            sleep: Box::pin(tokio::time::sleep_until(at)),
+            armed: at,
+        }
+    }
+
+    fn poll_deadline(&mut self, deadline: Instant, cx: &mut Context<'_>) -> Poll<()> {
+        if deadline < self.armed {
+            self.sleep.as_mut().reset(deadline);
+            self.armed = deadline;
+        }
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            if self.armed >= deadline {
+                return Poll::Ready(());
+            }
+            self.sleep.as_mut().reset(deadline);
+            self.armed = deadline;
+        }
+        Poll::Pending
+    }
+}
+
+/// How a response ended, and what becomes of the connection.
+enum Ended {
+    /// Ready for the next request.
+    KeepAlive,
+    /// Close after what was written: FIN, then a lingering read.
+    Close,
+    /// The response could not be completed: reset the connection so the client cannot take
+    /// a truncated response for a complete one.
+    Abort,
+    /// The client connection becomes one side of a tunnel.
+    Tunnel(Box<crate::upgrade::Tunnel>),
+}
+
+/// Serve HTTP/1.1 requests on a client connection until it closes, times out, fails, is
+/// upgraded, or the worker drains.
+pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
+    let state = &cx.state;
+    let conn = Rc::new(RefCell::new(ConnIo {
+        io,
+        rbuf: BytesMut::new(),
+        body: Decoder::Done,
+        body_failed: false,
+        continue_left: 0,
+        read_closed: false,
+    }));
+    let mut timer = Timer::new(state.deadline_at());
+    let worker = cx.worker.clone();
+    let mut drain = pin!(worker.drain.wait());
+    let mut scan = HeadScan::default();
+    let mut out = Outbox::default();
+    let limits = &cx.listener.limits;
+    let ended = loop {
+        let head = match read_head(&cx, &conn, &mut scan, &mut timer, drain.as_mut()).await {
+            Ok(Some(head)) => head,
+            Ok(None) => break Ended::Close,
+            Err(err) => {
+                let resp = crate::respond::error_response(
+                    &err,
+                    None,
+                    cx.worker
+                        .shared
+                        .snapshot
+                        .load()
+                        .stamps
+                        .via(http::Version::HTTP_11),
+                );
+                let facts = RequestFacts {
+                    method_head: false,
+                    method_connect: false,
+                    version: http::Version::HTTP_11,
+                    keep_alive: false,
+                    accepts_trailers: false,
+                };
+                break write_response(&conn, &mut out, resp, &facts, false, 0).await;
+            }
+        };
+        let facts = RequestFacts {
+            method_head: head.method == http::Method::HEAD,
+            method_connect: head.method == http::Method::CONNECT,
+            version: head.version,
+            keep_alive: head.keep_alive,
+            accepts_trailers: head.accepts_trailers,
+        };
+        let req = request(&conn, head);
+        let Some(resp) = run(
+            &conn,
+            crate::proxy::handle(cx.clone(), req),
+            limits.max_head(),
+        )
+        .await
+        else {
+            // The client went away: the exchange was dropped (and its origin connection).
+            break Ended::Abort;
+        };
+        let draining = cx.worker.drain.is_draining();
+        match write_response(&conn, &mut out, resp, &facts, !draining, limits.max_head()).await {
+            Ended::KeepAlive => {
+                let mut c = conn.borrow_mut();
+                if c.rbuf.is_empty() && c.rbuf.capacity() > MAX_IDLE_BUFFER {
+                    c.rbuf = BytesMut::new();
+                }
+                if out.head.capacity() > MAX_IDLE_BUFFER {
+                    out.head = BytesMut::new();
+                }
+            }
+            ended => break ended,
+        }
+    };
+    // The connection's slot on its listener is given back before a lingering close.
+    drop(cx);
+    finish(conn, ended).await;
+}
+
+/// Read the next request head. `Ok(None)`: the connection ends without a response (the
+/// client closed, timed out, or the worker drains while it is idle). `Err`: a head that
+/// gets an error response (400, 414, 431) before the connection closes.
+async fn read_head(
+    cx: &ConnCtx,
+    conn: &RefCell<ConnIo>,
+    scan: &mut HeadScan,
+    timer: &mut Timer,
+    mut drain: Pin<&mut crate::drain::Drain<'_>>,
+) -> Result<Option<Head>, Error> {
+    let limits = &cx.listener.limits;
+    // When the head that started arriving must be complete (set once its first bytes wait).
+    let mut head_deadline = None;
+    poll_fn(|task| {
+        let mut c = conn.borrow_mut();
+        loop {
+            if !c.rbuf.is_empty() {
+                if let Some(head) = request::parse_head(&mut c.rbuf, scan, limits)? {
+                    return Poll::Ready(Ok(Some(head)));
+                }
+            }
+            if c.read_closed {
+                return Poll::Ready(Ok(None));
+            }
+            let want = (c.rbuf.len() * 2).clamp(1024, limits.max_head());
+            match c.poll_fill(task, want) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                    c.read_closed = true;
+                    return Poll::Ready(Ok(None));
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Pending => break,
+            }
+        }
+        let idle = c.rbuf.is_empty();
+        if idle && drain.as_mut().poll(task).is_ready() {
+            return Poll::Ready(Ok(None));
+        }
+        let deadline = if idle {
+            cx.state.deadline_at()
+        } else {
+            // The slowloris clock: bytes trickling in do not move it.
+            *head_deadline.get_or_insert_with(|| Instant::now() + cx.listener.header_read_timeout)
+        };
+        if timer.poll_deadline(deadline, task).is_ready() {
+            return Poll::Ready(Ok(None));
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// The request the proxy stage gets for `head`; its body reads from the connection.
+fn request(conn: &Rc<RefCell<ConnIo>>, head: Head) -> Request<ClientBody> {
+    let body = if head.body.is_done() {
+        ClientBody::Empty
+    } else {
+        let mut c = conn.borrow_mut();
+        c.body = head.body;
+        c.body_failed = false;
+        c.continue_left = if head.expect_continue {
+            response::CONTINUE.len()
+        } else {
+            0
+        };
+        ClientBody::H1(RequestBody { conn: conn.clone() })
+    };
+    let mut req = Request::new(body);
+    *req.method_mut() = head.method;
+    *req.uri_mut() = head.uri;
+    *req.version_mut() = head.version;
+    *req.headers_mut() = head.headers;
+    req
+}
+
+/// Run the proxy stage for a request. While it runs, once the request body is read, take in
+/// what the client sends next and notice when it goes away: `None` then (the proxy stage is
+/// dropped, which cancels the origin exchange).
+async fn run<F>(conn: &RefCell<ConnIo>, handler: F, cap: usize) -> Option<Response<ResponseBody>>
+where
+    F: Future<Output = Result<Response<ResponseBody>, std::convert::Infallible>>,
+{
+    let mut handler = pin!(handler);
+    poll_fn(|task| {
+        if let Poll::Ready(Ok(resp)) = handler.as_mut().poll(task) {
+            return Poll::Ready(Some(resp));
+        }
+        if conn.borrow_mut().poll_watch(task, cap) {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Write a response and its body. `keep_alive`: the server would keep the connection (it
+/// is not draining).
+async fn write_response(
+    conn: &RefCell<ConnIo>,
+    out: &mut Outbox,
+    resp: Response<ResponseBody>,
+    req: &RequestFacts,
+    keep_alive: bool,
+    watch_cap: usize,
+) -> Ended {
+    let (parts, mut body) = resp.into_parts();
+    let raw = match &mut body {
+        ResponseBody::Origin(o) => o.raw_head.take(),
+        _ => None,
+    };
+    let reason = parts
+        .extensions
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|r| r.as_bytes());
+    let empty = http_body::Body::is_end_stream(&body);
+    let head = response::Head {
+        status: parts.status,
+        reason,
+        headers: &parts.headers,
+        raw: raw.as_ref(),
+        body_len: http_body::Body::size_hint(&body).exact(),
+    };
+    {
+        let mut c = conn.borrow_mut();
+        // A `100 Continue` partly written must be finished first; one not started is no
+        // longer owed (the client gets the final response instead).
+        if c.continue_left == response::CONTINUE.len() {
+            c.continue_left = 0;
+        }
+    }
+    let written = response::encode_head(&mut out.head, &head, req, keep_alive);
+    drop(raw);
+    let (tunnel, body) = match body {
+        ResponseBody::Tunnel(t) if parts.status == StatusCode::SWITCHING_PROTOCOLS => {
+            (Some(t), None)
+        }
+        body => (None, Some(body)),
+    };
+    let framing = written.framing;
+    // Nothing to send (HEAD, 204, 304, an empty body): the body is dropped unpolled.
+    let mut body = body.filter(|_| framing != BodyFraming::None && !empty);
+    let (mut sent, mut failed, mut last_chunk_queued) = (0u64, false, false);
+    if body.is_none() && framing == BodyFraming::Chunked {
+        response::encode_last_chunk(&mut out.head, None, None);
+    }
+    let flushed = poll_fn(|task| {
+        loop {
+            if let Some(b) = body.as_mut().filter(|_| out.has_room()) {
+                match http_body::Body::poll_frame(Pin::new(&mut *b), task) {
+                    Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                        Ok(data) => {
+                            let end = http_body::Body::is_end_stream(&*b);
+                            sent += data.len() as u64;
+                            if matches!(framing, BodyFraming::Length(n) if sent > n) {
+                                failed = true; // more than the head announced
+                                body = None;
+                                continue;
+                            }
+                            if !data.is_empty() {
+                                out.push_data(framing, data, end);
+                                last_chunk_queued = end;
+                            }
+                            if end {
+                                body = None;
+                            }
+                        }
+                        Err(frame) => {
+                            if framing == BodyFraming::Chunked {
+                                let allowed = written.trailers.as_deref();
+                                response::encode_last_chunk(
+                                    &mut out.head,
+                                    frame.trailers_ref(),
+                                    allowed,
+                                );
+                                last_chunk_queued = true;
+                            }
+                            body = None;
+                        }
+                    },
+                    Poll::Ready(Some(Err(e))) => {
+                        tracing::debug!(error = %e, "response body failed");
+                        failed = true;
+                        body = None;
+                    }
+                    Poll::Ready(None) => body = None,
+                    Poll::Pending => {}
+                }
+                if body.is_none()
+                    && !failed
+                    && framing == BodyFraming::Chunked
+                    && !last_chunk_queued
+                {
+                    response::encode_last_chunk(&mut out.head, None, None);
+                    last_chunk_queued = true;
+                }
+            }
+            let mut c = conn.borrow_mut();
+            if let Err(e) = ready!(c.poll_continue(task)) {
+                return Poll::Ready(Err(e));
+            }
+            if !out.is_empty() {
+                ready!(out.poll_flush(&mut c.io, task))?;
+                continue;
+            }
+            if body.is_none() {
+                return Poll::Ready(Ok(()));
+            }
+            // Waiting for the body: notice a client that goes away meanwhile.
+            if c.poll_watch(task, watch_cap) {
+                return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+            }
+            return Poll::Pending;
+        }
+    })
+    .await;
+    if let Err(e) = flushed {
+        tracing::debug!(error = %e, "writing the response failed");
+        return Ended::Abort;
+    }
+    if failed || matches!(framing, BodyFraming::Length(n) if sent < n) {
+        return Ended::Abort;
+    }
+    if let Some(t) = tunnel {
+        return Ended::Tunnel(t);
+    }
+    let c = conn.borrow();
+    if !written.keep_alive || framing == BodyFraming::Close {
+        Ended::Close
+    } else if !c.body.is_done() || c.body_failed || c.read_closed {
+        // The request body was not read whole: the next bytes are not a request head.
+        Ended::Close
+    } else {
+        Ended::KeepAlive
+    }
+}
+
+/// End the connection as `ended` says.
+async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended) {
+    let Ok(conn) = Rc::try_unwrap(conn).map(RefCell::into_inner) else {
+        return; // a request body still holds it: dropped with it
+    };
+    match ended {
+        Ended::KeepAlive | Ended::Close => lingering_close(conn).await,
+        Ended::Abort => {
+            // SO_LINGER 0: close with a reset.
+            let _ = socket2::SockRef::from(conn.io.tcp()).set_linger(Some(Duration::ZERO));
+        }
+        Ended::Tunnel(t) => {
+            let client = Upgraded {
+                read_ahead: conn.rbuf.freeze(),
+                io: conn.io,
+                _held: (),
+            };
+            t.run(client).await;
+        }
+    }
+}
+
+/// Close after a complete response: send FIN (TLS: close_notify first), then read and
+/// discard what the client still sends, for a bounded time.
+async fn lingering_close(mut conn: ConnIo) {
+    use tokio::io::AsyncWriteExt;
+    let _ = tokio::time::timeout(LINGER, conn.io.shutdown()).await;
+    if conn.read_closed {
+        return;
+    }
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut left = 64 * 1024usize;
+        while left > 0 {
+            let mut rb = ReadBuf::new(&mut buf);
+            match poll_fn(|task| Pin::new(&mut conn.io).poll_read(task, &mut rb)).await {
+                Ok(()) if !rb.filled().is_empty() => left = left.saturating_sub(rb.filled().len()),
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}

@@ -1,0 +1,419 @@
+//! A client's HTTP/1.1 request: the head, parsed from the connection's read buffer with
+//! exact limits and strict framing, and the body, decoded from the same buffer as the proxy
+//! stage pulls it.
+//!
+//! Rules kept strict because an edge gateway must never forward an ambiguous message (RFC
+//! 9112 §6.3, §11.2): both Transfer-Encoding and Content-Length, differing or invalid
+//! Content-Length, a Transfer-Encoding not ending in `chunked` or on HTTP/1.0, obs-fold, bare
+//! CR, NUL and other control characters, invalid methods and versions are all refused
+//! (400, and the connection closes). A request line longer than the listener allows is a
+//! 414; a head over its size or field count a 431. Host rules and the exact header-size
+//! limit are the proxy stage's (`headers::validate_request_head`, shared with HTTP/2).
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Uri, Version};
+use http_body::{Frame, SizeHint};
+use std::cell::RefCell;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{ready, Context, Poll};
+
+use super::ConnIo;
+use crate::error::{Error, Kind};
+use crate::framing::{self, Declared, Decoder, Step};
+use crate::headers::HeadLimits;
+
+/// Header fields parsed on the stack; a listener allowing more parses into a heap slice.
+const STACK_FIELDS: usize = 128;
+
+/// A request head, and what it says about the connection.
+pub(super) struct Head {
+    pub(super) method: Method,
+    pub(super) uri: Uri,
+    pub(super) version: Version,
+    pub(super) headers: HeaderMap,
+    /// The body's decoder (done at once for a request without a body).
+    pub(super) body: Decoder,
+    /// The client allows another request on the connection after this one.
+    pub(super) keep_alive: bool,
+    /// `Expect: 100-continue`: the client waits for a `100 Continue` before its body.
+    pub(super) expect_continue: bool,
+    /// `TE: trailers`: the client accepts trailer fields in a chunked response.
+    pub(super) accepts_trailers: bool,
+}
+
+/// Where the search for the end of a head stopped, so bytes trickling in are scanned once.
+#[derive(Default)]
+pub(super) struct HeadScan {
+    scanned: usize,
+}
+
+impl HeadScan {
+    /// The length of the head at the front of `buf` (through its empty line), if it is all
+    /// there. Lines may end in CRLF or LF, and empty lines before the request line are
+    /// skipped (RFC 9112 §2.2).
+    fn end(&mut self, buf: &[u8]) -> Option<usize> {
+        let start = buf.iter().position(|&b| b != b'\r' && b != b'\n')?;
+        let mut from = self.scanned.max(start);
+        while let Some(i) = memchr::memchr(b'\n', &buf[from..]) {
+            let lf = from + i;
+            match &buf[lf + 1..] {
+                [b'\n', ..] => return Some(self.found(lf + 2)),
+                [b'\r', b'\n', ..] => return Some(self.found(lf + 3)),
+                // The next bytes decide: look at this line end again then.
+                [] | [b'\r'] => {
+                    self.scanned = lf;
+                    return None;
+                }
+                _ => from = lf + 1,
+            }
+        }
+        self.scanned = buf.len();
+        None
+    }
+
+    /// A head of `len` bytes was found (and will be taken off the buffer's front).
+    fn found(&mut self, len: usize) -> usize {
+        self.scanned = 0;
+        len
+    }
+}
+
+/// Parse a request head from the front of `buf`, consuming it. `Ok(None)`: more bytes are
+/// needed.
+pub(super) fn parse_head(
+    buf: &mut BytesMut,
+    scan: &mut HeadScan,
+    limits: &HeadLimits,
+) -> Result<Option<Head>, Error> {
+    let Some(end) = scan.end(buf) else {
+        let line_end = memchr::memchr(b'\n', buf).unwrap_or(buf.len());
+        if line_end > limits.max_request_line + 1 {
+            return Err(Error::new(Kind::UriTooLong, "request line too long"));
+        }
+        if buf.len() > limits.max_head() {
+            return Err(Error::new(
+                Kind::HeadersTooLarge,
+                "request header fields too large",
+            ));
+        }
+        return Ok(None);
+    };
+    let head = buf.split_to(end).freeze();
+    let mut stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; STACK_FIELDS];
+    let mut heap = Vec::new();
+    let fields = if limits.max_headers <= STACK_FIELDS {
+        &mut stack[..limits.max_headers]
+    } else {
+        heap.resize_with(limits.max_headers, MaybeUninit::uninit);
+        &mut heap[..]
+    };
+    parse_complete(&head, fields, limits).map(Some)
+}
+
+/// Parse a complete head (`head` ends with its empty line) with room for `fields.len()`
+/// fields. Header values and the target are slices of `head`.
+fn parse_complete<'h>(
+    head: &'h Bytes,
+    fields: &mut [MaybeUninit<httparse::Header<'h>>],
+    limits: &HeadLimits,
+) -> Result<Head, Error> {
+    let bad = |detail| Error::new(Kind::BadRequest, detail);
+    let mut req = httparse::Request::new(&mut []);
+    match req.parse_with_uninit_headers(head, fields) {
+        Ok(httparse::Status::Complete(_)) => {}
+        // The head ends in an empty line, so nothing is missing: it is malformed.
+        Ok(httparse::Status::Partial) => return Err(bad("malformed request head")),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(Error::new(
+                Kind::HeadersTooLarge,
+                "too many request header fields",
+            ))
+        }
+        Err(httparse::Error::Version) => return Err(bad("unsupported HTTP version")),
+        Err(httparse::Error::Token) => return Err(bad("invalid method or request target")),
+        Err(_) => return Err(bad("malformed request head")),
+    }
+    let (Some(method), Some(path), Some(minor)) = (req.method, req.path, req.version) else {
+        return Err(bad("malformed request line"));
+    };
+    // The request line as sent (after any empty lines before it), without its line end.
+    let line = &head[method.as_ptr() as usize - head.as_ptr() as usize..];
+    let line = &line[..memchr::memchr(b'\n', line).unwrap_or(line.len())];
+    if line.strip_suffix(b"\r").unwrap_or(line).len() > limits.max_request_line {
+        return Err(Error::new(Kind::UriTooLong, "request line too long"));
+    }
+    let method = Method::from_bytes(method.as_bytes()).map_err(|_| bad("invalid method"))?;
+    let version = if minor == 1 {
+        Version::HTTP_11
+    } else {
+        Version::HTTP_10
+    };
+    let uri = Uri::from_maybe_shared(head.slice_ref(path.as_bytes()))
+        .map_err(|_| bad("invalid request target"))?;
+    // Room for what the proxy stage adds (forwarding fields, Via, request id).
+    let mut headers = HeaderMap::with_capacity(req.headers.len() + 8);
+    let mut transfer_encoding = None;
+    let mut content_lengths: [&[u8]; 4] = [b""; 4];
+    let mut n_content_lengths = 0;
+    let (mut close, mut keep_alive_token) = (false, false);
+    let (mut expect_continue, mut accepts_trailers) = (false, false);
+    for field in req.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| bad("invalid header name"))?;
+        let v = field.value;
+        // Fields the server itself acts on: framing, persistence, 100-continue, trailers.
+        match name {
+            header::CONTENT_LENGTH => {
+                let slot = content_lengths
+                    .get_mut(n_content_lengths)
+                    .ok_or_else(|| bad("too many Content-Length fields"))?;
+                *slot = v;
+                n_content_lengths += 1;
+            }
+            header::TRANSFER_ENCODING => transfer_encoding = Some(v),
+            header::CONNECTION => {
+                for token in v.split(|&b| b == b',') {
+                    let token = token.trim_ascii();
+                    close |= token.eq_ignore_ascii_case(b"close");
+                    keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
+            header::EXPECT => {
+                expect_continue |= v.trim_ascii().eq_ignore_ascii_case(b"100-continue")
+            }
+            header::TE => {
+                accepts_trailers |= v
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+            }
+            _ => {}
+        }
+        let value = HeaderValue::from_maybe_shared(head.slice_ref(v))
+            .map_err(|_| bad("invalid header value"))?;
+        headers.append(name, value);
+    }
+    let declared = framing::declared(
+        version,
+        transfer_encoding,
+        content_lengths[..n_content_lengths].iter().copied(),
+    )
+    .map_err(framing::FramingError::by_client)?;
+    let body = match declared {
+        Declared::Nothing => Decoder::Done,
+        Declared::Length(n) => Decoder::length(n),
+        Declared::Chunked => Decoder::chunked(),
+    };
+    let keep_alive = match version {
+        Version::HTTP_11 => !close,
+        _ => keep_alive_token && !close,
+    };
+    Ok(Head {
+        method,
+        uri,
+        version,
+        headers,
+        expect_continue: expect_continue && !body.is_done(),
+        body,
+        keep_alive,
+        accepts_trailers,
+    })
+}
+
+/// A request body, read from the client connection as the proxy stage pulls it: bytes
+/// already read come first, then the socket. A `100 Continue` the client waits for goes out
+/// before the first read.
+pub(crate) struct RequestBody {
+    pub(super) conn: Rc<RefCell<ConnIo>>,
+}
+
+impl http_body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let mut conn = self.conn.borrow_mut();
+        let conn = &mut *conn;
+        if conn.body.is_done() {
+            return Poll::Ready(None);
+        }
+        if let Err(e) = ready!(conn.poll_continue(cx)) {
+            return Poll::Ready(Some(Err(gone(e))));
+        }
+        loop {
+            match conn.body.decode(&mut conn.rbuf) {
+                Ok(Step::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(Step::Trailers(t)) => return Poll::Ready(Some(Ok(Frame::trailers(t)))),
+                Ok(Step::End) => return Poll::Ready(None),
+                Ok(Step::More) => {}
+                Err(e) => {
+                    conn.body_failed = true;
+                    return Poll::Ready(Some(Err(e.by_client())));
+                }
+            }
+            let want = conn
+                .body
+                .remaining()
+                .map_or(16 * 1024, |r| r.min(64 * 1024) as usize);
+            match ready!(conn.poll_fill(cx, want)) {
+                Ok(0) => {
+                    conn.body_failed = true;
+                    let e = conn
+                        .body
+                        .on_eof()
+                        .err()
+                        .unwrap_or(framing::FramingError::Truncated);
+                    return Poll::Ready(Some(Err(e.by_client())));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    conn.body_failed = true;
+                    return Poll::Ready(Some(Err(gone(e))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.conn.borrow().body.is_done()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.conn.borrow().body.remaining() {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+fn gone(e: std::io::Error) -> Error {
+    Error::new(Kind::ClientGone, "reading the client's body failed").with_source(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> HeadLimits {
+        HeadLimits {
+            max_request_line: 64,
+            max_header_bytes: 256,
+            max_headers: 4,
+        }
+    }
+
+    fn parse(bytes: &[u8]) -> Result<Option<Head>, Error> {
+        parse_head(
+            &mut BytesMut::from(bytes),
+            &mut HeadScan::default(),
+            &limits(),
+        )
+    }
+
+    fn status(bytes: &[u8]) -> u16 {
+        match parse(bytes) {
+            Err(e) => e.status().as_u16(),
+            Ok(Some(_)) => 200,
+            Ok(None) => 0,
+        }
+    }
+
+    #[test]
+    fn a_plain_get_parses_and_leaves_what_follows() {
+        let mut buf =
+            BytesMut::from(&b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\r\nGET /next"[..]);
+        let h = parse_head(&mut buf, &mut HeadScan::default(), &limits())
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.method, Method::GET);
+        assert_eq!(h.uri, "/a?b=1");
+        assert_eq!(h.version, Version::HTTP_11);
+        assert_eq!(h.headers["host"], "x");
+        assert_eq!(h.headers.len(), 2);
+        assert!(h.body.is_done() && h.keep_alive && !h.expect_continue);
+        assert_eq!(&buf[..], b"GET /next");
+    }
+
+    #[test]
+    fn heads_arriving_in_pieces_wait_and_scan_each_byte_once() {
+        let full = b"\r\nPOST / HTTP/1.1\nHost: x\nContent-Length: 3\n\nabc";
+        let mut buf = BytesMut::new();
+        let mut scan = HeadScan::default();
+        let mut parsed = None;
+        for (i, b) in full.iter().enumerate() {
+            buf.extend_from_slice(&[*b]);
+            if let Some(h) = parse_head(&mut buf, &mut scan, &limits()).unwrap() {
+                parsed = Some((i, h));
+                break;
+            }
+        }
+        let (at, h) = parsed.expect("a head");
+        assert_eq!(at, full.len() - 4, "complete at its empty line");
+        assert_eq!(h.body.remaining(), Some(3));
+        assert_eq!(&buf[..], b"");
+    }
+
+    #[test]
+    fn persistence_follows_version_and_connection() {
+        let ka = |b: &[u8]| parse(b).unwrap().unwrap().keep_alive;
+        assert!(ka(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(!ka(
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        ));
+        assert!(!ka(b"GET / HTTP/1.0\r\n\r\n"));
+        assert!(ka(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"));
+        let h = parse(b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1\r\nTE: trailers\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.expect_continue && h.accepts_trailers);
+        // Nothing to continue without a body.
+        let h = parse(b"GET / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.expect_continue);
+    }
+
+    #[test]
+    fn ambiguous_or_malformed_heads_are_refused() {
+        for bad in [
+            &b"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX: a\r\n b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX: a\rb\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX: a\x00b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX : a\r\n\r\n",
+            b"GET /a\x01 HTTP/1.1\r\n\r\n",
+            b"G(T / HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.2\r\n\r\n",
+            b"GET / HTTP/2.0\r\n\r\n",
+        ] {
+            assert_eq!(status(bad), 400, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn limits_give_414_and_431() {
+        let line = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(60));
+        assert_eq!(status(line.as_bytes()), 414);
+        // Exactly at the limit: 64 bytes of request line.
+        let line = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(50));
+        assert_eq!(line.find('\r'), Some(64));
+        assert_eq!(status(line.as_bytes()), 200);
+        // Without its end yet, a line already past the limit is refused at once.
+        assert_eq!(status(format!("GET /{}", "a".repeat(80)).as_bytes()), 414);
+        assert_eq!(
+            status(b"GET / HTTP/1.1\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\n\r\n"),
+            431
+        );
+        let big = format!("GET / HTTP/1.1\r\nA: {}", "a".repeat(400));
+        assert_eq!(status(big.as_bytes()), 431);
+    }
+}

@@ -1,0 +1,456 @@
+//! Writing a response to an HTTP/1.1 client: the head (status line, then the origin's fields
+//! in wire form or the response's map, then the framing, `Date` and `Connection` fields the
+//! server owns), the body with the framing the head announced (Content-Length, chunked with
+//! the trailers the client accepts, or until close for an HTTP/1.0 client), and the queue
+//! that writes head, chunk lines and body frames with one vectored write where it can,
+//! without copying body bytes.
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName};
+use http::{StatusCode, Version};
+use std::cell::RefCell;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+use tokio::io::AsyncWrite;
+
+use crate::framing::put_chunk_size;
+use crate::headers::{put_field, RawHead};
+use crate::io::Io;
+
+/// How a response's body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BodyFraming {
+    /// No body: HEAD, 1xx, 204, 304.
+    None,
+    Length(u64),
+    Chunked,
+    /// Until the connection closes (an HTTP/1.0 client, a length not known up front).
+    Close,
+}
+
+/// What the request said that shapes its response.
+pub(super) struct RequestFacts {
+    pub(super) method_head: bool,
+    pub(super) method_connect: bool,
+    pub(super) version: Version,
+    /// The client allows another request after this one.
+    pub(super) keep_alive: bool,
+    /// The client accepts trailer fields (`TE: trailers`).
+    pub(super) accepts_trailers: bool,
+}
+
+/// The parts of a response head the server writes.
+pub(super) struct Head<'a> {
+    pub(super) status: StatusCode,
+    /// A reason phrase other than the status's canonical one, passed on from the origin.
+    pub(super) reason: Option<&'a [u8]>,
+    pub(super) headers: &'a HeaderMap,
+    /// The origin's fields in wire form (the map is then empty).
+    pub(super) raw: Option<&'a RawHead>,
+    /// The body's exact length, when known.
+    pub(super) body_len: Option<u64>,
+}
+
+/// What the head promised about the rest of the response.
+#[derive(Debug)]
+pub(super) struct Written {
+    pub(super) framing: BodyFraming,
+    /// The connection may carry another request after this response.
+    pub(super) keep_alive: bool,
+    /// The trailer fields that may follow a chunked body (announced by `Trailer`, and the
+    /// client accepts them).
+    pub(super) trailers: Option<Vec<HeaderName>>,
+}
+
+/// Encode a response head into `dst`. `keep_alive`: the server would keep the connection
+/// (the client allows it, no drain, the request body is read).
+pub(super) fn encode_head(
+    dst: &mut BytesMut,
+    head: &Head<'_>,
+    req: &RequestFacts,
+    keep_alive: bool,
+) -> Written {
+    let code = head.status.as_u16();
+    let no_body = head.status.is_informational() || code == 204;
+    // HEAD and 304: no body, but the framing fields describe the one a GET would get.
+    let described = req.method_head || code == 304;
+    let framing = if no_body || described {
+        BodyFraming::None
+    } else if let Some(n) = head.body_len {
+        BodyFraming::Length(n)
+    } else if req.version == Version::HTTP_11 {
+        BodyFraming::Chunked
+    } else {
+        BodyFraming::Close
+    };
+    // The response's own Content-Length is kept only where it describes a body not sent:
+    // elsewhere the server writes the framing from the body.
+    let keep_length_field = described && !no_body;
+    let switching = code == 101;
+    let closes = head.raw.is_none()
+        && !switching
+        && head
+            .headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| has_close(v.as_bytes()));
+    let keep_alive = keep_alive
+        && req.keep_alive
+        && !closes
+        && framing != BodyFraming::Close
+        && !(req.method_connect && head.status.is_success());
+
+    dst.reserve(64 + head.raw.map_or(head.headers.len() * 32, |r| r.block.len()));
+    dst.extend_from_slice(b"HTTP/1.1 ");
+    dst.extend_from_slice(head.status.as_str().as_bytes());
+    dst.extend_from_slice(b" ");
+    match head.reason {
+        Some(r) => dst.extend_from_slice(r),
+        None => dst.extend_from_slice(head.status.canonical_reason().unwrap_or("").as_bytes()),
+    }
+    dst.extend_from_slice(b"\r\n");
+    let has_date = match head.raw {
+        Some(raw) => {
+            dst.extend_from_slice(&raw.block);
+            raw.has_date
+        }
+        None => {
+            let mut has_date = false;
+            for (name, value) in head.headers {
+                match *name {
+                    header::CONTENT_LENGTH if !keep_length_field => continue,
+                    header::TRANSFER_ENCODING => continue,
+                    header::CONNECTION if !switching => continue,
+                    header::DATE => has_date = true,
+                    _ => {}
+                }
+                put_field(dst, name.as_str().as_bytes(), value.as_bytes());
+            }
+            has_date
+        }
+    };
+    match framing {
+        BodyFraming::Length(n) => {
+            dst.extend_from_slice(b"content-length: ");
+            dst.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            dst.extend_from_slice(b"\r\n");
+        }
+        BodyFraming::Chunked => dst.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        BodyFraming::None | BodyFraming::Close => {}
+    }
+    if !has_date {
+        put_date(dst);
+    }
+    if !switching {
+        if !keep_alive {
+            dst.extend_from_slice(b"connection: close\r\n");
+        } else if req.version == Version::HTTP_10 {
+            dst.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+    }
+    dst.extend_from_slice(b"\r\n");
+    let trailers = (framing == BodyFraming::Chunked && req.accepts_trailers && head.raw.is_none())
+        .then(|| announced_trailers(head.headers))
+        .flatten();
+    Written {
+        framing,
+        keep_alive,
+        trailers,
+    }
+}
+
+/// The field names a `Trailer` field announces.
+fn announced_trailers(headers: &HeaderMap) -> Option<Vec<HeaderName>> {
+    let mut names = Vec::new();
+    for v in headers.get_all(header::TRAILER) {
+        for n in v.as_bytes().split(|&b| b == b',') {
+            if let Ok(n) = HeaderName::from_bytes(n.trim_ascii()) {
+                names.push(n);
+            }
+        }
+    }
+    (!names.is_empty()).then_some(names)
+}
+
+fn has_close(v: &[u8]) -> bool {
+    v.split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
+}
+
+/// Encode the end of a chunked body: the last chunk, the trailer fields the client may get,
+/// and the empty line.
+pub(super) fn encode_last_chunk(
+    dst: &mut BytesMut,
+    trailers: Option<&HeaderMap>,
+    allowed: Option<&[HeaderName]>,
+) {
+    dst.extend_from_slice(b"0\r\n");
+    if let (Some(fields), Some(allowed)) = (trailers, allowed) {
+        for (name, value) in fields {
+            if allowed.contains(name) {
+                put_field(dst, name.as_str().as_bytes(), value.as_bytes());
+            }
+        }
+    }
+    dst.extend_from_slice(b"\r\n");
+}
+
+/// A `100 Continue` interim response.
+pub(super) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+thread_local! {
+    /// This worker's `Date` value and the second it is for (formatted once a second).
+    static DATE: RefCell<(u64, [u8; 29])> = const { RefCell::new((u64::MAX, [0; 29])) };
+}
+
+/// Append `date: <now>` (RFC 9110 §6.6.1: an origin server with a clock sends one; so does
+/// nginx as a proxy when the origin did not).
+fn put_date(dst: &mut BytesMut) {
+    let now = SystemTime::now();
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with_borrow_mut(|(at, value)| {
+        if *at != secs {
+            let text = httpdate::fmt_http_date(now);
+            if text.len() == value.len() {
+                value.copy_from_slice(text.as_bytes());
+                *at = secs;
+            }
+        }
+        put_field(dst, b"date", &value[..]);
+    });
+}
+
+/// Bytes waiting to be written, in order: `head` (a status line and fields, chunk-size
+/// lines, a last chunk) from `head_at` on, then `data` (a body frame, never copied), then
+/// `tail` (the CRLF that ends a chunk, and possibly the last chunk).
+#[derive(Default)]
+pub(super) struct Outbox {
+    pub(super) head: BytesMut,
+    head_at: usize,
+    data: Bytes,
+    tail: &'static [u8],
+}
+
+impl Outbox {
+    pub(super) fn is_empty(&self) -> bool {
+        self.head_at == self.head.len() && self.data.is_empty() && self.tail.is_empty()
+    }
+
+    /// Whether a body frame may be queued (none is waiting).
+    pub(super) fn has_room(&self) -> bool {
+        self.data.is_empty() && self.tail.is_empty()
+    }
+
+    /// Queue a body frame with its framing (`data` must not be empty).
+    pub(super) fn push_data(&mut self, framing: BodyFraming, data: Bytes, last: bool) {
+        if framing == BodyFraming::Chunked {
+            put_chunk_size(&mut self.head, data.len());
+            self.tail = if last { b"\r\n0\r\n\r\n" } else { b"\r\n" };
+        }
+        self.data = data;
+    }
+
+    /// Write until everything queued is out.
+    pub(super) fn poll_flush(&mut self, io: &mut Io, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.is_empty() {
+            let slices = [
+                IoSlice::new(&self.head[self.head_at..]),
+                IoSlice::new(&self.data),
+                IoSlice::new(self.tail),
+            ];
+            let n = match Pin::new(&mut *io).poll_write_vectored(cx, &slices) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            self.consume(n);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn consume(&mut self, mut n: usize) {
+        let head = (self.head.len() - self.head_at).min(n);
+        self.head_at += head;
+        n -= head;
+        if self.head_at == self.head.len() {
+            // Written whole: the buffer is reused for the next head or chunk line.
+            self.head.clear();
+            self.head_at = 0;
+        }
+        let data = self.data.len().min(n);
+        let _ = self.data.split_to(data);
+        n -= data;
+        self.tail = &self.tail[n.min(self.tail.len())..];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn facts(version: Version) -> RequestFacts {
+        RequestFacts {
+            method_head: false,
+            method_connect: false,
+            version,
+            keep_alive: true,
+            accepts_trailers: false,
+        }
+    }
+
+    fn encode(head: &Head<'_>, req: &RequestFacts) -> (String, Written) {
+        let mut b = BytesMut::new();
+        let w = encode_head(&mut b, head, req, true);
+        (String::from_utf8(b.to_vec()).unwrap(), w)
+    }
+
+    fn map(fields: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (n, v) in fields {
+            m.append(*n, HeaderValue::from_static(v));
+        }
+        m
+    }
+
+    #[test]
+    fn framing_follows_the_body_and_the_client() {
+        let h = map(&[
+            ("x-a", "1"),
+            ("content-length", "99"),
+            ("transfer-encoding", "x"),
+        ]);
+        let head = |body_len| Head {
+            status: StatusCode::OK,
+            reason: None,
+            headers: &h,
+            raw: None,
+            body_len,
+        };
+        let (text, w) = encode(&head(Some(5)), &facts(Version::HTTP_11));
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 5\r\ndate: "));
+        assert!(text.ends_with(" GMT\r\n\r\n"), "{text}");
+        assert_eq!((w.framing, w.keep_alive), (BodyFraming::Length(5), true));
+        let (text, w) = encode(&head(None), &facts(Version::HTTP_11));
+        assert!(text.contains("\r\ntransfer-encoding: chunked\r\n"));
+        assert!(!text.contains("99") && !text.contains(": x\r\n"));
+        assert_eq!(w.framing, BodyFraming::Chunked);
+        // HTTP/1.0 without a length: until close.
+        let (text, w) = encode(&head(None), &facts(Version::HTTP_10));
+        assert!(text.contains("\r\nconnection: close\r\n"));
+        assert_eq!((w.framing, w.keep_alive), (BodyFraming::Close, false));
+        let (text, _) = encode(&head(Some(5)), &facts(Version::HTTP_10));
+        assert!(text.contains("\r\nconnection: keep-alive\r\n"));
+    }
+
+    #[test]
+    fn bodyless_responses_keep_or_drop_their_length_field() {
+        let h = map(&[("content-length", "99"), ("date", "x")]);
+        let mut req = facts(Version::HTTP_11);
+        req.method_head = true;
+        let head = Head {
+            status: StatusCode::OK,
+            reason: None,
+            headers: &h,
+            raw: None,
+            body_len: Some(0),
+        };
+        let (text, w) = encode(&head, &req);
+        assert_eq!(
+            text,
+            "HTTP/1.1 200 OK\r\ncontent-length: 99\r\ndate: x\r\n\r\n"
+        );
+        assert_eq!(w.framing, BodyFraming::None);
+        let head = Head {
+            status: StatusCode::NO_CONTENT,
+            ..head
+        };
+        let (text, _) = encode(&head, &facts(Version::HTTP_11));
+        assert_eq!(text, "HTTP/1.1 204 No Content\r\ndate: x\r\n\r\n");
+    }
+
+    #[test]
+    fn connection_close_in_the_response_closes() {
+        let h = map(&[("connection", "close"), ("date", "x")]);
+        let head = Head {
+            status: StatusCode::BAD_REQUEST,
+            reason: Some(b"Nope"),
+            headers: &h,
+            raw: None,
+            body_len: Some(0),
+        };
+        let (text, w) = encode(&head, &facts(Version::HTTP_11));
+        assert_eq!(
+            text,
+            "HTTP/1.1 400 Nope\r\ndate: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        );
+        assert!(!w.keep_alive);
+    }
+
+    #[test]
+    fn a_wire_form_head_is_written_as_it_is() {
+        let raw = RawHead {
+            block: BytesMut::from(&b"Server: o\r\nDate: d\r\n"[..]),
+            has_date: true,
+            has_request_id: false,
+            content_length: Some(3),
+        };
+        let h = HeaderMap::new();
+        let head = Head {
+            status: StatusCode::OK,
+            reason: None,
+            headers: &h,
+            raw: Some(&raw),
+            body_len: Some(3),
+        };
+        let (text, _) = encode(&head, &facts(Version::HTTP_11));
+        assert_eq!(
+            text,
+            "HTTP/1.1 200 OK\r\nServer: o\r\nDate: d\r\ncontent-length: 3\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn trailers_only_when_announced_and_accepted() {
+        let h = map(&[("trailer", "x-sum, x-other"), ("date", "x")]);
+        let mut req = facts(Version::HTTP_11);
+        req.accepts_trailers = true;
+        let head = Head {
+            status: StatusCode::OK,
+            reason: None,
+            headers: &h,
+            raw: None,
+            body_len: None,
+        };
+        let (_, w) = encode(&head, &req);
+        let allowed = w.trailers.expect("announced");
+        let t = map(&[("x-sum", "1"), ("x-secret", "2")]);
+        let mut b = BytesMut::new();
+        encode_last_chunk(&mut b, Some(&t), Some(&allowed));
+        assert_eq!(&b[..], b"0\r\nx-sum: 1\r\n\r\n");
+        let (_, w) = encode(&head, &facts(Version::HTTP_11));
+        assert!(w.trailers.is_none(), "the client did not ask for trailers");
+    }
+
+    #[test]
+    fn the_outbox_writes_chunks_around_frames() {
+        let mut o = Outbox::default();
+        o.head.extend_from_slice(b"HEAD\r\n");
+        o.push_data(BodyFraming::Chunked, Bytes::from_static(b"hello"), false);
+        assert!(!o.has_room());
+        // A partial write stops inside the data ("HEAD\r\n" and "5\r\n" are 9 bytes); the
+        // rest follows in order.
+        o.consume(11);
+        assert_eq!(&o.data[..], b"llo");
+        o.consume(5);
+        assert!(o.is_empty() && o.has_room());
+        o.push_data(BodyFraming::Chunked, Bytes::from_static(b"ab"), true);
+        assert_eq!(&o.head[..], b"2\r\n");
+        assert_eq!(o.tail, b"\r\n0\r\n\r\n");
+    }
+}
