@@ -12,8 +12,10 @@ use keymaster_config::{
 };
 use keymaster_gateway::{ConfigSource, Gateway, Signals};
 
+mod alloc;
+
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: alloc::Allocator = alloc::Allocator;
 
 /// keymaster: a programmable, non-blocking HTTP edge gateway.
 ///

@@ -584,15 +584,27 @@ pub(crate) fn forwarded_for(ip: std::net::IpAddr) -> String {
 
 /// A fresh request id: 32 lowercase hex digits (128 random bits).
 pub(crate) fn new_request_id() -> HeaderValue {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut n = fastrand::u128(..);
+    let n = fastrand::u128(..);
     let mut buf = [0u8; 32];
-    for b in buf.iter_mut().rev() {
-        *b = HEX[(n & 0xf) as usize];
-        n >>= 4;
+    for (i, pair) in buf.chunks_exact_mut(2).enumerate() {
+        let byte = (n >> (8 * i)) as u8 as usize;
+        pair.copy_from_slice(&HEX_PAIRS[2 * byte..2 * byte + 2]);
     }
     HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
+
+/// Each byte's two lowercase hex digits, for [`new_request_id`].
+static HEX_PAIRS: [u8; 512] = {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [0u8; 512];
+    let mut i = 0;
+    while i < 256 {
+        t[2 * i] = HEX[i >> 4];
+        t[2 * i + 1] = HEX[i & 0xf];
+        i += 1;
+    }
+    t
+};
 
 /// A compiled header edit list: remove, then set, then add.
 #[derive(Debug, Default, Clone)]

@@ -202,8 +202,6 @@ async fn proxy(
         return Err(Error::new(Kind::BadRequest, "no request")); // polled twice: cannot happen
     };
     let (mut parts, mut body) = req.into_parts();
-    // Room for the forwarding fields, Via and the request id in one growth, not several.
-    parts.headers.reserve(8);
     let mut buffered = None; // a request body buffered for filters (filter::body)
     let mut scan = hdr::HeadScan::of(&parts.headers);
     info.grpc = crate::grpc::is_grpc(&parts.headers);

@@ -85,13 +85,21 @@ pub(crate) fn run(
                 }
             })
         };
-        // Wait for the shutdown signal (or for the handle to be dropped).
-        while !*shutdown.borrow_and_update() {
-            if shutdown.changed().await.is_err() {
-                break;
+        // Wait for the shutdown signal (or for the handle to be dropped) in a task of its
+        // own: the future `block_on` runs is polled on every wake-up of the worker (tokio's
+        // `LocalSet::run_until`), so it waits on the drain flag, one read per poll.
+        tokio::task::spawn_local({
+            let worker = worker.clone();
+            async move {
+                while !*shutdown.borrow_and_update() {
+                    if shutdown.changed().await.is_err() {
+                        break;
+                    }
+                }
+                worker.drain.start();
             }
-        }
-        worker.drain.start();
+        });
+        worker.drain.wait().await;
         let deadline = tokio::time::Instant::now() + drain_timeout;
         while worker.active_connections.get() > 0 {
             let notified = worker.drained.notified();

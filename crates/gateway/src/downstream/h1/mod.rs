@@ -209,13 +209,9 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             accepts_trailers: head.accepts_trailers,
         };
         let req = request(&conn, head);
-        let Some(resp) = run(
-            &conn,
-            crate::proxy::handle(cx.clone(), req),
-            limits.max_head(),
-        )
-        .await
-        else {
+        // Pinned where it is made: the proxy stage's future is large, and moving it costs.
+        let handler = pin!(crate::proxy::handle(cx.clone(), req));
+        let Some(resp) = run(&conn, handler, limits.max_head()).await else {
             // The client went away: the exchange was dropped (and its origin connection).
             break Ended::Abort;
         };
@@ -316,11 +312,14 @@ fn request(conn: &Rc<RefCell<ConnIo>>, head: Head) -> Request<ClientBody> {
 /// Run the proxy stage for a request. While it runs, once the request body is read, take in
 /// what the client sends next and notice when it goes away: `None` then (the proxy stage is
 /// dropped, which cancels the origin exchange).
-async fn run<F>(conn: &RefCell<ConnIo>, handler: F, cap: usize) -> Option<Response<ResponseBody>>
+async fn run<F>(
+    conn: &RefCell<ConnIo>,
+    mut handler: Pin<&mut F>,
+    cap: usize,
+) -> Option<Response<ResponseBody>>
 where
     F: Future<Output = Result<Response<ResponseBody>, std::convert::Infallible>>,
 {
-    let mut handler = pin!(handler);
     poll_fn(|task| {
         if let Poll::Ready(Ok(resp)) = handler.as_mut().poll(task) {
             return Poll::Ready(Some(resp));

@@ -153,8 +153,9 @@ fn parse_complete<'h>(
     };
     let uri = Uri::from_maybe_shared(head.slice_ref(path.as_bytes()))
         .map_err(|_| bad("invalid request target"))?;
-    // Room for what the proxy stage adds (forwarding fields, Via, request id).
-    let mut headers = HeaderMap::with_capacity(req.headers.len() + 8);
+    // Sized for the fields as sent: the proxy stage usually adds its own fields while
+    // writing the head upstream (`headers::AddedFields`), not to the map.
+    let mut headers = HeaderMap::with_capacity(req.headers.len());
     let mut transfer_encoding = None;
     let mut content_lengths: [&[u8]; 4] = [b""; 4];
     let mut n_content_lengths = 0;

@@ -21,6 +21,8 @@ use crate::headers::RawHead;
 pub(super) const MAX_HEAD: usize = 64 * 1024;
 /// The most header fields in a response head.
 const MAX_HEADERS: usize = 128;
+/// Field positions kept on the stack; a head with more keeps them on the heap.
+const STACK_FIELDS: usize = 32;
 
 /// How a response's body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +73,11 @@ pub(super) fn parse_head(
         if buf.is_empty() {
             return Ok(None);
         }
-        // Field positions as offsets, so the values can share the head's memory.
-        let mut ranges = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+        // Field positions as offsets, so the values can share the head's memory: on the
+        // stack for a usual head (zeroing room for every allowed field costs more than
+        // parsing), on the heap past that.
+        let mut stack_ranges = [(0u32, 0u32, 0u32, 0u32); STACK_FIELDS];
+        let mut heap_ranges = Vec::new();
         let (len, code, minor, count, reason) = {
             // Uninitialised slots: httparse fills what it uses (initialising 128 empty
             // headers would cost more than parsing a typical head).
@@ -95,6 +100,12 @@ pub(super) fn parse_head(
                 return Err(malformed("origin response head too large"));
             }
             let base = buf.as_ptr() as usize;
+            let ranges = if res.headers.len() <= STACK_FIELDS {
+                &mut stack_ranges[..]
+            } else {
+                heap_ranges.resize(res.headers.len(), (0, 0, 0, 0));
+                &mut heap_ranges[..]
+            };
             for (slot, h) in ranges.iter_mut().zip(res.headers.iter()) {
                 let n = h.name.as_ptr() as usize - base;
                 let v = h.value.as_ptr() as usize - base;
@@ -118,6 +129,11 @@ pub(super) fn parse_head(
                 reason,
             )
         };
+        let ranges = if count <= STACK_FIELDS {
+            &stack_ranges[..count]
+        } else {
+            &heap_ranges[..]
+        };
         let head = buf.split_to(len).freeze();
         let status = StatusCode::from_u16(code)
             .map_err(|_| malformed("origin sent an invalid status code"))?;
@@ -131,7 +147,7 @@ pub(super) fn parse_head(
         };
         let bodyless = matches!(status.as_u16(), 101 | 204 | 304);
         if let Some(rid) = raw.filter(|_| !bodyless && method != Method::HEAD) {
-            if let Some((mut raw, found)) = raw_head(&head, &ranges[..count], rid) {
+            if let Some((mut raw, found)) = raw_head(&head, ranges, rid) {
                 let value = |(v0, v1): (u32, u32)| &head[v0 as usize..v1 as usize];
                 let framing = framing(
                     status,
@@ -159,7 +175,7 @@ pub(super) fn parse_head(
         }
         // Room for what the gateway adds (Via, request id) without growing the map.
         let mut headers = HeaderMap::with_capacity(count + 4);
-        for &(n0, n1, v0, v1) in &ranges[..count] {
+        for &(n0, n1, v0, v1) in ranges {
             let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
                 .map_err(|_| malformed("origin sent an invalid header name"))?;
             let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
@@ -499,5 +515,22 @@ mod tests {
             b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n"
         ));
         assert!(!ka(b"HTTP/1.1 200 OK\r\n\r\n"));
+    }
+
+    #[test]
+    fn heads_with_more_fields_than_the_stack_holds_parse_whole() {
+        let mut text = String::from("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n");
+        for i in 0..STACK_FIELDS + 8 {
+            text.push_str(&format!("X-F{i}: v{i}\r\n"));
+        }
+        text.push_str("\r\n");
+        let map = head(text.as_bytes(), Method::GET).unwrap().unwrap();
+        assert_eq!(map.headers.len(), STACK_FIELDS + 9);
+        assert_eq!(map.headers["x-f39"], "v39");
+        assert_eq!(map.framing, Framing::Length(2));
+        let raw = raw_head_of(text.as_bytes(), Method::GET).unwrap().unwrap();
+        let block = block(&raw);
+        assert!(block.starts_with("X-F0: v0\r\n") && block.ends_with("X-F39: v39\r\n"));
+        assert_eq!(raw.framing, Framing::Length(2));
     }
 }
