@@ -34,6 +34,10 @@ use keymaster_config::ProxyProtocol;
 
 mod attempt;
 
+/// The response to the client, boxed where it is made: it moves up through the proxy
+/// stage's layers to the client connection a pointer at a time.
+pub(crate) type ClientResponse = Box<Response<ResponseBody>>;
+
 use crate::overload::InFlightLoad;
 use attempt::{Outstanding, Upstream, UpstreamHost};
 
@@ -46,7 +50,7 @@ use attempt::{Outstanding, Upstream, UpstreamHost};
 pub(crate) fn handle(
     cx: Rc<ConnCtx>,
     req: Request<ClientBody>,
-) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
+) -> impl std::future::Future<Output = Result<ClientResponse, Infallible>> {
     let mut req = Some(req);
     async move { handle_in(&cx, &mut req).await }
 }
@@ -54,7 +58,7 @@ pub(crate) fn handle(
 async fn handle_in(
     cx: &Rc<ConnCtx>,
     slot: &mut Option<Request<ClientBody>>,
-) -> Result<Response<ResponseBody>, Infallible> {
+) -> Result<ClientResponse, Infallible> {
     let start = Instant::now();
     cx.state.request_started();
     let mut inflight = InFlight(Some(cx.state.clone()));
@@ -119,7 +123,7 @@ async fn handle_in(
     };
     record(cx, info.route.as_deref(), info.log.take(), finished);
     drop(inflight);
-    Ok(resp)
+    Ok(Box::new(resp))
 }
 
 /// Finishes the request on its connection if the handler is dropped before a response (an
@@ -195,7 +199,7 @@ async fn proxy(
     incoming: &mut Option<Request<ClientBody>>,
     start: Instant,
     info: &mut RequestInfo,
-) -> Result<Response<ResponseBody>, Error> {
+) -> Result<ClientResponse, Error> {
     let listener = &cx.listener;
     let (mut cluster, mut upstream_path, mut upstream_host) = (None, None, None);
     let Some(req) = incoming.take() else {
@@ -294,7 +298,7 @@ async fn proxy(
             } else {
                 "filter_response"
             });
-            return Ok(resp);
+            return Ok(Box::new(resp));
         }
         parts.headers = snapshot.filters.request_headers(&mut ctx);
         // A filter that set the request id header itself wins over a generated one.
@@ -523,7 +527,7 @@ async fn finish_response(
     info: &mut RequestInfo,
     forwarded: Forwarded,
     sent: attempt::Sent,
-) -> Result<Response<ResponseBody>, Error> {
+) -> Result<ClientResponse, Error> {
     let Forwarded {
         route,
         cluster,
@@ -541,7 +545,7 @@ async fn finish_response(
     let upstream_head = info.log.is_some().then(|| start.elapsed());
 
     // Response header duties.
-    let (mut rparts, mut rbody) = resp.into_parts();
+    let (mut rparts, mut rbody) = (*resp).into_parts();
     // A response body buffered for post filters (filter::body).
     let mut prefix = None;
     // The origin's head in wire form (see `raw_head` in `proxy`), else as a map.
@@ -598,7 +602,7 @@ async fn finish_response(
         {
             // The origin's body is dropped unread, and its connection with it.
             info.local = Some("local_filter_error");
-            return Ok(resp);
+            return Ok(Box::new(resp));
         }
         if let Some(b) = ctx.take_response_body() {
             crate::filter::set_body_length(&mut rparts.headers, b.len());
@@ -626,7 +630,7 @@ async fn finish_response(
             Some(tunnel) => ResponseBody::Tunnel(tunnel),
             None => ResponseBody::Local(None),
         };
-        return Ok(Response::from_parts(rparts, body));
+        return Ok(Box::new(Response::from_parts(rparts, body)));
     }
 
     let max_requests = cluster.config.pool.max_requests_per_connection;
@@ -666,10 +670,10 @@ async fn finish_response(
         ended: false,
         raw_head,
     };
-    Ok(Response::from_parts(
+    Ok(Box::new(Response::from_parts(
         rparts,
         ResponseBody::Origin(Box::new(body)),
-    ))
+    )))
 }
 
 fn connection_has_close(v: &HeaderValue) -> bool {

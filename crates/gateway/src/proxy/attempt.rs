@@ -17,7 +17,7 @@
 
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{Method, Request, Response};
+use http::{Method, Request};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use crate::body::{RequestBody, RequestBodyState};
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind};
 use crate::route::Route;
-use crate::upstream::conn::{Conn, SendWithin, UpstreamBody};
+use crate::upstream::conn::{Conn, OriginResponse, SendWithin};
 use crate::upstream::limits::RetryToken;
 use crate::upstream::pool::checkout;
 use crate::upstream::{Cluster, OriginServer};
@@ -59,7 +59,7 @@ pub(super) struct Upstream<'a> {
 
 /// The attempt that got a response head to pass on.
 pub(super) struct Sent {
-    pub(super) resp: Response<UpstreamBody>,
+    pub(super) resp: OriginResponse,
     pub(super) conn: Conn,
     pub(super) outstanding: Outstanding,
     /// Requests sent upstream for this client request (retries and resends included).
@@ -346,7 +346,7 @@ async fn one(
     template: &mut Option<Box<Template>>,
     rebuildable: bool,
     body_state: Option<&RequestBodyState>,
-) -> Result<(Response<UpstreamBody>, Conn, u32), Failed> {
+) -> Result<(OriginResponse, Conn, u32), Failed> {
     let (cluster, route) = (up.cluster, up.route);
     let proxy_header =
         crate::proxy_protocol::header_for(cluster.config.proxy_protocol, up.cx.peer, up.cx.local);

@@ -108,7 +108,7 @@ impl Conn {
                 }
                 Sending::H2(Box::pin(async move {
                     match super::h2::send(s, server, *req).await {
-                        Ok(r) => Ok(r.map(UpstreamBody::H2)),
+                        Ok(r) => Ok(Box::new(r.map(UpstreamBody::H2))),
                         Err(mut e) => {
                             let unsent = e.take_message().map(Box::new);
                             let e = e.into_error();
@@ -179,7 +179,12 @@ impl Future for SendWithin<'_> {
     }
 }
 
-type Sent = Result<Response<UpstreamBody>, SendFailure>;
+/// An origin's response, boxed where it is made: it moves up through the send future, the
+/// head timeout, the attempt loop and into the proxy stage's response side, a pointer at a
+/// time.
+pub(crate) type OriginResponse = Box<Response<UpstreamBody>>;
+
+type Sent = Result<OriginResponse, SendFailure>;
 
 /// A request on its way to an origin, until the response head: HTTP/1.1 inline (the common
 /// case, and small), HTTP/2 boxed (hyper's future is large).
@@ -198,9 +203,7 @@ impl Future for Sending<'_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Sent> {
         match self.get_mut() {
-            Sending::H1(s) => Pin::new(s)
-                .poll(cx)
-                .map(|r| r.map(|resp| resp.map(UpstreamBody::H1))),
+            Sending::H1(s) => Pin::new(s).poll(cx),
             Sending::H2(f) => f.as_mut().poll(cx),
             Sending::Unavailable(req) => Poll::Ready(Err(SendFailure {
                 err: Error::new(Kind::OriginReset, "origin connection not available"),

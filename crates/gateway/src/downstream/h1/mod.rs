@@ -25,7 +25,7 @@ mod response;
 pub(crate) use request::RequestBody;
 
 use bytes::BytesMut;
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::io;
@@ -42,6 +42,7 @@ use crate::body::{ClientBody, ResponseBody};
 use crate::error::Error;
 use crate::framing::Decoder;
 use crate::io::{Io, Upgraded};
+use crate::proxy::ClientResponse;
 use request::{Head, HeadScan};
 use response::{BodyFraming, Outbox, RequestFacts};
 
@@ -181,16 +182,8 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             Ok(Some(head)) => head,
             Ok(None) => break Ended::Close,
             Err(err) => {
-                let resp = crate::respond::error_response(
-                    &err,
-                    None,
-                    cx.worker
-                        .shared
-                        .snapshot
-                        .load()
-                        .stamps
-                        .via(http::Version::HTTP_11),
-                );
+                let via = cx.worker.shared.snapshot.load().stamps.via_11.clone();
+                let resp = Box::new(crate::respond::error_response(&err, None, &via));
                 let facts = RequestFacts {
                     method_head: false,
                     method_connect: false,
@@ -316,9 +309,9 @@ async fn run<F>(
     conn: &RefCell<ConnIo>,
     mut handler: Pin<&mut F>,
     cap: usize,
-) -> Option<Response<ResponseBody>>
+) -> Option<ClientResponse>
 where
-    F: Future<Output = Result<Response<ResponseBody>, std::convert::Infallible>>,
+    F: Future<Output = Result<ClientResponse, std::convert::Infallible>>,
 {
     poll_fn(|task| {
         if let Poll::Ready(Ok(resp)) = handler.as_mut().poll(task) {
@@ -337,12 +330,12 @@ where
 async fn write_response(
     conn: &RefCell<ConnIo>,
     out: &mut Outbox,
-    resp: Response<ResponseBody>,
+    resp: ClientResponse,
     req: &RequestFacts,
     keep_alive: bool,
     watch_cap: usize,
 ) -> Ended {
-    let (parts, mut body) = resp.into_parts();
+    let (parts, mut body) = (*resp).into_parts();
     let raw = match &mut body {
         ResponseBody::Origin(o) => o.raw_head.take(),
         _ => None,

@@ -12,7 +12,7 @@
 //! send(conn, request) ── Pump: head (+ small body) in one write, then body frames ──┐
 //!        │                                    (keeps going inside Body: full duplex) │
 //!        └─ read until a final head (decode::parse_head; 1xx skipped; kept in wire form
-//!           when nothing but Via and the request id is added to it) ─► Response<Body>
+//!           when nothing but Via and the request id is added to it) ─► Response<Body>, boxed
 //! Body::poll_frame ── framing::Decoder (length / chunked / until close) ─► frames
 //!        └─ clean end, keep-alive, request fully written, no stray bytes ─► take_reusable
 //! ```
@@ -32,6 +32,7 @@ use std::task::{ready, Context, Poll, Waker};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::io::poll_read_buf;
 
+use super::conn::{OriginResponse, UpstreamBody};
 use super::connect::OpenSlot;
 use crate::body::RequestBody;
 use crate::error::{BoxError, Error, Kind};
@@ -233,7 +234,7 @@ pub(crate) struct Sending {
 }
 
 impl std::future::Future for Sending {
-    type Output = Result<Response<Body>, Failure>;
+    type Output = Result<OriginResponse, Failure>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
@@ -318,7 +319,7 @@ fn respond(
     pump: Option<Box<Pump>>,
     broken: bool,
     recycled: Option<http::HeaderMap>,
-) -> Response<Body> {
+) -> OriginResponse {
     let body = Body {
         raw_head: head.raw,
         decoder: decode::decoder(head.framing),
@@ -329,7 +330,7 @@ fn respond(
         reusable: false,
         failure: None,
     };
-    let mut resp = Response::new(body);
+    let mut resp = Box::new(Response::new(UpstreamBody::H1(body)));
     *resp.status_mut() = head.status;
     *resp.version_mut() = head.version;
     *resp.headers_mut() = recycled.unwrap_or(head.headers);
