@@ -416,27 +416,27 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 /// replace or extend: the HTTP/1.1 origin client writes them straight after the request's own
 /// fields (four map inserts would cost more than the writes); an HTTP/2 send puts them in the
 /// map ([`AddedFields::insert_into`]). The same fields [`add_forwarding`] and a Via append
-/// give such a request.
-pub(crate) struct AddedFields {
-    forwarded_for: HeaderValue,
+/// give such a request. It borrows what it writes: it lives only while the request is sent.
+pub(crate) struct AddedFields<'a> {
+    forwarded_for: &'a HeaderValue,
     forwarded_proto: &'static str,
-    forwarded_host: Option<HeaderValue>,
-    via: HeaderValue,
+    forwarded_host: Option<&'a HeaderValue>,
+    via: &'a HeaderValue,
     /// A request id the gateway made (one the client sent is in the map).
-    request_id: Option<(HeaderName, HeaderValue)>,
+    request_id: Option<(&'a HeaderName, &'a HeaderValue)>,
 }
 
-impl AddedFields {
+impl<'a> AddedFields<'a> {
     /// `None` when a field must replace, extend or remove one of the request's (it carries
     /// forwarding fields, or the listener vouches for TLS client identities or sends RFC 7239
     /// Forwarded): then [`add_forwarding`] edits the map.
     pub(crate) fn for_request(
         scan: &HeadScan,
-        client: &ClientFacts,
-        host: Option<&HeaderValue>,
+        client: &'a ClientFacts,
+        host: Option<&'a HeaderValue>,
         forwarded_header: bool,
-        via: &HeaderValue,
-        request_id: Option<(&HeaderName, &HeaderValue)>,
+        via: &'a HeaderValue,
+        request_id: Option<(&'a HeaderName, &'a HeaderValue)>,
     ) -> Option<Self> {
         let vouches = client
             .tls
@@ -446,11 +446,11 @@ impl AddedFields {
             return None;
         }
         Some(AddedFields {
-            forwarded_for: client.ip_value.clone(),
+            forwarded_for: &client.ip_value,
             forwarded_proto: client.proto,
-            forwarded_host: host.cloned(),
-            via: via.clone(),
-            request_id: request_id.map(|(n, v)| (n.clone(), v.clone())),
+            forwarded_host: host,
+            via,
+            request_id,
         })
     }
 
@@ -484,11 +484,11 @@ impl AddedFields {
         headers.insert(X_FORWARDED_FOR.clone(), self.forwarded_for.clone());
         let proto = HeaderValue::from_static(self.forwarded_proto);
         headers.insert(X_FORWARDED_PROTO.clone(), proto);
-        if let Some(h) = &self.forwarded_host {
+        if let Some(h) = self.forwarded_host {
             headers.insert(X_FORWARDED_HOST.clone(), h.clone());
         }
         headers.append(header::VIA, self.via.clone());
-        if let Some((n, v)) = &self.request_id {
+        if let Some((n, v)) = self.request_id {
             headers.insert(n.clone(), v.clone());
         }
     }

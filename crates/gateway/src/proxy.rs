@@ -433,8 +433,8 @@ async fn proxy(
             // The host the request was routed by: an absolute-form authority replaces a
             // differing Host field (RFC 9112 §3.2.2), so the origin sees what was matched.
             // A plain origin-form request already carries it.
-            HostRewrite::Preserve if authority_form || scan.hosts == 0 => match host_value {
-                Some(h) => UpstreamHost::Set(h),
+            HostRewrite::Preserve if authority_form || scan.hosts == 0 => match &host_value {
+                Some(h) => UpstreamHost::Set(h.clone()),
                 None => UpstreamHost::Origin,
             },
             HostRewrite::Preserve => UpstreamHost::Keep,

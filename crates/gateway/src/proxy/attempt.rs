@@ -54,7 +54,7 @@ pub(super) struct Upstream<'a> {
     /// fields changes in it (see `finish_response`).
     pub(super) raw_head: bool,
     /// Forwarding fields and Via, when not in the request's map.
-    pub(super) added: Option<crate::headers::AddedFields>,
+    pub(super) added: Option<crate::headers::AddedFields<'a>>,
 }
 
 /// The attempt that got a response head to pass on.
