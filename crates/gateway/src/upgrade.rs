@@ -298,12 +298,20 @@ pub(crate) struct Tunnel {
 impl Tunnel {
     /// Copy between `client` and the origin until the tunnel ends.
     pub(crate) async fn run<C: AsyncRead + AsyncWrite + Unpin>(self, client: C) {
-        tunnel(client, self.origin, self.idle_timeout, &self.metrics).await;
+        let Tunnel {
+            origin,
+            idle_timeout,
+            metrics,
+            _held,
+        } = self;
+        tunnel(client, origin, idle_timeout, &metrics, _held).await;
     }
 }
 
 /// Copy both ways until both sides close, an error, or `idle_timeout` with no bytes.
-async fn tunnel<C, O>(client: C, origin: O, idle_timeout: Duration, m: &TunnelMetrics)
+/// `held` (the counts the tunnel keeps: active tunnels, the client connection) is released
+/// before the sockets close, so a peer that sees the close sees the counts already updated.
+async fn tunnel<C, O, H>(client: C, origin: O, idle_timeout: Duration, m: &TunnelMetrics, held: H)
 where
     C: AsyncRead + AsyncWrite + Unpin,
     O: AsyncRead + AsyncWrite + Unpin,
@@ -336,6 +344,7 @@ where
         }
         _ = idle => m.idle_timeouts.inc(),
     }
+    drop(held);
 }
 
 /// Counts a tunnel as active until dropped.
@@ -410,7 +419,7 @@ mod tests {
             .run_until(async {
                 let metrics = m.clone();
                 let t = tokio::task::spawn_local(async move {
-                    tunnel(client_end, origin_end, idle, &metrics).await;
+                    tunnel(client_end, origin_end, idle, &metrics, ()).await;
                 });
                 let mut buf = [0u8; 5];
                 client.write_all(b"hello").await.unwrap();
