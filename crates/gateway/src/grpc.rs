@@ -7,14 +7,15 @@ use std::time::Duration;
 
 /// A gRPC call: `content-type: application/grpc` or `application/grpc+<codec>`.
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    crate::headers::find(headers, &CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| {
-            let ct = ct.trim();
-            ct.len() >= 16
-                && ct[..16].eq_ignore_ascii_case("application/grpc")
-                && matches!(ct.as_bytes().get(16), None | Some(b'+') | Some(b';'))
-        })
+    crate::headers::find(headers, &CONTENT_TYPE).is_some_and(|v| is_grpc_content_type(v.as_bytes()))
+}
+
+/// Whether a `content-type` value names gRPC.
+pub(crate) fn is_grpc_content_type(value: &[u8]) -> bool {
+    let ct = value.trim_ascii();
+    ct.len() >= 16
+        && ct[..16].eq_ignore_ascii_case(b"application/grpc")
+        && matches!(ct.get(16), None | Some(b'+') | Some(b';'))
 }
 
 /// The `grpc-timeout` header: 1 to 8 ASCII digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).

@@ -71,26 +71,116 @@ impl HeadScan {
 
     /// Record what the field `name` means for the scan; `false` if nothing.
     fn note(&mut self, name: &HeaderName) -> bool {
-        match name.as_str() {
-            "host" => self.hosts += 1,
-            "content-length" => self.content_length = true,
-            "transfer-encoding" => {
+        self.note_name(name.as_str().as_bytes())
+    }
+
+    /// [`HeadScan::note`] for a name as sent (any case).
+    pub(crate) fn note_name(&mut self, name: &[u8]) -> bool {
+        let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+        match name.len() {
+            4 if is(b"host") => self.hosts += 1,
+            14 if is(b"content-length") => self.content_length = true,
+            17 if is(b"transfer-encoding") => {
                 self.transfer_encoding = true;
                 self.hop_by_hop = true;
             }
-            "connection" => {
+            10 if is(b"connection") => {
                 self.connection = true;
                 self.hop_by_hop = true;
             }
-            "te" | "upgrade" | "keep-alive" | "proxy-connection" => self.hop_by_hop = true,
-            "expect" => self.expect = true,
-            "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" | "forwarded" => {
-                self.forwarding = true
-            }
+            2 if is(b"te") => self.hop_by_hop = true,
+            7 if is(b"upgrade") => self.hop_by_hop = true,
+            10 if is(b"keep-alive") => self.hop_by_hop = true,
+            16 if is(b"proxy-connection") => self.hop_by_hop = true,
+            6 if is(b"expect") => self.expect = true,
+            15 if is(b"x-forwarded-for") => self.forwarding = true,
+            17 if is(b"x-forwarded-proto") => self.forwarding = true,
+            16 if is(b"x-forwarded-host") => self.forwarding = true,
+            9 if is(b"forwarded") => self.forwarding = true,
             _ => return false,
         }
         true
     }
+}
+
+/// What keymaster's HTTP/1.1 server noted while parsing a request head that it kept in wire
+/// form ([`RawRequestFields`]): the scan, and the fields the proxy stage looks up first.
+#[derive(Debug, Default)]
+pub(crate) struct HeadFacts {
+    pub scan: HeadScan,
+    /// The first Host field.
+    pub host: Option<HeaderValue>,
+    /// The listener's request-id field, as the client sent it.
+    pub request_id: Option<HeaderValue>,
+    /// The content type names gRPC.
+    pub grpc: bool,
+}
+
+impl HeadFacts {
+    /// The facts of a head given as a map.
+    pub(crate) fn of(headers: &HeaderMap, request_id: &HeaderName) -> HeadFacts {
+        HeadFacts {
+            scan: HeadScan::of(headers),
+            host: find(headers, &header::HOST).cloned(),
+            request_id: find(headers, request_id).cloned(),
+            grpc: crate::grpc::is_grpc(headers),
+        }
+    }
+}
+
+/// A client's request header fields in wire form, as keymaster's HTTP/1.1 server parsed and
+/// validated them (names are tokens, values visible characters, every line ends in CRLF):
+/// `name: value\r\n` lines exactly as the client sent them. The proxy stage forwards them as
+/// they are to an HTTP/1.1 origin when it has nothing to do with them as a map
+/// ([`AddedFields`] writes them), and builds the map ([`RawRequestFields::to_map`]) when
+/// something needs one.
+#[derive(Debug, Clone)]
+pub(crate) struct RawRequestFields {
+    block: bytes::Bytes,
+    /// One of the fields is Content-Length.
+    content_length: bool,
+}
+
+impl RawRequestFields {
+    /// `block`: complete CRLF-terminated field lines that passed the server's parse.
+    pub(crate) fn new(block: bytes::Bytes, content_length: bool) -> Self {
+        RawRequestFields {
+            block,
+            content_length,
+        }
+    }
+
+    /// The fields as a map, values sharing the block's memory.
+    pub(crate) fn to_map(&self) -> HeaderMap {
+        let lines = wire_lines(&self.block);
+        let mut map = HeaderMap::with_capacity(lines.clone().count());
+        for (name, value) in lines {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name),
+                HeaderValue::from_maybe_shared(self.block.slice_ref(value)),
+            ) {
+                map.append(n, v);
+            }
+        }
+        map
+    }
+
+    /// The value of the first field called `name` (lowercase).
+    pub(crate) fn get(&self, name: &str) -> Option<&[u8]> {
+        wire_lines(&self.block)
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
+    }
+}
+
+/// The (name, value) of each `name: value\r\n` line of a wire-form field block, the value
+/// without surrounding whitespace.
+fn wire_lines(block: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> + Clone {
+    block.split(|&b| b == b'\n').filter_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = line.iter().position(|&b| b == b':')?;
+        Some((&line[..colon], line[colon + 1..].trim_ascii()))
+    })
 }
 
 /// The first value of `name` in `h`, like [`HeaderMap::get`]. A head of a few fields (the
@@ -117,6 +207,7 @@ pub(crate) fn validate_request_head(
     uri: &http::Uri,
     version: Version,
     headers: &HeaderMap,
+    host: Option<&HeaderValue>,
     scan: &HeadScan,
     limits: &HeadLimits,
 ) -> Result<(), Error> {
@@ -139,7 +230,7 @@ pub(crate) fn validate_request_head(
         if version == Version::HTTP_11 && scan.hosts == 0 {
             return Err(Error::new(Kind::BadRequest, "missing Host header"));
         }
-        if let Some(h) = find(headers, &header::HOST) {
+        if let Some(h) = host {
             if !valid_host(h.as_bytes()) {
                 return Err(Error::new(Kind::BadRequest, "invalid Host header"));
             }
@@ -363,12 +454,7 @@ impl RawHead {
     /// The fields as a map (with the origin's Content-Length), as the map path has them.
     pub(crate) fn to_map(&self) -> HeaderMap {
         let mut map = HeaderMap::with_capacity(16);
-        for line in self.block[..].split(|&b| b == b'\n') {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            let Some(colon) = line.iter().position(|&b| b == b':') else {
-                continue;
-            };
-            let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+        for (name, value) in wire_lines(&self.block) {
             if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
                 map.append(n, v);
             }
@@ -417,7 +503,12 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 /// fields (four map inserts would cost more than the writes); an HTTP/2 send puts them in the
 /// map ([`AddedFields::insert_into`]). The same fields [`add_forwarding`] and a Via append
 /// give such a request. It borrows what it writes: it lives only while the request is sent.
+///
+/// When the request's own fields were kept in wire form ([`RawRequestFields`]; the request's
+/// map is then empty), they are written first, as the client sent them.
 pub(crate) struct AddedFields<'a> {
+    /// The request's own fields in wire form.
+    client: Option<&'a RawRequestFields>,
     forwarded_for: &'a HeaderValue,
     forwarded_proto: &'static str,
     forwarded_host: Option<&'a HeaderValue>,
@@ -446,12 +537,24 @@ impl<'a> AddedFields<'a> {
             return None;
         }
         Some(AddedFields {
+            client: None,
             forwarded_for: &client.ip_value,
             forwarded_proto: client.proto,
             forwarded_host: host,
             via,
             request_id,
         })
+    }
+
+    /// The request's own fields are `fields`, in wire form (its map is empty).
+    pub(crate) fn with_client_fields(mut self, fields: Option<&'a RawRequestFields>) -> Self {
+        self.client = fields;
+        self
+    }
+
+    /// The request's fields in wire form include a Content-Length.
+    pub(crate) fn declares_length(&self) -> bool {
+        self.client.is_some_and(|c| c.content_length)
     }
 
     /// Append the fields to a request head being written. (Each name and its `: ` is one
@@ -462,7 +565,9 @@ impl<'a> AddedFields<'a> {
             .request_id
             .as_ref()
             .map_or(0, |(n, v)| n.as_str().len() + v.len() + 4);
-        dst.reserve(self.forwarded_for.len() + self.via.len() + host + id + 64);
+        let client = self.client.map_or(&[][..], |c| &c.block[..]);
+        dst.reserve(client.len() + self.forwarded_for.len() + self.via.len() + host + id + 64);
+        dst.extend_from_slice(client);
         dst.extend_from_slice(b"x-forwarded-for: ");
         dst.extend_from_slice(self.forwarded_for.as_bytes());
         dst.extend_from_slice(b"\r\nx-forwarded-proto: ");
@@ -481,6 +586,11 @@ impl<'a> AddedFields<'a> {
 
     /// Put the fields in a request's map.
     pub(crate) fn insert_into(&self, headers: &mut HeaderMap) {
+        if let Some(c) = self.client {
+            for (name, value) in &c.to_map() {
+                headers.append(name.clone(), value.clone());
+            }
+        }
         headers.insert(X_FORWARDED_FOR.clone(), self.forwarded_for.clone());
         let proto = HeaderValue::from_static(self.forwarded_proto);
         headers.insert(X_FORWARDED_PROTO.clone(), proto);

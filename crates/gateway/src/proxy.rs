@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use crate::access_log::LogRecord;
 use crate::body::{ClientBody, OriginBody, RequestBody, RequestBodyState, ResponseBody};
+use crate::downstream::h1::WireHead;
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind, Side};
 use crate::filter::FilterCtx;
@@ -47,17 +48,22 @@ use attempt::{Outstanding, Upstream, UpstreamHost};
 /// connection keeps this future while the request runs (hyper's HTTP/2 server boxes it), and
 /// an `async fn` would store its request argument twice (the argument and the local it is
 /// moved into).
+///
+/// `wire`: the request's fields in wire form, from keymaster's HTTP/1.1 server (the
+/// request's map is then empty); the proxy stage builds the map only if something needs it.
 pub(crate) fn handle(
     cx: Rc<ConnCtx>,
     req: Request<ClientBody>,
+    wire: Option<Box<WireHead>>,
 ) -> impl std::future::Future<Output = Result<ClientResponse, Infallible>> {
     let mut req = Some(req);
-    async move { handle_in(&cx, &mut req).await }
+    async move { handle_in(&cx, &mut req, wire).await }
 }
 
 async fn handle_in(
     cx: &Rc<ConnCtx>,
     slot: &mut Option<Request<ClientBody>>,
+    wire: Option<Box<WireHead>>,
 ) -> Result<ClientResponse, Infallible> {
     let start = Instant::now();
     cx.state.request_started();
@@ -71,11 +77,12 @@ async fn handle_in(
         ..Default::default()
     };
     if let (Some(_), Some(req)) = (&cx.worker.shared.access_log, slot.as_ref()) {
-        info.log = Some(Box::new(LogRecord::from_request(req, cx)));
+        let fields = wire.as_ref().map(|w| &w.fields);
+        info.log = Some(Box::new(LogRecord::from_request(req, fields, cx)));
     }
     // The match ends before the error path awaits, so the proxy's result takes no room
     // in this future next to the error path's.
-    let err = match proxy(cx, &snapshot, slot, start, &mut info).await {
+    let err = match proxy(cx, &snapshot, slot, wire, start, &mut info).await {
         Ok(resp) if info.local.is_some() => {
             // Answered by the filter chain: no `Exchange`, finish here.
             let finished = Finished {
@@ -197,6 +204,7 @@ async fn proxy(
     cx: &Rc<ConnCtx>,
     snapshot: &Snapshot,
     incoming: &mut Option<Request<ClientBody>>,
+    wire: Option<Box<WireHead>>,
     start: Instant,
     info: &mut RequestInfo,
 ) -> Result<ClientResponse, Error> {
@@ -207,13 +215,41 @@ async fn proxy(
     };
     let (mut parts, mut body) = req.into_parts();
     let mut buffered = None; // a request body buffered for filters (filter::body)
-    let mut scan = hdr::HeadScan::of(&parts.headers);
-    info.grpc = crate::grpc::is_grpc(&parts.headers);
+    let (facts, mut wire) = match wire.map(|w| *w) {
+        Some(w) => (w.facts, Some(w.fields)),
+        None => (
+            hdr::HeadFacts::of(&parts.headers, &listener.request_id_header),
+            None,
+        ),
+    };
+    let mut scan = facts.scan;
+    info.grpc = facts.grpc;
+    // Fields kept in wire form go to the origin as they are, unless something needs the map:
+    // filters, routes matching on fields, fields the header duties remove or extend, gRPC
+    // (its timeout; HTTP/2 upstream). Route-dependent reasons follow once it is chosen.
+    let vouches = cx
+        .client
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.identity_header.is_some());
+    if wire.is_some()
+        && (!snapshot.filters.is_empty()
+            || snapshot.router.reads_fields()
+            || scan.hop_by_hop
+            || scan.expect
+            || scan.forwarding
+            || facts.grpc
+            || listener.forwarded_header
+            || vouches)
+    {
+        to_map(&mut parts.headers, &mut wire);
+    }
     hdr::validate_request_head(
         &parts.method,
         &parts.uri,
         parts.version,
         &parts.headers,
+        facts.host.as_ref(),
         &scan,
         &listener.limits,
     )?;
@@ -221,8 +257,8 @@ async fn proxy(
     // Request id: propagate the client's or make one. A new one goes into the map when a
     // filter may read the request headers, else it is sent with the other added fields
     // (`AddedFields`).
-    let (rid, mut rid_added) = match hdr::find(&parts.headers, &listener.request_id_header) {
-        Some(v) => (v.clone(), false),
+    let (rid, mut rid_added) = match facts.request_id {
+        Some(v) => (v, false),
         None => {
             let v = hdr::new_request_id();
             let in_map = snapshot.filters.wants_request_id_in_map();
@@ -239,7 +275,7 @@ async fn proxy(
     // Host as the client addressed it: absolute-form / :authority wins over Host (RFC 9112 §3.2.2).
     let mut host_value: Option<HeaderValue> = match parts.uri.authority() {
         Some(a) => HeaderValue::from_str(a.as_str()).ok(),
-        None => hdr::find(&parts.headers, &header::HOST).cloned(),
+        None => facts.host,
     };
     let host = host_value
         .as_ref()
@@ -329,17 +365,27 @@ async fn proxy(
     }
 
     // Body cap: refuse a declared oversize body before touching the origin.
-    if let Some(cl) = scan
-        .content_length
-        .then(|| hdr::find(&parts.headers, &header::CONTENT_LENGTH))
-        .flatten()
-    {
-        if parse_content_length(cl.as_bytes()).unwrap_or(0) > route.max_body_size {
-            return Err(Error::new(
-                Kind::BodyTooLarge,
-                "request body exceeds the route's limit",
-            ));
-        }
+    let declared = match (scan.content_length, &wire) {
+        (false, _) => None,
+        // The server framed the body by its Content-Length.
+        (true, Some(_)) => http_body::Body::size_hint(&body).exact(),
+        (true, None) => hdr::find(&parts.headers, &header::CONTENT_LENGTH)
+            .map(|cl| parse_content_length(cl.as_bytes()).unwrap_or(0)),
+    };
+    if declared.is_some_and(|n| n > route.max_body_size) {
+        return Err(Error::new(
+            Kind::BodyTooLarge,
+            "request body exceeds the route's limit",
+        ));
+    }
+    // The route's header edits and a Host the origin gets instead of the client's need the
+    // map too.
+    let keeps_host = upstream_host.is_none()
+        && matches!(route.host_rewrite, HostRewrite::Preserve)
+        && parts.uri.authority().is_none()
+        && scan.hosts > 0;
+    if wire.is_some() && (!keeps_host || !route.request_edits.is_empty()) {
+        to_map(&mut parts.headers, &mut wire);
     }
     // No body: no shared state to allocate (`None` reads as "finished, not too large").
     let (upstream_body, body_state) = if let Some(b) = buffered {
@@ -387,7 +433,11 @@ async fn proxy(
             let (fwd, host) = (listener.forwarded_header, host_value.as_ref());
             hdr::AddedFields::for_request(&scan, &cx.client, host, fwd, via, rid_field)
         })
-        .flatten();
+        .flatten()
+        .map(|a| a.with_client_fields(wire.as_ref()));
+    // Wire-form fields always have `AddedFields` to carry them (every reason it has none
+    // built the map above).
+    debug_assert!(wire.is_none() || added.is_some());
     if added.is_none() {
         if let Some((name, value)) = rid_field {
             parts.headers.insert(name.clone(), value.clone());
@@ -676,6 +726,13 @@ async fn finish_response(
     )))
 }
 
+/// Build the request's map from its wire-form fields, once something needs it.
+fn to_map(headers: &mut http::HeaderMap, wire: &mut Option<hdr::RawRequestFields>) {
+    if let Some(w) = wire.take() {
+        *headers = w.to_map();
+    }
+}
+
 fn connection_has_close(v: &HeaderValue) -> bool {
     v.to_str()
         .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
@@ -763,11 +820,18 @@ impl Drop for Exchange {
 }
 
 impl LogRecord {
-    fn from_request(req: &Request<ClientBody>, cx: &ConnCtx) -> LogRecord {
+    fn from_request(
+        req: &Request<ClientBody>,
+        wire: Option<&hdr::RawRequestFields>,
+        cx: &ConnCtx,
+    ) -> LogRecord {
         let h = |n: header::HeaderName| {
-            req.headers()
-                .get(n)
-                .and_then(|v| v.to_str().ok())
+            let value = match wire {
+                Some(w) => w.get(n.as_str()),
+                None => req.headers().get(&n).map(HeaderValue::as_bytes),
+            };
+            value
+                .and_then(|v| std::str::from_utf8(v).ok())
                 .unwrap_or("")
                 .to_string()
         };

@@ -225,14 +225,22 @@ impl Route {
 /// All routes of one config version, highest priority first (ties in file order).
 pub struct Router {
     routes: Vec<Arc<Route>>,
+    /// Some route matches on header fields (the request's map is needed to route).
+    reads_fields: bool,
 }
 
 impl Router {
     pub(crate) fn new(mut routes: Vec<(i32, Arc<Route>)>) -> Router {
         routes.sort_by_key(|(prio, _)| std::cmp::Reverse(*prio)); // stable: file order on ties
         Router {
+            reads_fields: routes.iter().any(|(_, r)| !r.headers.is_empty()),
             routes: routes.into_iter().map(|(_, r)| r).collect(),
         }
+    }
+
+    /// Whether some route matches on header fields.
+    pub(crate) fn reads_fields(&self) -> bool {
+        self.reads_fields
     }
 
     /// The first matching route. `host` must already have its port removed.

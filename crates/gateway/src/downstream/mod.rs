@@ -583,7 +583,8 @@ async fn serve_io(
         state,
     };
     let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-        let handled = crate::proxy::handle(cx.clone(), req.map(crate::body::ClientBody::H2));
+        let req = req.map(crate::body::ClientBody::H2);
+        let handled = crate::proxy::handle(cx.clone(), req, None);
         async move { handled.await.map(|resp| *resp) }
     });
     // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state size.

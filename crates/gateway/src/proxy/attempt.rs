@@ -106,9 +106,15 @@ pub(super) async fn buffer_for_replay(
     state: Option<&RequestBodyState>,
 ) -> Result<RequestBody, Error> {
     let limit = up.route.retry.replay_buffer.get();
-    let fits = crate::headers::find(&parts.headers, &header::CONTENT_LENGTH)
-        .and_then(|v| crate::headers::parse_content_length(v.as_bytes()))
-        .is_some_and(|n| n <= limit);
+    let declared = match crate::headers::find(&parts.headers, &header::CONTENT_LENGTH) {
+        Some(v) => crate::headers::parse_content_length(v.as_bytes()),
+        // Fields in wire form: the server framed the body by their Content-Length.
+        None if up.added.as_ref().is_some_and(|a| a.declares_length()) => {
+            http_body::Body::size_hint(&body).exact()
+        }
+        None => None,
+    };
+    let fits = declared.is_some_and(|n| n <= limit);
     if up.route.retry.attempts <= 1 || !fits || !matches!(body, RequestBody::Stream { .. }) {
         return Ok(body);
     }

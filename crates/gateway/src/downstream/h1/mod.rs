@@ -22,7 +22,7 @@
 mod request;
 mod response;
 
-pub(crate) use request::RequestBody;
+pub(crate) use request::{RequestBody, WireHead};
 
 use bytes::BytesMut;
 use http::{Request, StatusCode};
@@ -201,9 +201,9 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             keep_alive: head.keep_alive,
             accepts_trailers: head.accepts_trailers,
         };
-        let req = request(&conn, head);
+        let (req, wire) = request(&conn, head);
         // Pinned where it is made: the proxy stage's future is large, and moving it costs.
-        let handler = pin!(crate::proxy::handle(cx.clone(), req));
+        let handler = pin!(crate::proxy::handle(cx.clone(), req, wire));
         let Some(resp) = run(&conn, handler, limits.max_head()).await else {
             // The client went away: the exchange was dropped (and its origin connection).
             break Ended::Abort;
@@ -244,7 +244,9 @@ async fn read_head(
         let mut c = conn.borrow_mut();
         loop {
             if !c.rbuf.is_empty() {
-                if let Some(head) = request::parse_head(&mut c.rbuf, scan, limits)? {
+                if let Some(head) =
+                    request::parse_head(&mut c.rbuf, scan, limits, &cx.listener.request_id_header)?
+                {
                     return Poll::Ready(Ok(Some(head)));
                 }
             }
@@ -279,8 +281,9 @@ async fn read_head(
     .await
 }
 
-/// The request the proxy stage gets for `head`; its body reads from the connection.
-fn request(conn: &Rc<RefCell<ConnIo>>, head: Head) -> Request<ClientBody> {
+/// The request the proxy stage gets for `head` (its body reads from the connection), and
+/// its fields in wire form if they were kept so (the request's map is then empty).
+fn request(conn: &Rc<RefCell<ConnIo>>, head: Head) -> (Request<ClientBody>, Option<Box<WireHead>>) {
     let body = if head.body.is_done() {
         ClientBody::Empty
     } else {
@@ -299,7 +302,7 @@ fn request(conn: &Rc<RefCell<ConnIo>>, head: Head) -> Request<ClientBody> {
     *req.uri_mut() = head.uri;
     *req.version_mut() = head.version;
     *req.headers_mut() = head.headers;
-    req
+    (req, head.wire)
 }
 
 /// Run the proxy stage for a request. While it runs, once the request body is read, take in

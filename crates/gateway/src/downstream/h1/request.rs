@@ -11,7 +11,7 @@
 //! limit are the proxy stage's (`headers::validate_request_head`, shared with HTTP/2).
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri, Version};
 use http_body::{Frame, SizeHint};
 use std::cell::RefCell;
@@ -23,7 +23,7 @@ use std::task::{ready, Context, Poll};
 use super::ConnIo;
 use crate::error::{Error, Kind};
 use crate::framing::{self, Declared, Decoder, Step};
-use crate::headers::HeadLimits;
+use crate::headers::{HeadFacts, HeadLimits, RawRequestFields};
 
 /// Header fields parsed on the stack; a listener allowing more parses into a heap slice.
 const STACK_FIELDS: usize = 128;
@@ -33,7 +33,11 @@ pub(super) struct Head {
     pub(super) method: Method,
     pub(super) uri: Uri,
     pub(super) version: Version,
+    /// The fields as a map: empty when they are kept in wire form (`wire`).
     pub(super) headers: HeaderMap,
+    /// The fields in wire form (every line ended in CRLF), and what the parse noted.
+    /// Boxed: the head moves from the parse to the proxy stage, a pointer at a time.
+    pub(super) wire: Option<Box<WireHead>>,
     /// The body's decoder (done at once for a request without a body).
     pub(super) body: Decoder,
     /// The client allows another request on the connection after this one.
@@ -87,6 +91,7 @@ pub(super) fn parse_head(
     buf: &mut BytesMut,
     scan: &mut HeadScan,
     limits: &HeadLimits,
+    request_id: &HeaderName,
 ) -> Result<Option<Head>, Error> {
     let Some(end) = scan.end(buf) else {
         let line_end = memchr::memchr(b'\n', buf).unwrap_or(buf.len());
@@ -110,7 +115,7 @@ pub(super) fn parse_head(
         heap.resize_with(limits.max_headers, MaybeUninit::uninit);
         &mut heap[..]
     };
-    parse_complete(&head, fields, limits).map(Some)
+    parse_complete(&head, fields, limits, request_id).map(Some)
 }
 
 /// Parse a complete head (`head` ends with its empty line) with room for `fields.len()`
@@ -119,6 +124,7 @@ fn parse_complete<'h>(
     head: &'h Bytes,
     fields: &mut [MaybeUninit<httparse::Header<'h>>],
     limits: &HeadLimits,
+    request_id: &HeaderName,
 ) -> Result<Head, Error> {
     let bad = |detail| Error::new(Kind::BadRequest, detail);
     let mut req = httparse::Request::new(&mut []);
@@ -153,49 +159,72 @@ fn parse_complete<'h>(
     };
     let uri = Uri::from_maybe_shared(head.slice_ref(path.as_bytes()))
         .map_err(|_| bad("invalid request target"))?;
-    // Sized for the fields as sent: the proxy stage usually adds its own fields while
-    // writing the head upstream (`headers::AddedFields`), not to the map.
-    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    // The fields stay in wire form when every line ends in CRLF (the usual head): the proxy
+    // stage builds a map only if it needs one. A head with bare-LF line ends is normalised
+    // through the map, so an origin never sees them.
+    let wire = memchr::memchr_iter(b'\n', head).all(|i| i > 0 && head[i - 1] == b'\r');
+    let mut headers = HeaderMap::new();
+    if !wire {
+        headers.reserve(req.headers.len());
+    }
+    let mut facts = HeadFacts::default();
     let mut transfer_encoding = None;
     let mut content_lengths: [&[u8]; 4] = [b""; 4];
     let mut n_content_lengths = 0;
     let (mut close, mut keep_alive_token) = (false, false);
     let (mut expect_continue, mut accepts_trailers) = (false, false);
     for field in req.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| bad("invalid header name"))?;
-        let v = field.value;
-        // Fields the server itself acts on: framing, persistence, 100-continue, trailers.
-        match name {
-            header::CONTENT_LENGTH => {
+        let (name, v) = (field.name.as_bytes(), field.value);
+        let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+        facts.scan.bytes += name.len() + v.len() + 4;
+        let noted = facts.scan.note_name(name);
+        // Fields the server itself acts on (framing, persistence, 100-continue, trailers),
+        // and those the proxy stage looks up first.
+        match name.len() {
+            4 if is(b"host") && facts.host.is_none() => facts.host = Some(value_of(head, v)?),
+            14 if is(b"content-length") => {
                 let slot = content_lengths
                     .get_mut(n_content_lengths)
                     .ok_or_else(|| bad("too many Content-Length fields"))?;
                 *slot = v;
                 n_content_lengths += 1;
             }
-            header::TRANSFER_ENCODING => transfer_encoding = Some(v),
-            header::CONNECTION => {
+            17 if is(b"transfer-encoding") => transfer_encoding = Some(v),
+            10 if is(b"connection") => {
                 for token in v.split(|&b| b == b',') {
                     let token = token.trim_ascii();
                     close |= token.eq_ignore_ascii_case(b"close");
                     keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
                 }
             }
-            header::EXPECT => {
+            6 if is(b"expect") => {
                 expect_continue |= v.trim_ascii().eq_ignore_ascii_case(b"100-continue")
             }
-            header::TE => {
+            2 if is(b"te") => {
                 accepts_trailers |= v
                     .split(|&b| b == b',')
                     .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
             }
+            12 if is(b"content-type") => facts.grpc = crate::grpc::is_grpc_content_type(v),
+            _ if !noted && is(request_id.as_str().as_bytes()) && facts.request_id.is_none() => {
+                facts.request_id = Some(value_of(head, v)?)
+            }
             _ => {}
         }
-        let value = HeaderValue::from_maybe_shared(head.slice_ref(v))
-            .map_err(|_| bad("invalid header value"))?;
-        headers.append(name, value);
+        if !wire {
+            let name = HeaderName::from_bytes(name).map_err(|_| bad("invalid header name"))?;
+            headers.append(name, value_of(head, v)?);
+        }
     }
+    let fields = match (wire, req.headers.first(), req.headers.last()) {
+        (false, _, _) => None,
+        // From the first field's name through the last field's line end.
+        (true, Some(first), Some(_)) => {
+            let start = first.name.as_ptr() as usize - head.as_ptr() as usize;
+            Some(head.slice(start..head.len() - 2))
+        }
+        (true, _, _) => Some(Bytes::new()),
+    };
     let declared = framing::declared(
         version,
         transfer_encoding,
@@ -211,16 +240,35 @@ fn parse_complete<'h>(
         Version::HTTP_11 => !close,
         _ => keep_alive_token && !close,
     };
+    let wire = fields.map(|block| {
+        Box::new(WireHead {
+            fields: RawRequestFields::new(block, n_content_lengths > 0),
+            facts,
+        })
+    });
     Ok(Head {
         method,
         uri,
         version,
         headers,
+        wire,
         expect_continue: expect_continue && !body.is_done(),
         body,
         keep_alive,
         accepts_trailers,
     })
+}
+
+/// A field value sharing the head's memory.
+fn value_of(head: &Bytes, v: &[u8]) -> Result<HeaderValue, Error> {
+    HeaderValue::from_maybe_shared(head.slice_ref(v))
+        .map_err(|_| Error::new(Kind::BadRequest, "invalid header value"))
+}
+
+/// A request head's fields in wire form, with what the parse noted about them.
+pub(crate) struct WireHead {
+    pub(crate) fields: RawRequestFields,
+    pub(crate) facts: HeadFacts,
 }
 
 /// A request body, read from the client connection as the proxy stage pulls it: bytes
@@ -304,7 +352,7 @@ mod tests {
         HeadLimits {
             max_request_line: 64,
             max_header_bytes: 256,
-            max_headers: 4,
+            max_headers: 8,
         }
     }
 
@@ -313,7 +361,12 @@ mod tests {
             &mut BytesMut::from(bytes),
             &mut HeadScan::default(),
             &limits(),
+            &rid(),
         )
+    }
+
+    fn rid() -> HeaderName {
+        HeaderName::from_static("x-request-id")
     }
 
     fn status(bytes: &[u8]) -> u16 {
@@ -328,16 +381,72 @@ mod tests {
     fn a_plain_get_parses_and_leaves_what_follows() {
         let mut buf =
             BytesMut::from(&b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\r\nGET /next"[..]);
-        let h = parse_head(&mut buf, &mut HeadScan::default(), &limits())
+        let h = parse_head(&mut buf, &mut HeadScan::default(), &limits(), &rid())
             .unwrap()
             .unwrap();
         assert_eq!(h.method, Method::GET);
         assert_eq!(h.uri, "/a?b=1");
         assert_eq!(h.version, Version::HTTP_11);
-        assert_eq!(h.headers["host"], "x");
-        assert_eq!(h.headers.len(), 2);
+        // Kept in wire form: no map, the field lines as sent.
+        assert!(h.headers.is_empty());
+        let wire = h.wire.expect("CRLF lines stay in wire form");
+        let map = wire.fields.to_map();
+        assert_eq!(
+            (map["host"].as_bytes(), map["x-a"].as_bytes()),
+            (&b"x"[..], &b"1"[..])
+        );
+        assert_eq!(wire.fields.get("x-a"), Some(&b"1"[..]));
         assert!(h.body.is_done() && h.keep_alive && !h.expect_continue);
         assert_eq!(&buf[..], b"GET /next");
+    }
+
+    #[test]
+    fn wire_form_keeps_the_lines_exactly_and_bare_lf_takes_the_map() {
+        let h = parse(b"GET / HTTP/1.1\r\nHost:  x \r\nX-Request-Id:r1\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        let wire = h.wire.unwrap();
+        let mut out = Vec::new();
+        let via = HeaderValue::from_static("1.1 k");
+        let ip = HeaderValue::from_static("1.2.3.4");
+        let facts = crate::headers::ClientFacts {
+            ip_value: ip,
+            forwarded_for: String::new(),
+            trusted: false,
+            proto: "http",
+            tls: None,
+        };
+        crate::headers::AddedFields::for_request(&wire.facts.scan, &facts, None, false, &via, None)
+            .unwrap()
+            .with_client_fields(Some(&wire.fields))
+            .write(&mut out);
+        assert!(out.starts_with(b"Host:  x \r\nX-Request-Id:r1\r\nx-forwarded-for: 1.2.3.4\r\n"));
+        assert_eq!(wire.facts.request_id.unwrap(), "r1");
+        assert_eq!(wire.facts.host.unwrap(), "x");
+        // A bare LF anywhere: the fields go through the map (an origin never sees bare LFs).
+        let h = parse(b"GET / HTTP/1.1\r\nHost: x\nX-A: 1\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.wire.is_none());
+        assert_eq!(h.headers["x-a"], "1");
+        // No fields at all (HTTP/1.0): an empty block.
+        let h = parse(b"GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        assert!(h.wire.unwrap().fields.to_map().is_empty());
+    }
+
+    /// What the parser notes is what the proxy stage would find by looking at the map.
+    #[test]
+    fn noted_facts_match_a_scan_of_the_map() {
+        for head in [
+            &b"GET / HTTP/1.1\r\nHost: a:80\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nHOST: a\r\nx-request-ID: r1\r\nContent-Type: application/grpc\r\nTE: trailers\r\nContent-Length: 0\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX-Forwarded-For: 1.2.3.4\r\nConnection: upgrade\r\nUpgrade: websocket\r\nHost: b\r\n\r\n",
+            b"GET / HTTP/1.0\r\nExpect: x\r\nContent-Type: text/plain\r\nForwarded: for=x\r\n\r\n",
+        ] {
+            let wire = parse(head).unwrap().unwrap().wire.unwrap();
+            let looked_up = HeadFacts::of(&wire.fields.to_map(), &rid());
+            assert_eq!(format!("{:?}", wire.facts), format!("{looked_up:?}"));
+        }
     }
 
     #[test]
@@ -348,7 +457,7 @@ mod tests {
         let mut parsed = None;
         for (i, b) in full.iter().enumerate() {
             buf.extend_from_slice(&[*b]);
-            if let Some(h) = parse_head(&mut buf, &mut scan, &limits()).unwrap() {
+            if let Some(h) = parse_head(&mut buf, &mut scan, &limits(), &rid()).unwrap() {
                 parsed = Some((i, h));
                 break;
             }
@@ -411,7 +520,7 @@ mod tests {
         // Without its end yet, a line already past the limit is refused at once.
         assert_eq!(status(format!("GET /{}", "a".repeat(80)).as_bytes()), 414);
         assert_eq!(
-            status(b"GET / HTTP/1.1\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\n\r\n"),
+            status(b"GET / HTTP/1.1\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\nF: 1\r\nG: 1\r\nH: 1\r\nI: 1\r\n\r\n"),
             431
         );
         let big = format!("GET / HTTP/1.1\r\nA: {}", "a".repeat(400));

@@ -30,7 +30,10 @@ enum BodyFraming {
 }
 
 /// Serialise the request head into `dst` and decide the body's framing. The target is the
-/// request's origin-form as it is (no normalisation); header names go out lower-case.
+/// request's origin-form as it is (no normalisation); header names from the map go out
+/// lower-case, fields kept in wire form (`added`) as the client sent them. A buffered body's
+/// own Content-Length replaces the map's; with wire-form fields it is their Content-Length
+/// (the body was buffered by reading to the end that field declared).
 fn encode_head<B>(
     req: &Request<B>,
     body: &RequestBody,
@@ -40,7 +43,10 @@ fn encode_head<B>(
     let framing = match body {
         RequestBody::Empty | RequestBody::Buffered(None) => BodyFraming::None,
         RequestBody::Buffered(Some(_)) => BodyFraming::Raw,
-        RequestBody::Stream { .. } if req.headers().contains_key(header::CONTENT_LENGTH) => {
+        RequestBody::Stream { .. }
+            if req.headers().contains_key(header::CONTENT_LENGTH)
+                || added.is_some_and(AddedFields::declares_length) =>
+        {
             BodyFraming::Raw
         }
         RequestBody::Stream { .. } => BodyFraming::Chunked,
@@ -72,7 +78,9 @@ fn encode_head<B>(
         a.write(dst);
     }
     if let RequestBody::Buffered(Some(b)) = body {
-        dst.extend_from_slice(format!("content-length: {}\r\n", b.len()).as_bytes());
+        if !added.is_some_and(AddedFields::declares_length) {
+            dst.extend_from_slice(format!("content-length: {}\r\n", b.len()).as_bytes());
+        }
     }
     if framing == BodyFraming::Chunked {
         dst.extend_from_slice(b"transfer-encoding: chunked\r\n");
