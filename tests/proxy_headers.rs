@@ -440,3 +440,92 @@ async fn fields_named_by_a_repeated_connection_header_are_dropped_from_responses
     assert_eq!(r.status, 200);
     assert!(r.headers.get("x-hop").is_none(), "{:?}", r.headers);
 }
+
+/// An origin that answers each request with the request head it received as the body.
+async fn head_echo_origin() -> RawOrigin {
+    raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        while let Some(head) = read_head(&mut s, &mut carry).await {
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{head}",
+                head.len()
+            );
+            if s.write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+}
+
+/// The request head the origin saw, for one raw request through `g` (one response read).
+async fn head_at_origin(g: &TestGateway, request: &[u8]) -> String {
+    let mut s = tokio::net::TcpStream::connect(g.addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut carry = Vec::new();
+    let head = read_head(&mut s, &mut carry)
+        .await
+        .expect("a response head");
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    let len = head_header(&head, "content-length")
+        .expect("a length")
+        .parse()
+        .unwrap();
+    String::from_utf8(read_exact_body(&mut s, &mut carry, len).await).expect("utf-8 head")
+}
+
+/// A request that needs no field of its own changed goes to the origin with its field lines
+/// exactly as the client wrote them (names' case, spacing), the gateway's fields after them;
+/// a head with bare LF line ends, or one whose fields a route edits, goes through the map
+/// (lowercase names, CRLF only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_fields_pass_through_as_the_client_wrote_them() {
+    let origin = head_echo_origin().await;
+    let routes = r#"
+[[routes]]
+name = "edited"
+cluster = "origin"
+match = { path_prefix = "/edited" }
+request_headers = { set = { x-set = "1" } }
+"#;
+    let g = start_gateway(&config_text(origin.addr, "", routes));
+    let seen = head_at_origin(
+        &g,
+        b"GET /w HTTP/1.1\r\nHost: x\r\nX-Mixed-Case:  v1 \r\nuser-agent: t\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    // Connection is hop-by-hop: that head takes the map. Without it, the lines pass as sent.
+    assert!(seen.contains("\r\nx-mixed-case: v1\r\n"), "{seen}");
+    let seen = head_at_origin(
+        &g,
+        b"GET /w HTTP/1.1\r\nHost: x\r\nX-Mixed-Case:  v1 \r\nuser-agent: t\r\n\r\n",
+    )
+    .await;
+    assert!(
+        seen.starts_with("GET /w HTTP/1.1\r\nHost: x\r\nX-Mixed-Case:  v1 \r\nuser-agent: t\r\nx-forwarded-for: 127.0.0.1\r\n"),
+        "{seen}"
+    );
+    let lines: Vec<&str> = seen.trim_end().split("\r\n").collect();
+    assert_eq!(lines.iter().filter(|l| l.starts_with("via: ")).count(), 1);
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("x-request-id: "))
+            .count(),
+        1
+    );
+    // Bare LF line ends: normalised through the map, so the origin sees CRLF only.
+    let seen = head_at_origin(&g, b"GET /w HTTP/1.1\nHost: x\nX-Mixed-Case: v2\n\n").await;
+    assert!(!seen.replace("\r\n", "").contains('\n'), "{seen:?}");
+    assert!(seen.contains("\r\nx-mixed-case: v2\r\n"), "{seen}");
+    // A route that edits the request's fields works on the map.
+    let seen = head_at_origin(
+        &g,
+        b"GET /edited HTTP/1.1\r\nHost: x\r\nX-Mixed-Case: v3\r\n\r\n",
+    )
+    .await;
+    assert!(
+        seen.contains("\r\nx-mixed-case: v3\r\n") && seen.contains("\r\nx-set: 1\r\n"),
+        "{seen}"
+    );
+}
