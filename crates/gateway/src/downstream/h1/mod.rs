@@ -301,7 +301,7 @@ fn request(conn: &Rc<RefCell<ConnIo>>, head: Head) -> (Request<ClientBody>, Opti
     *req.method_mut() = head.method;
     *req.uri_mut() = head.uri;
     *req.version_mut() = head.version;
-    *req.headers_mut() = head.headers;
+    crate::headers::replace_map(req.headers_mut(), head.headers);
     (req, head.wire)
 }
 
@@ -365,10 +365,10 @@ async fn write_response(
     }
     let written = response::encode_head(&mut out.head, &head, req, keep_alive);
     drop(raw);
+    let status = parts.status;
+    crate::headers::discard_map(parts.headers);
     let (tunnel, body) = match body {
-        ResponseBody::Tunnel(t) if parts.status == StatusCode::SWITCHING_PROTOCOLS => {
-            (Some(t), None)
-        }
+        ResponseBody::Tunnel(t) if status == StatusCode::SWITCHING_PROTOCOLS => (Some(t), None),
         body => (None, Some(body)),
     };
     let framing = written.framing;

@@ -267,18 +267,10 @@ impl std::future::Future for Sending {
                 // response may still be read, but the connection is never reused.
                 let broken = this.pump.is_some() && this.write_error.is_some();
                 let pump = this.pump.take().filter(|_| !broken).map(Box::new);
-                // A head kept as bytes leaves the response's map empty: the request's map,
-                // emptied, takes its place, so hyper's server (which keeps a response's map
-                // for the next request head it parses) still gets an allocated one.
-                let recycled = match (&head.raw, this.req.as_mut()) {
-                    (Some(_), Some(r)) => {
-                        let mut h = std::mem::take(r.headers_mut());
-                        h.clear();
-                        Some(h)
-                    }
-                    _ => None,
-                };
-                return Poll::Ready(Ok(respond(head, conn, pump, broken, recycled)));
+                if let Some(req) = this.req.take() {
+                    crate::headers::discard_map((*req).into_parts().0.headers);
+                }
+                return Poll::Ready(Ok(respond(head, conn, pump, broken)));
             }
             Poll::Ready(Err(f)) => Some(f),
         };
@@ -313,13 +305,7 @@ impl std::future::Future for Sending {
 }
 
 /// The response, with a body that owns the connection (and the rest of the request).
-fn respond(
-    head: Head,
-    conn: Connection,
-    pump: Option<Box<Pump>>,
-    broken: bool,
-    recycled: Option<http::HeaderMap>,
-) -> OriginResponse {
+fn respond(head: Head, conn: Connection, pump: Option<Box<Pump>>, broken: bool) -> OriginResponse {
     let body = Body {
         raw_head: head.raw,
         decoder: decode::decoder(head.framing),
@@ -333,7 +319,7 @@ fn respond(
     let mut resp = Box::new(Response::new(UpstreamBody::H1(body)));
     *resp.status_mut() = head.status;
     *resp.version_mut() = head.version;
-    *resp.headers_mut() = recycled.unwrap_or(head.headers);
+    crate::headers::replace_map(resp.headers_mut(), head.headers);
     if let Some(r) = head.reason {
         resp.extensions_mut().insert(r);
     }
