@@ -717,7 +717,9 @@ pub(crate) fn new_request_id() -> HeaderValue {
         let byte = (n >> (8 * i)) as u8 as usize;
         pair.copy_from_slice(&HEX_PAIRS[2 * byte..2 * byte + 2]);
     }
-    HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    // SAFETY: the value is 32 ASCII hex digits, valid UTF-8 as `from_maybe_shared_unchecked`
+    // requires (and valid header value bytes).
+    unsafe { HeaderValue::from_maybe_shared_unchecked(bytes::Bytes::copy_from_slice(&buf)) }
 }
 
 /// Each byte's two lowercase hex digits, for [`new_request_id`].

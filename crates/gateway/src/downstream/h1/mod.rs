@@ -72,15 +72,16 @@ pub(crate) struct ConnIo {
 }
 
 impl ConnIo {
-    /// Read more into the buffer, making room for up to `want` bytes. With nothing buffered
-    /// on a plain socket, the buffer grows only once the socket is readable, so a waiting
-    /// connection holds no more buffer than it had.
+    /// Read more into the buffer, making room for up to `want` bytes. A plain socket with
+    /// nothing buffered and no room left waits to be readable before the buffer grows, so a
+    /// waiting connection holds no more buffer than it had.
     fn poll_fill(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<usize>> {
-        if let (true, Io::Tcp(tcp)) = (self.rbuf.is_empty(), &self.io) {
+        let spare = self.rbuf.capacity() - self.rbuf.len();
+        let grows = spare < 512 || spare < want.min(4096);
+        if let (true, true, Io::Tcp(tcp)) = (grows, self.rbuf.is_empty(), &self.io) {
             ready!(tcp.poll_read_ready(cx))?;
         }
-        let spare = self.rbuf.capacity() - self.rbuf.len();
-        if spare < 512 || spare < want.min(4096) {
+        if grows {
             self.rbuf.reserve(want.clamp(1024, MAX_READ));
         }
         poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf)
@@ -120,6 +121,9 @@ impl ConnIo {
 struct Timer {
     sleep: Pin<Box<Sleep>>,
     armed: Instant,
+    /// The sleep has this task's waker and has not fired: polling it again changes nothing
+    /// (the connection's task is the only one that polls it).
+    registered: bool,
 }
 
 impl Timer {
@@ -127,22 +131,31 @@ impl Timer {
         Timer {
             sleep: Box::pin(tokio::time::sleep_until(at)),
             armed: at,
+            registered: false,
         }
     }
 
     fn poll_deadline(&mut self, deadline: Instant, cx: &mut Context<'_>) -> Poll<()> {
         if deadline < self.armed {
-            self.sleep.as_mut().reset(deadline);
-            self.armed = deadline;
+            self.rearm(deadline);
+        }
+        if self.registered && !self.sleep.is_elapsed() {
+            return Poll::Pending;
         }
         while self.sleep.as_mut().poll(cx).is_ready() {
             if self.armed >= deadline {
                 return Poll::Ready(());
             }
-            self.sleep.as_mut().reset(deadline);
-            self.armed = deadline;
+            self.rearm(deadline);
         }
+        self.registered = true;
         Poll::Pending
+    }
+
+    fn rearm(&mut self, at: Instant) {
+        self.sleep.as_mut().reset(at);
+        self.armed = at;
+        self.registered = false;
     }
 }
 
