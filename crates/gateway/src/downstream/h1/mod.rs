@@ -215,9 +215,14 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             accepts_trailers: head.accepts_trailers,
         };
         let (req, wire) = request(&conn, head);
-        // Pinned where it is made: the proxy stage's future is large, and moving it costs.
-        let handler = pin!(crate::proxy::handle(cx.clone(), req, wire));
-        let Some(resp) = run(&conn, handler, limits.max_head()).await else {
+        // The proxy stage's future: pinned where it is made (it is large, and moving it
+        // costs), and gone before the response is written, so the task's two states share
+        // their room.
+        let resp = {
+            let handler = pin!(crate::proxy::handle(cx.clone(), req, wire));
+            run(&conn, handler, limits.max_head()).await
+        };
+        let Some(resp) = resp else {
             // The client went away: the exchange was dropped (and its origin connection).
             break Ended::Abort;
         };
@@ -487,8 +492,10 @@ async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended) {
     let Ok(conn) = Rc::try_unwrap(conn).map(RefCell::into_inner) else {
         return; // a request body still holds it: dropped with it
     };
+    // The rare endings are boxed: a task's size is its largest state, and every connection's
+    // task would otherwise carry the lingering read's buffer and the tunnel's copy state.
     match ended {
-        Ended::KeepAlive | Ended::Close => lingering_close(conn).await,
+        Ended::KeepAlive | Ended::Close => Box::pin(lingering_close(conn)).await,
         Ended::Abort => {
             // SO_LINGER 0: close with a reset.
             let _ = socket2::SockRef::from(conn.io.tcp()).set_linger(Some(Duration::ZERO));
@@ -499,7 +506,7 @@ async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended) {
                 io: conn.io,
                 _held: (),
             };
-            t.run(client).await;
+            Box::pin(t.run(client)).await;
         }
     }
 }
