@@ -372,3 +372,48 @@ async fn garbage_and_silence_fail_the_handshake_and_are_counted() {
     assert_eq!(r.status, 200);
     assert_eq!(failures(&g), 4.0);
 }
+
+/// A large response to a client that starts reading late: the socket fills, so the last
+/// writes leave ciphertext in the TLS session's buffer. The server must flush it: the whole
+/// body arrives without another request to push it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_response_arrives_whole_to_a_late_reader() {
+    use tokio::io::AsyncReadExt;
+    let pki = Pki::new();
+    let a = pki.issue("a", &["a.example"], "a.example", false);
+    let (g, _s) = tls_gateway(&tls_keys(&[&a], ""), "");
+    let mut s = connect(
+        g.addr,
+        "a.example",
+        client_config(&pki, &ClientOpts::default()),
+    )
+    .await
+    .expect("TLS handshake");
+    let n = 8 * 1024 * 1024;
+    let req = format!("GET /?length={n} HTTP/1.1\r\nHost: a.example\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    // Let the gateway fill the socket and the TLS session's buffer.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut got = Vec::with_capacity(n + 1024);
+    let mut buf = vec![0u8; 64 * 1024];
+    let whole = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let k = s.read(&mut buf).await.expect("read");
+            assert!(k > 0, "closed early");
+            got.extend_from_slice(&buf[..k]);
+            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                if got.len() >= end + 4 + n {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        whole.is_ok(),
+        "only {} of {n} body bytes arrived",
+        got.len()
+    );
+    let end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    assert!(got[end + 4..] == stub_body(n)[..], "body differs");
+}

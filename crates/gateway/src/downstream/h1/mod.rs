@@ -96,6 +96,10 @@ impl ConnIo {
                 Ok(n) => self.continue_left -= n,
                 Err(e) => return Poll::Ready(Err(e)),
             }
+            if self.continue_left == 0 {
+                // Out of a TLS session's buffer too, before the client's body is awaited.
+                ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+            }
         }
         Poll::Ready(Ok(()))
     }

@@ -254,7 +254,9 @@ impl Outbox {
         self.data = data;
     }
 
-    /// Write until everything queued is out.
+    /// Write until everything queued is out, then flush the transport: a TLS session may
+    /// accept bytes while its socket is full and keep them as ciphertext until flushed
+    /// (a no-op on a plain socket).
     pub(super) fn poll_flush(&mut self, io: &mut Io, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.is_empty() {
             let slices = [
@@ -270,7 +272,7 @@ impl Outbox {
             };
             self.consume(n);
         }
-        Poll::Ready(Ok(()))
+        Pin::new(io).poll_flush(cx)
     }
 
     fn consume(&mut self, mut n: usize) {
