@@ -9,7 +9,6 @@ use ring::signature::{RsaKeyPair, RSA_PKCS1_SHA256};
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 use support::*;
-use tokio::io::AsyncWriteExt;
 
 /// A 2048-bit test-only RSA key (PKCS#8 DER, base64) and its modulus (base64url).
 const RSA_PKCS8: &str = "MIIEvgIBADANBgkqhkiG9w0BAQEFAASCBKgwggSkAgEAAoIBAQCzy7zMZhUlTZC3y4XKrMm9N7gcj/tVkgQ/Yzof66SB/B1domsJblv8J4DwRvtnNDu0NsWtAePe7eLzWxaQ6UCBhQh9456Y2nboSEzRI4kafu8w5Y2edwWbcmZ8rLnj7Cf0zcpMqUQwLqnT5wuhp95N+XJkpOBDw8rvVQpxm+eXzb1hQyGUjy8wjN1FOxC6UqmqxC51OUd1DX7JH2O18sSnFOV8lqGdZzcoUI1LUgXMFBi6fMy4JZCJBvLOluzvPtbKuGydI6yrCiFj5rLqAFi5iKxPLHkqfFK4GKRh/vOsltlHgvI8pRGo+6kNFrG19PaVxUlpn+CYIKENjRfvFfiNAgMBAAECggEAF3zirasaURS4dqJCWK9I7YylYynWEiAwqN08HyZoB8kZRv2sUP+XSbIZcIo9Voam1Ayht0+7ZoiaMONx571o/WKVMOj28436oa6sRlgHlawGcFNUtGJlG6EOzXO9Fw7nS15E8s3cCBVYf0O8K8Kj0njnXkmBuKiPzsNDyYKt9xEkAM4N5uNQUD6FdXx4IvC5YPtqnDYnHgE4CQi66TGjcS3Mqz+KQsT7dsV+LcPG0/+QWFVAcbzG+BxbPNNBIwhtuFqyqtHtRPucunlc/0d1wMyXJD4fn92WOYO9uoR0cJlYjtws6EuhxTADNE/EvSrcMfMKgqmyh53f2HrDxASLiwKBgQDZP3BnkUyVCLjFfTBohyIS93pRUXsqgY5PGaowuRb4mcPkx6Uy06UqqTVVMiIpFZOwrQBZWgXg81v7iETYeb3R/YUQX1O+FziM2xMcAKtYvIBi1FiMS2q2R8KOAVFLBysMuHxt2Q7vqRJwSIijbDDs88a3hS80h9vdoClOkBM9IwKBgQDT3hCpNb34Cz9uuB8Pncbz6Vdci5T9LSLwhrlrrtCQqJYvGOWbRaG/mQRgQ1lgmW0BVHBkYy93s9QZhW10qGizkPOzJihRSMjuswO3bMO1ZFDvG6yIxu6ftcDQFj+fjfhM8t+2UzbdhCBJyXHQAXJOeKYX2BWtPDn0h5R9DfgGjwKBgQCcR8erqVmnCHwrDXDKcROxAziJ0QzCOirOek709+EveyXxqTEMzDXP56OHIyZx2aTB/uH2ZQ0/krGD07Z657EGo9KaQYkzgO7cXSh1B4I7tnbBIbKFUid081Bg6U+6onB0mS5hszjMbRrnjTZGIalce81i7btUlbszxmiQrJI6cwKBgQCiXRwHkNf0ryn9f7zOCuvdIIWCtrWHEIAmNBkFHQNY2Nm/XiUXyVUbr/hajUKBdRLEYiF/zUMjSPzSUh5/uFAEzKD2OdfL8yuJQkcm2oNhD2+2zk56w3k7i94nmeVIMVSII9itsTfqqsbTxT0jWvhuiqc+vqpeCDmh3AU/kOTyoQKBgBYIg78ExDB+fuPp6Ox31cV1Kt9Z+hp/Wsex7vVo5VEGGj0brbNYsjaFgOpHAb+v0ytNnRXrZ5yu6p/m6SLqjRdGTKVhSYmBbj3sfVM3yz9rnN2ZzyX7DW9w2ODDc0/v3tRmitm/GN6ZjP4twDiencj6KKU0JCEnQ9osVTHOYkK9";
@@ -65,22 +64,6 @@ fn rs256(kid: &str, claims: serde_json::Value) -> String {
     format!("{signed}.{}", b64(&sig))
 }
 
-async fn echo_origin() -> RawOrigin {
-    raw_origin(|mut s, _| async move {
-        let mut carry = Vec::new();
-        while let Some(head) = read_head(&mut s, &mut carry).await {
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{head}",
-                head.len()
-            );
-            if s.write_all(resp.as_bytes()).await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
-}
-
 fn jwt_config(origin: SocketAddr, secret: &str) -> keymaster_config::Config {
     let text = config_text(
         origin,
@@ -126,7 +109,7 @@ fn good_claims() -> serde_json::Value {
 
 #[tokio::test]
 async fn jwt_accepts_valid_tokens_and_refuses_the_rest() {
-    let o = echo_origin().await;
+    let o = head_echo_origin().await;
     let gw = Gateway::start(jwt_config(o.addr, SECRET), ConfigSource::Memory).unwrap();
     let addr = gw.listener_addr("main").unwrap();
 
@@ -194,7 +177,7 @@ async fn jwt_accepts_valid_tokens_and_refuses_the_rest() {
 
 #[tokio::test]
 async fn jwt_keys_rotate_by_reload() {
-    let o = echo_origin().await;
+    let o = head_echo_origin().await;
     let gw = Gateway::start(jwt_config(o.addr, SECRET), ConfigSource::Memory).unwrap();
     let addr = gw.listener_addr("main").unwrap();
     let old = hs256(SECRET, Some("h1"), good_claims());

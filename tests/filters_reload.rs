@@ -10,23 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use support::*;
-use tokio::io::AsyncWriteExt;
-
-async fn echo_origin() -> RawOrigin {
-    raw_origin(|mut s, _| async move {
-        let mut carry = Vec::new();
-        while let Some(head) = read_head(&mut s, &mut carry).await {
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{head}",
-                head.len()
-            );
-            if s.write_all(resp.as_bytes()).await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
-}
 
 /// Version `v`: a pre filter stamps the request with `x-v: v`, a post filter the response;
 /// even versions have one more post filter (`x-even`).
@@ -95,7 +78,7 @@ fn start(origin: SocketAddr) -> TestGateway {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_under_load_never_mixes_filter_versions() {
-    let o = echo_origin().await;
+    let o = head_echo_origin().await;
     let g = Arc::new(start(o.addr));
     let stop = Arc::new(AtomicBool::new(false));
 
@@ -155,7 +138,7 @@ async fn reload_under_load_never_mixes_filter_versions() {
 
 #[tokio::test]
 async fn invalid_filter_config_is_refused_and_the_old_set_kept() {
-    let o = echo_origin().await;
+    let o = head_echo_origin().await;
     let g = start(o.addr);
     let mut bad = versioned(o.addr, 2);
     bad.filters[0].kind = FilterType::Cors; // no allowed_origins, wrong keys

@@ -441,23 +441,6 @@ async fn fields_named_by_a_repeated_connection_header_are_dropped_from_responses
     assert!(r.headers.get("x-hop").is_none(), "{:?}", r.headers);
 }
 
-/// An origin that answers each request with the request head it received as the body.
-async fn head_echo_origin() -> RawOrigin {
-    raw_origin(|mut s, _| async move {
-        let mut carry = Vec::new();
-        while let Some(head) = read_head(&mut s, &mut carry).await {
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{head}",
-                head.len()
-            );
-            if s.write_all(resp.as_bytes()).await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
-}
-
 /// The request head the origin saw, for one raw request through `g` (one response read).
 async fn head_at_origin(g: &TestGateway, request: &[u8]) -> String {
     let mut s = tokio::net::TcpStream::connect(g.addr).await.unwrap();

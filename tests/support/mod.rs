@@ -261,6 +261,23 @@ where
 
 /// Read one request (or response) head up to and including the blank line, within 5 s.
 /// Returns the head as text plus any bytes read past it; `None` on EOF before a full head.
+/// An origin that answers each request with the request head it received as the body.
+pub async fn head_echo_origin() -> RawOrigin {
+    raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        while let Some(head) = read_head(&mut s, &mut carry).await {
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{head}",
+                head.len()
+            );
+            if s.write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+}
+
 pub async fn read_head(s: &mut TcpStream, carry: &mut Vec<u8>) -> Option<String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let mut buf = [0u8; 8192];
