@@ -321,8 +321,7 @@ async fn proxy(
             })?;
             cluster = Some(c.clone());
         }
-        upstream_path = ctx.path.take();
-        upstream_host = ctx.host.take();
+        (upstream_path, upstream_host) = ctx.take_upstream_overrides();
         info.fctx = Some(ctx);
     }
 

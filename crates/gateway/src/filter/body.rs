@@ -40,38 +40,38 @@ impl FilterCtx {
     /// [`super::Filter::needs_request_body`] and matched this request (`None` otherwise:
     /// the body streams past).
     pub fn request_body(&self) -> Option<&Bytes> {
-        self.request_body.as_ref()
+        self.extras_ref()?.request_body.as_ref()
     }
     /// Replace the buffered request body (`pre`/`route`); Content-Length follows. Ignored
     /// when the body was not buffered.
     pub fn set_request_body(&mut self, body: impl Into<Bytes>) {
-        if self.request_body.is_some() {
-            self.request_body = Some(body.into());
+        if self.request_body().is_some() {
+            self.extras().request_body = Some(body.into());
         }
     }
     /// `post`: the origin's response body, when a post filter declared
     /// [`super::Filter::needs_response_body`] and matched this request.
     pub fn response_body(&self) -> Option<&Bytes> {
-        self.response_body.as_ref()
+        self.extras_ref()?.response_body.as_ref()
     }
     /// `post`: replace the buffered response body; Content-Length follows. Ignored when the
     /// body was not buffered.
     pub fn set_response_body(&mut self, body: impl Into<Bytes>) {
-        if self.response_body.is_some() {
-            self.response_body = Some(body.into());
+        if self.response_body().is_some() {
+            self.extras().response_body = Some(body.into());
         }
     }
     pub(crate) fn put_request_body(&mut self, b: Bytes) {
-        self.request_body = Some(b);
+        self.extras().request_body = Some(b);
     }
     pub(crate) fn take_request_body(&mut self) -> Option<Bytes> {
-        self.request_body.take()
+        self.extras_mut()?.request_body.take()
     }
     pub(crate) fn put_response_body(&mut self, b: Bytes) {
-        self.response_body = Some(b);
+        self.extras().response_body = Some(b);
     }
     pub(crate) fn take_response_body(&mut self) -> Option<Bytes> {
-        self.response_body.take()
+        self.extras_mut()?.response_body.take()
     }
 }
 

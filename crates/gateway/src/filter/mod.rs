@@ -398,7 +398,7 @@ impl FilterChain {
                     });
             if !should {
                 e.metrics.skips.inc();
-                if let Some(d) = ctx.debug.as_mut() {
+                if let Some(d) = ctx.debug_trace() {
                     d.push(format!("{}:{}=skip", stage.as_str(), e.name));
                 }
                 continue;
@@ -406,7 +406,7 @@ impl FilterChain {
             e.metrics.invocations.inc();
             // The duration histogram samples runs (every one in debug mode): two clock reads
             // and a histogram update per run would cost more than a small filter itself.
-            let started = (ctx.debug.is_some() || sample_timing()).then(Instant::now);
+            let started = (ctx.debugging() || sample_timing()).then(Instant::now);
             // A panic in `run` itself (synchronous filters) or while its future is polled.
             // A finished future (the common case) is taken as it is, without an await.
             let c = &mut *ctx;
@@ -423,7 +423,7 @@ impl FilterChain {
             if let Some(started) = started {
                 let took = started.elapsed();
                 e.metrics.duration.observe(took.as_secs_f64());
-                if let Some(d) = ctx.debug.as_mut() {
+                if let Some(d) = ctx.debug_trace() {
                     let what = match &r {
                         Ok(Ok(())) => "ran",
                         _ => "failed",
@@ -462,7 +462,7 @@ impl FilterChain {
     /// A filter failed: drop any response it set and run the error stage.
     async fn fail(&self, ctx: &mut FilterCtx, f: Failure) {
         ctx.local = None;
-        ctx.failure = Some(f);
+        ctx.extras().failure = Some(f);
         ctx.stage = FilterStage::Error;
         let _ = self.run_stage(self.stage(FilterStage::Error), ctx).await;
     }
@@ -477,7 +477,7 @@ impl FilterChain {
                 .is_some_and(|v| builtin::constant_time_eq(v.as_bytes(), secret));
             if hit {
                 ctx.headers.remove(name);
-                ctx.debug = Some(Vec::new());
+                ctx.extras().debug = Some(Vec::new());
             }
         }
     }
@@ -488,7 +488,7 @@ impl FilterChain {
         headers: &mut HeaderMap,
         raw: &mut Option<crate::headers::RawHead>,
     ) {
-        if let Some(d) = ctx.debug.take() {
+        if let Some(d) = ctx.extras_mut().and_then(|x| x.debug.take()) {
             if let Some(r) = raw.take() {
                 *headers = r.to_map();
             }
@@ -599,7 +599,7 @@ impl FilterChain {
         let (mut parts, mut body) = resp.into_parts();
         if !self.stage(FilterStage::Error).is_empty() {
             ctx.local = None;
-            ctx.failure = Some(Failure {
+            ctx.extras().failure = Some(Failure {
                 filter: "proxy".into(),
                 stage: FilterStage::Route,
                 message: category.to_string(),
@@ -643,7 +643,7 @@ impl FilterChain {
                 let mut r = Response::new(ResponseBody::full(l.body));
                 *r.status_mut() = l.status;
                 *r.headers_mut() = l.headers;
-                (r, ctx.failure.is_some())
+                (r, ctx.failure().is_some())
             }
             None => (failed(), true),
         }
