@@ -175,6 +175,11 @@ impl Filter for LuaFilter {
         FilterFuture::new(run(self.set.clone(), self.index, ctx))
     }
 
+    // A file that cannot suspend is run by a plain protected call (`run_sync`).
+    fn synchronous(&self) -> bool {
+        !self.set.files[self.index].may_suspend
+    }
+
     fn needs_request_headers(&self) -> bool {
         self.set.files[self.index].needs_request_headers
     }

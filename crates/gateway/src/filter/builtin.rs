@@ -160,6 +160,9 @@ struct Headers {
 }
 
 impl Filter for Headers {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn has_should_filter(&self) -> bool {
         false
     }
@@ -193,6 +196,9 @@ struct Fixed {
 }
 
 impl Filter for Fixed {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn has_should_filter(&self) -> bool {
         false
     }
@@ -248,6 +254,9 @@ const CORS_ORIGIN: &str = "keymaster.cors.origin";
 struct CorsPre(Arc<Cors>);
 
 impl Filter for CorsPre {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn should_filter(&self, ctx: &FilterCtx) -> bool {
         ctx.request_headers().contains_key(header::ORIGIN)
     }
@@ -292,6 +301,9 @@ impl Filter for CorsPre {
 struct CorsPost(Arc<Cors>);
 
 impl Filter for CorsPost {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn should_filter(&self, ctx: &FilterCtx) -> bool {
         ctx.meta().contains_key(CORS_ORIGIN)
     }
@@ -318,6 +330,9 @@ struct IpFilter {
 }
 
 impl Filter for IpFilter {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn has_should_filter(&self) -> bool {
         false
     }
@@ -347,6 +362,9 @@ struct ApiKey {
 }
 
 impl Filter for ApiKey {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn has_should_filter(&self) -> bool {
         false
     }
@@ -425,6 +443,10 @@ impl RateLimit {
 }
 
 impl Filter for RateLimit {
+    // Only the Redis backend awaits.
+    fn synchronous(&self) -> bool {
+        self.redis.is_none()
+    }
     fn has_should_filter(&self) -> bool {
         false
     }
@@ -471,6 +493,9 @@ struct Reroute {
 }
 
 impl Filter for Reroute {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn has_should_filter(&self) -> bool {
         false
     }

@@ -48,6 +48,8 @@ pub struct CtxState {
     /// The request head may have changed in a field the proxy stage's head scan looks at
     /// (framing, hop-by-hop, Host, Expect): it scans again only then.
     head_touched: bool,
+    /// The filter runs of this request are timed (sampled, or debug mode).
+    pub(super) timed: bool,
     pub(super) method: Method,
     uri: Uri,
     pub(super) headers: HeaderMap,
@@ -102,6 +104,7 @@ impl FilterCtx {
             CtxState {
                 stage: FilterStage::Pre,
                 head_touched: false,
+                timed: super::stage::sample_timing(),
                 method: parts.method.clone(),
                 uri: parts.uri.clone(),
                 headers,
@@ -315,11 +318,6 @@ impl FilterCtx {
     /// `error` (and the `post` filters after it): what failed.
     pub fn failure(&self) -> Option<&Failure> {
         self.extras_ref()?.failure.as_ref()
-    }
-
-    /// Debug mode is on for this request.
-    pub(super) fn debugging(&self) -> bool {
-        self.extras_ref().is_some_and(|x| x.debug.is_some())
     }
 
     /// Debug mode: the trace to add entries to.
