@@ -18,7 +18,7 @@ use mlua::ffi::{self, lua_State};
 use std::ffi::c_int;
 use std::sync::Arc;
 
-use crate::ctx::{get, with_mut, with_ref, ParseArg};
+use crate::ctx::{get, with_mut, with_ref, ParseArg, Unreachable};
 
 /// What a method returns to Lua.
 enum Out {
@@ -135,7 +135,7 @@ unsafe fn run(l: *mut lua_State, body: Body) -> c_int {
     let mut result = if unsafe { ffi::lua_type(l, 1) } == ffi::LUA_TTABLE {
         attempt(l, body)
     } else {
-        Err(Failed::Error(mlua::Error::runtime(
+        Err(Failed::from(mlua::Error::runtime(
             "call ctx methods with a colon: ctx:method(...)",
         )))
     };
@@ -151,14 +151,13 @@ unsafe fn run(l: *mut lua_State, body: Body) -> c_int {
         }
         result = attempt(l, body);
     }
-    let result = result.map_err(|f| match f {
-        Failed::Error(e) => e,
-        Failed::Number => mlua::Error::runtime("argument conversion failed"),
-    });
     let out = match result {
         Ok(out) => out,
-        Err(e) => {
-            let msg = e.to_string();
+        Err(f) => {
+            let msg = match f {
+                Failed::Error(e) => e.to_string(),
+                Failed::Number => "argument conversion failed".to_string(),
+            };
             unsafe {
                 ffi::luaL_where(l, 1);
                 ffi::lua_pushlstring(l, msg.as_ptr().cast(), msg.len());
@@ -195,16 +194,30 @@ unsafe fn run(l: *mut lua_State, body: Body) -> c_int {
     }
 }
 
-/// Why a body did not finish.
+/// Why a body did not finish (small: the successful result is what is moved around).
 enum Failed {
-    Error(mlua::Error),
+    Error(Box<mlua::Error>),
     /// An argument read as a string is a number (see `run`).
     Number,
 }
 
 impl From<mlua::Error> for Failed {
+    #[cold]
     fn from(e: mlua::Error) -> Failed {
+        Failed::Error(Box::new(e))
+    }
+}
+
+impl From<Box<mlua::Error>> for Failed {
+    fn from(e: Box<mlua::Error>) -> Failed {
         Failed::Error(e)
+    }
+}
+
+impl From<Unreachable> for Failed {
+    #[cold]
+    fn from(u: Unreachable) -> Failed {
+        Failed::Error(Box::new(u.into()))
     }
 }
 
@@ -215,14 +228,11 @@ fn attempt(l: *mut lua_State, body: Body) -> Result<Out, Failed> {
 }
 
 fn read(f: impl FnOnce(&FilterCtx) -> Out) -> Result<Out, Failed> {
-    Ok(with_ref(|c| Ok(f(c)))?)
+    Ok(with_ref(f)?)
 }
 
 fn write(f: impl FnOnce(&mut FilterCtx)) -> Result<Out, Failed> {
-    with_mut(|c| {
-        f(c);
-        Ok(Out::Nothing)
-    })?;
+    with_mut(f)?;
     Ok(Out::Nothing)
 }
 

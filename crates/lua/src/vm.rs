@@ -28,6 +28,7 @@ use mlua::{
     ffi, Function, HookTriggers, Lua, LuaOptions, RegistryKey, StdLib, Table, Value, VmState,
 };
 use std::cell::{Cell, RefCell};
+use std::ffi::c_int;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -203,12 +204,34 @@ pub(crate) struct Keys {
     pub ctx: RegistryKey,
 }
 
+/// A failed synchronous call: the error as one line of text (see [`crate::error_text`]) and
+/// whether it was an allocation past the memory cap. Boxed where it is returned, so the
+/// common, successful result stays two words wide through the call path.
+pub(crate) struct CallError {
+    pub text: String,
+    pub memory: bool,
+}
+
+impl CallError {
+    fn new(e: &mlua::Error) -> Box<CallError> {
+        Box::new(CallError {
+            text: crate::error_text(e),
+            memory: is_memory_error(e),
+        })
+    }
+}
+
 /// A protected call of `f(arg)` (registry entries) on the VM's stack, for synchronous
-/// calls: whether its first result is truthy. mlua's `Function::call` does the same work
-/// through its generic machinery (values moved between its reference thread and the main
-/// stack, a traceback handler, result conversion), which cost several hundred
-/// instructions per call more.
-pub(crate) fn pcall(lua: &Lua, f: &RegistryKey, arg: &RegistryKey) -> mlua::Result<bool> {
+/// calls: whether its first result is truthy (`truth`; else `Ok(true)`: the result is not
+/// read). mlua's `Function::call` does the same work through its generic machinery (values
+/// moved between its reference thread and the main stack, a traceback handler, result
+/// conversion), which cost several hundred instructions per call more.
+pub(crate) fn pcall(
+    lua: &Lua,
+    f: &RegistryKey,
+    arg: &RegistryKey,
+    truth: bool,
+) -> Result<bool, Box<CallError>> {
     lua.exec_raw_lua(|raw| {
         let l = raw.state();
         // SAFETY: `l` is the VM's main state, not running (synchronous filter calls start
@@ -219,15 +242,19 @@ pub(crate) fn pcall(lua: &Lua, f: &RegistryKey, arg: &RegistryKey) -> mlua::Resu
         unsafe {
             let top = ffi::lua_gettop(l);
             if ffi::lua_checkstack(l, 2) == 0 {
-                return Err(mlua::Error::StackError);
+                return Err(CallError::new(&mlua::Error::StackError));
             }
-            ffi::lua_rawgeti(l, ffi::LUA_REGISTRYINDEX, f.id().into());
-            ffi::lua_rawgeti(l, ffi::LUA_REGISTRYINDEX, arg.id().into());
-            let rc = ffi::lua_pcall(l, 1, 1, 0);
-            let r = if rc == ffi::LUA_OK {
+            // Lua 5.1's `lua_rawgeti` (mlua's `lua_rawgeti` emulates 5.3's, which also
+            // reads the type of the value pushed).
+            ffi::lua_rawgeti_(l, ffi::LUA_REGISTRYINDEX, f.id());
+            ffi::lua_rawgeti_(l, ffi::LUA_REGISTRYINDEX, arg.id());
+            let rc = ffi::lua_pcall(l, 1, c_int::from(truth), 0);
+            let r = if rc != ffi::LUA_OK {
+                Err(CallError::new(&error_on_top(raw, rc)))
+            } else if truth {
                 Ok(ffi::lua_toboolean(l, -1) != 0)
             } else {
-                Err(error_on_top(raw, rc))
+                Ok(true)
             };
             ffi::lua_settop(l, top);
             r
@@ -239,6 +266,7 @@ pub(crate) fn pcall(lua: &Lua, f: &RegistryKey, arg: &RegistryKey) -> mlua::Resu
 ///
 /// # Safety
 /// The top of `raw`'s stack must be that value.
+#[cold]
 unsafe fn error_on_top(raw: &mlua::state::RawLua, rc: std::ffi::c_int) -> mlua::Error {
     let l = raw.state();
     // SAFETY: index -1 is the error value (the caller's contract). A string's bytes are
@@ -354,40 +382,52 @@ fn ensure(set: &Arc<LuaSet>) -> Result<(), String> {
     })
 }
 
-/// Call `f` with this worker's VM and the functions of filter `index` of `set`, borrowed
-/// (no handles cloned): for calls that cannot suspend. Then enforce the memory cap.
-pub(crate) fn call<R, F: FnOnce(&Lua, &Fns) -> mlua::Result<R>>(
+/// Which function of a filter file a synchronous call runs.
+#[derive(Clone, Copy)]
+pub(crate) enum Entry {
+    ShouldFilter,
+    Run,
+}
+
+/// A synchronous call of filter `index` of `set` on this worker's VM (its functions
+/// borrowed, no handles cloned): `entry` with the request context `lent` and the set's
+/// instruction budget. Whether its first result is truthy (`Ok(true)` for a file without
+/// `should_filter`); the error as one line of text. Then the memory cap is enforced.
+pub(crate) fn call(
     set: &Arc<LuaSet>,
     index: usize,
-    f: F,
-) -> Result<mlua::Result<R>, String> {
-    let mut f = Some(f);
-    if let Some(r) = try_call(set, index, &mut f) {
+    entry: Entry,
+    lent: Lent,
+) -> Result<bool, String> {
+    if let Some(r) = try_call(set, index, entry, lent) {
         return r;
     }
     ensure(set)?;
-    try_call(set, index, &mut f).unwrap_or_else(|| Err("lua VM missing".to_string()))
+    try_call(set, index, entry, lent).unwrap_or_else(|| Err("lua VM missing".to_string()))
 }
 
 /// [`call`] if this worker's VM has instantiated `set` (one borrow: the common case). A VM
 /// that holds `set` was made for its settings (a VM is replaced, not changed).
-fn try_call<R, F: FnOnce(&Lua, &Fns) -> mlua::Result<R>>(
-    set: &LuaSet,
-    index: usize,
-    f: &mut Option<F>,
-) -> Option<Result<mlua::Result<R>, String>> {
+fn try_call(set: &LuaSet, index: usize, entry: Entry, lent: Lent) -> Option<Result<bool, String>> {
     let (r, rebuild) = WORKER.with(|w| {
         let w = w.borrow();
         let vm = w.as_ref()?;
         let (_, _, all) = vm.loaded.iter().find(|(id, _, _)| *id == set.id)?;
-        let f = f.take()?;
-        let r = match all.get(index) {
-            Some(fns) => Ok(f(&vm.lua, fns)),
-            None => Err("lua filter index out of range".to_string()),
+        let Some(fns) = all.get(index) else {
+            return Some((Err("lua filter index out of range".to_string()), None));
         };
-        let full =
-            matches!(&r, Ok(r) if over_cap(&vm.lua, set.settings.memory_limit, is_memory(r)));
-        Some((r, full.then_some(vm.generation)))
+        let f = match (entry, &fns.keys.should) {
+            (Entry::Run, _) => &fns.keys.run,
+            (Entry::ShouldFilter, Some(should)) => should,
+            (Entry::ShouldFilter, None) => return Some((Ok(true), None)),
+        };
+        let truth = matches!(entry, Entry::ShouldFilter);
+        let r = with_budget(set.settings.budget, || {
+            lent.during(|| pcall(&vm.lua, f, &fns.keys.ctx, truth))
+        });
+        let memory_error = matches!(&r, Err(e) if e.memory);
+        let full = over_cap(&vm.lua, set.settings.memory_limit, memory_error);
+        Some((r.map_err(|e| e.text), full.then_some(vm.generation)))
     })?;
     if let Some(generation) = rebuild {
         drop_vm(generation);
@@ -427,20 +467,23 @@ pub(crate) fn after_call<R>(h: &Handle, limit: usize, r: &mlua::Result<R>) {
 
 /// Whether the VM is (nearly) full or an allocation failed: it is then rebuilt on the
 /// worker's next call (calls still suspended on it finish on it).
+#[inline(always)]
 fn over_cap(lua: &Lua, limit: usize, memory_error: bool) -> bool {
     // The allocator's cap holds on every allocation; this check only retires a VM that is
     // filling up, so once every few calls is enough (reading the VM's use costs a lock and
     // a call into LuaJIT).
-    if !memory_error {
-        let due = UNCHECKED.with(|n| {
+    let due = memory_error
+        || UNCHECKED.with(|n| {
             let left = n.get().saturating_sub(1);
             n.set(if left == 0 { CHECK_EVERY } else { left });
             left == 0
         });
-        if !due {
-            return false;
-        }
-    }
+    due && check_memory(lua, limit, memory_error)
+}
+
+/// [`over_cap`] when a check is due.
+#[cold]
+fn check_memory(lua: &Lua, limit: usize, memory_error: bool) -> bool {
     let high = limit / 4 * 3;
     if !memory_error && lua.used_memory() <= high {
         return false;
@@ -469,15 +512,16 @@ fn drop_vm(generation: u64) {
 }
 
 fn is_memory<R>(r: &mlua::Result<R>) -> bool {
-    fn mem(e: &mlua::Error) -> bool {
-        match e {
-            mlua::Error::MemoryError(_) => true,
-            mlua::Error::CallbackError { cause, .. } => mem(cause),
-            mlua::Error::RuntimeError(m) => m.contains("not enough memory"),
-            _ => false,
-        }
+    matches!(r, Err(e) if is_memory_error(e))
+}
+
+fn is_memory_error(e: &mlua::Error) -> bool {
+    match e {
+        mlua::Error::MemoryError(_) => true,
+        mlua::Error::CallbackError { cause, .. } => is_memory_error(cause),
+        mlua::Error::RuntimeError(m) => m.contains("not enough memory"),
+        _ => false,
     }
-    matches!(r, Err(e) if mem(e))
 }
 
 #[cfg(test)]
