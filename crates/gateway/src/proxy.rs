@@ -298,7 +298,8 @@ async fn proxy(
             });
             return Ok(resp);
         }
-        parts.headers = snapshot.filters.request_headers(&mut ctx);
+        let headers = snapshot.filters.request_headers(&mut ctx);
+        crate::filter::put_back_headers(&mut parts.headers, headers);
         // A filter that set the request id header itself wins over a generated one.
         if rid_added && parts.headers.contains_key(&listener.request_id_header) {
             rid_added = false;

@@ -52,7 +52,9 @@ pub struct CtxState {
     pub(super) timed: bool,
     pub(super) method: Method,
     uri: Uri,
-    pub(super) headers: HeaderMap,
+    /// The request headers: moved in for `pre` and `route`; afterwards the copy kept for
+    /// `post` and `error` filters that asked for it, else none (reads see an empty map).
+    pub(super) headers: Option<HeaderMap>,
     client: SocketAddr,
     /// TLS listeners: the verified client certificate identity (mTLS), if any.
     tls: Option<Option<String>>,
@@ -86,6 +88,20 @@ pub(super) struct Extras {
 static NO_META: std::sync::LazyLock<HashMap<String, String>> =
     std::sync::LazyLock::new(HashMap::new);
 
+/// What [`FilterCtx::request_headers`] reads once the headers went upstream without a copy.
+static NO_HEADERS: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
+
+/// Put `map` in `dst`, which holds the empty placeholder a `mem::take` left there. A map
+/// with no capacity owns no memory (`HeaderMap::new` does not allocate, and nothing was
+/// inserted), so the placeholder is forgotten rather than dropped: its drop glue costs ~60
+/// instructions for nothing. Anything else in `dst` is dropped as usual.
+pub(crate) fn put_back_headers(dst: &mut HeaderMap, map: HeaderMap) {
+    let old = std::mem::replace(dst, map);
+    if old.capacity() == 0 {
+        std::mem::forget(old);
+    }
+}
+
 impl FilterCtx {
     /// A context for the request head `parts` with its headers moved in (they go back with
     /// [`FilterChain::request_headers`]).
@@ -107,7 +123,7 @@ impl FilterCtx {
                 timed: super::stage::sample_timing(),
                 method: parts.method.clone(),
                 uri: parts.uri.clone(),
-                headers,
+                headers: Some(headers),
                 client,
                 tls: tls.map(|t| t.client_identity.clone()),
                 route,
@@ -163,30 +179,36 @@ impl FilterCtx {
     /// is a copy as it was after the `route` stage when a filter of those stages declares
     /// [`Filter::needs_request_headers`] (or matches on headers), and empty otherwise.
     pub fn request_headers(&self) -> &HeaderMap {
-        &self.headers
+        self.headers.as_ref().unwrap_or(&NO_HEADERS)
     }
     /// Any change through this handle makes the proxy stage re-scan the request head; the
     /// `set`/`append`/`remove_request_header` methods do so only for the fields it scans.
     pub fn request_headers_mut(&mut self) -> &mut HeaderMap {
         self.head_touched = true;
-        &mut self.headers
+        self.headers.get_or_insert_with(HeaderMap::new)
     }
     pub fn set_request_header(&mut self, name: HeaderName, value: HeaderValue) {
         self.head_touched |= crate::headers::affects_head_scan(&name);
-        self.headers.insert(name, value);
+        self.headers
+            .get_or_insert_with(HeaderMap::new)
+            .insert(name, value);
     }
     pub fn append_request_header(&mut self, name: HeaderName, value: HeaderValue) {
         self.head_touched |= crate::headers::affects_head_scan(&name);
-        self.headers.append(name, value);
+        self.headers
+            .get_or_insert_with(HeaderMap::new)
+            .append(name, value);
     }
     pub fn remove_request_header(&mut self, name: &HeaderName) {
         self.head_touched |= crate::headers::affects_head_scan(name);
-        self.headers.remove(name);
+        if let Some(h) = self.headers.as_mut() {
+            h.remove(name);
+        }
     }
     /// Apply compiled header edits to the request.
     pub(crate) fn edit_request_headers(&mut self, edits: &crate::headers::HeaderEdits) {
         self.head_touched |= edits.affects_head_scan();
-        edits.apply(&mut self.headers);
+        edits.apply(self.headers.get_or_insert_with(HeaderMap::new));
     }
     /// Whether a filter may have changed a field the proxy stage's head scan looks at.
     pub(crate) fn head_touched(&self) -> bool {
@@ -331,5 +353,29 @@ impl FilterCtx {
             Some(x) => (x.path.take(), x.host.take()),
             None => (None, None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_back_headers_replaces_placeholders_and_maps() {
+        let map = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-a", HeaderValue::from_static(v));
+            h
+        };
+        // A placeholder left by `mem::take` (forgotten: it owns nothing).
+        let mut dst = map("1");
+        let taken = std::mem::take(&mut dst);
+        assert_eq!(dst.capacity(), 0);
+        put_back_headers(&mut dst, taken);
+        assert_eq!(dst["x-a"], "1");
+        // A map with contents in `dst` is replaced (and dropped) all the same.
+        put_back_headers(&mut dst, map("2"));
+        assert_eq!(dst["x-a"], "2");
+        assert_eq!(dst.len(), 1);
     }
 }

@@ -19,6 +19,7 @@ pub(crate) use body::{
     read_request as read_request_body, read_response as read_response_body,
     set_length as set_body_length,
 };
+pub(crate) use ctx::put_back_headers;
 pub use ctx::{CtxState, FilterCtx};
 pub(crate) use source::collect as collect_sources;
 pub use source::{FilterSource, Reloader};
@@ -223,7 +224,10 @@ impl Matcher {
                 .as_deref()
                 .is_none_or(|p| ctx.path().starts_with(p))
             && (self.methods.is_empty() || self.methods.contains(&ctx.method))
-            && self.headers.iter().all(|h| ctx.headers.contains_key(h))
+            && self
+                .headers
+                .iter()
+                .all(|h| ctx.request_headers().contains_key(h))
     }
 }
 

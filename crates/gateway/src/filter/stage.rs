@@ -207,11 +207,11 @@ impl FilterChain {
     pub(crate) fn start_debug(&self, ctx: &mut FilterCtx) {
         if let Some((name, secret)) = &self.debug {
             let hit = ctx
-                .headers
+                .request_headers()
                 .get(name)
                 .is_some_and(|v| builtin::constant_time_eq(v.as_bytes(), secret));
             if hit {
-                ctx.headers.remove(name);
+                ctx.remove_request_header(name);
                 ctx.extras().debug = Some(Vec::new());
                 ctx.timed = true;
             }
@@ -254,9 +254,9 @@ impl FilterChain {
     /// The request headers to forward after `inbound` (a copy stays for post/error filters).
     pub(crate) fn request_headers(&self, ctx: &mut FilterCtx) -> HeaderMap {
         if self.outbound {
-            ctx.headers.clone()
+            ctx.request_headers().clone()
         } else {
-            std::mem::take(&mut ctx.headers)
+            ctx.headers.take().unwrap_or_default()
         }
     }
 
@@ -289,7 +289,7 @@ impl FilterChain {
             Ok(()) => {
                 let (s, h) = ctx.response.take().unwrap_or_default();
                 *status = s;
-                *headers = h;
+                super::ctx::put_back_headers(headers, h);
                 *raw = ctx.raw_response.take();
                 ctx.raw_view = std::cell::OnceCell::new();
                 Self::stamp_debug(ctx, headers, raw);
