@@ -274,7 +274,8 @@ async fn proxy(
     if !snapshot.filters.is_empty() {
         let headers = std::mem::take(&mut parts.headers);
         let tls = cx.client.tls.as_ref();
-        let mut ctx = FilterCtx::new(&parts, headers, cx.peer, tls, route.name.clone());
+        let rid_name = &listener.request_id_header;
+        let mut ctx = FilterCtx::new(&parts, headers, cx.peer, tls, route.name.clone(), rid_name);
         snapshot.filters.start_debug(&mut ctx);
         if snapshot.filters.wants_request_body(&ctx) {
             let cap = snapshot
@@ -301,7 +302,10 @@ async fn proxy(
         let headers = snapshot.filters.request_headers(&mut ctx);
         crate::filter::put_back_headers(&mut parts.headers, headers);
         // A filter that set the request id header itself wins over a generated one.
-        if rid_added && parts.headers.contains_key(&listener.request_id_header) {
+        if rid_added
+            && ctx.may_have_set_request_id()
+            && parts.headers.contains_key(&listener.request_id_header)
+        {
             rid_added = false;
         }
         if let Some(b) = ctx.take_request_body() {

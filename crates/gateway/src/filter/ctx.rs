@@ -48,6 +48,13 @@ pub struct CtxState {
     /// The request head may have changed in a field the proxy stage's head scan looks at
     /// (framing, hop-by-hop, Host, Expect): it scans again only then.
     head_touched: bool,
+    /// A filter may have set the request id field (it set or appended a field whose name is
+    /// as long as that field's, or changed the map through `request_headers_mut`): only
+    /// then does the proxy stage look for it in the map before adding a generated id.
+    /// Comparing lengths is a cheap over-approximation of comparing names.
+    may_set_request_id: bool,
+    /// The length of the listener's request id field name.
+    request_id_len: usize,
     /// The filter runs of this request are timed (sampled, or debug mode).
     pub(super) timed: bool,
     pub(super) method: Method,
@@ -105,12 +112,14 @@ pub(crate) fn put_back_headers(dst: &mut HeaderMap, map: HeaderMap) {
 impl FilterCtx {
     /// A context for the request head `parts` with its headers moved in (they go back with
     /// [`FilterChain::request_headers`]).
+    /// `request_id`: the listener's request id field name.
     pub(crate) fn new(
         parts: &http::request::Parts,
         headers: HeaderMap,
         client: SocketAddr,
         tls: Option<&crate::tls::TlsFacts>,
         route: Arc<str>,
+        request_id: &HeaderName,
     ) -> FilterCtx {
         // Allocated before the state is built, so the state is written in place rather than
         // built on the stack and copied in (a ~600-byte copy per request).
@@ -120,6 +129,8 @@ impl FilterCtx {
             CtxState {
                 stage: FilterStage::Pre,
                 head_touched: false,
+                may_set_request_id: false,
+                request_id_len: request_id.as_str().len(),
                 timed: super::stage::sample_timing(),
                 method: parts.method.clone(),
                 uri: parts.uri.clone(),
@@ -158,7 +169,8 @@ impl FilterCtx {
         *req.method_mut() = method;
         *req.uri_mut() = uri.parse().expect("valid uri");
         let (parts, ()) = req.into_parts();
-        FilterCtx::new(&parts, headers, client, None, "test".into())
+        let request_id = HeaderName::from_static("x-request-id");
+        FilterCtx::new(&parts, headers, client, None, "test".into(), &request_id)
     }
 
     /// The stage now running.
@@ -185,16 +197,19 @@ impl FilterCtx {
     /// `set`/`append`/`remove_request_header` methods do so only for the fields it scans.
     pub fn request_headers_mut(&mut self) -> &mut HeaderMap {
         self.head_touched = true;
+        self.may_set_request_id = true;
         self.headers.get_or_insert_with(HeaderMap::new)
     }
     pub fn set_request_header(&mut self, name: HeaderName, value: HeaderValue) {
         self.head_touched |= crate::headers::affects_head_scan(&name);
+        self.may_set_request_id |= name.as_str().len() == self.request_id_len;
         self.headers
             .get_or_insert_with(HeaderMap::new)
             .insert(name, value);
     }
     pub fn append_request_header(&mut self, name: HeaderName, value: HeaderValue) {
         self.head_touched |= crate::headers::affects_head_scan(&name);
+        self.may_set_request_id |= name.as_str().len() == self.request_id_len;
         self.headers
             .get_or_insert_with(HeaderMap::new)
             .append(name, value);
@@ -208,7 +223,14 @@ impl FilterCtx {
     /// Apply compiled header edits to the request.
     pub(crate) fn edit_request_headers(&mut self, edits: &crate::headers::HeaderEdits) {
         self.head_touched |= edits.affects_head_scan();
+        let len = self.request_id_len;
+        self.may_set_request_id |=
+            (edits.set.iter().chain(&edits.add)).any(|(n, _)| n.as_str().len() == len);
         edits.apply(self.headers.get_or_insert_with(HeaderMap::new));
+    }
+    /// Whether a filter may have set the request id field (see `may_set_request_id`).
+    pub(crate) fn may_have_set_request_id(&self) -> bool {
+        self.may_set_request_id
     }
     /// Whether a filter may have changed a field the proxy stage's head scan looks at.
     pub(crate) fn head_touched(&self) -> bool {
