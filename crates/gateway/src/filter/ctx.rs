@@ -68,10 +68,13 @@ pub struct CtxState {
     pub(super) route: Arc<str>,
     pub(crate) cluster: Option<Arc<str>>,
     pub(super) local: Option<Box<LocalResponse>>,
-    pub(super) response: Option<(StatusCode, HeaderMap)>,
-    /// `post`: the origin's head kept in wire form (`headers::RawHead`); while it is here the
-    /// map in `response` is empty, and reads see `raw_view`, a map built from it on the
-    /// first read. Appending keeps it; any other change replaces it with the map.
+    /// `post`: the response status (`None` before the post stage).
+    pub(super) response_status: Option<StatusCode>,
+    /// `post`: the response fields as a map, unless they are in `raw_response`.
+    pub(super) response_headers: Option<HeaderMap>,
+    /// `post`: the origin's head kept in wire form (`headers::RawHead`), moved here instead
+    /// of a map; reads see `raw_view`, a map built from it on the first read. Appending keeps
+    /// it; any other change replaces it with the map in `response_headers`.
     pub(super) raw_response: Option<crate::headers::RawHead>,
     pub(super) raw_view: std::cell::OnceCell<HeaderMap>,
     extras: Option<Box<Extras>>,
@@ -140,7 +143,8 @@ impl FilterCtx {
                 route,
                 cluster: None,
                 local: None,
-                response: None,
+                response_status: None,
+                response_headers: None,
                 raw_response: None,
                 raw_view: std::cell::OnceCell::new(),
                 extras: None,
@@ -304,28 +308,28 @@ impl FilterCtx {
 
     /// `post`: the response status.
     pub fn response_status(&self) -> Option<StatusCode> {
-        self.response.as_ref().map(|r| r.0)
+        self.response_status
     }
     pub fn set_response_status(&mut self, status: StatusCode) {
-        if let Some(r) = self.response.as_mut() {
-            r.0 = status;
+        if let Some(s) = self.response_status.as_mut() {
+            *s = status;
         }
     }
     /// `post`: the response headers.
     pub fn response_headers(&self) -> Option<&HeaderMap> {
-        let r = self.response.as_ref()?;
-        Some(match &self.raw_response {
-            Some(raw) => self.raw_view.get_or_init(|| raw.to_map()),
-            None => &r.1,
-        })
+        self.response_status?;
+        match &self.raw_response {
+            Some(raw) => Some(self.raw_view.get_or_init(|| raw.to_map())),
+            None => self.response_headers.as_ref(),
+        }
     }
     pub fn response_headers_mut(&mut self) -> Option<&mut HeaderMap> {
+        self.response_status?;
         let s = &mut *self.0;
-        let r = s.response.as_mut()?;
         if let Some(raw) = s.raw_response.take() {
-            r.1 = s.raw_view.take().unwrap_or_else(|| raw.to_map());
+            s.response_headers = Some(s.raw_view.take().unwrap_or_else(|| raw.to_map()));
         }
-        Some(&mut r.1)
+        Some(s.response_headers.get_or_insert_with(HeaderMap::new))
     }
     /// `post`: append a response field (cheaper than through [`Self::response_headers_mut`]
     /// while the origin's head is still in wire form).
@@ -343,19 +347,20 @@ impl FilterCtx {
             return;
         }
         let s = &mut *self.0;
-        let Some(r) = s.response.as_mut() else {
+        if s.response_status.is_none() {
             return;
-        };
-        match s.raw_response.as_mut() {
-            Some(raw) => {
+        }
+        match (s.raw_response.as_mut(), s.response_headers.as_mut()) {
+            (Some(raw), _) => {
                 raw.push(name.as_str().as_bytes(), value.as_bytes());
                 if let Some(view) = s.raw_view.get_mut() {
                     view.append(name.clone(), value.clone());
                 }
             }
-            None => {
-                r.1.append(name.clone(), value.clone());
+            (None, Some(map)) => {
+                map.append(name.clone(), value.clone());
             }
+            (None, None) => {}
         }
     }
 

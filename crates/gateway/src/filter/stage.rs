@@ -277,8 +277,12 @@ impl FilterChain {
             Self::stamp_debug(ctx, headers, raw);
             return Ok(());
         }
-        ctx.response = Some((*status, std::mem::take(headers)));
-        ctx.raw_response = raw.take();
+        // The fields move in as they are: the wire-form head, else the map.
+        ctx.response_status = Some(*status);
+        match raw.take() {
+            Some(r) => ctx.raw_response = Some(r),
+            None => ctx.response_headers = Some(std::mem::take(headers)),
+        }
         // `run_stage` written out, as in `inbound`.
         let ran = match self.run_sync(post, 0, ctx) {
             Ok(None) => Ok(()),
@@ -287,11 +291,20 @@ impl FilterChain {
         };
         match ran {
             Ok(()) => {
-                let (s, h) = ctx.response.take().unwrap_or_default();
-                *status = s;
-                super::ctx::put_back_headers(headers, h);
-                *raw = ctx.raw_response.take();
-                ctx.raw_view = std::cell::OnceCell::new();
+                if let Some(s) = ctx.response_status.take() {
+                    *status = s;
+                }
+                // A map (moved in, or built from the wire form by a change) replaces the
+                // fields; a wire-form head still here goes back as it is.
+                if ctx.response_headers.is_some() {
+                    if let Some(h) = ctx.response_headers.take() {
+                        super::ctx::put_back_headers(headers, h);
+                    }
+                }
+                if ctx.raw_response.is_some() {
+                    *raw = ctx.raw_response.take();
+                    ctx.raw_view.take();
+                }
                 Self::stamp_debug(ctx, headers, raw);
                 Ok(())
             }
