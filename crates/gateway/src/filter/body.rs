@@ -13,6 +13,7 @@ use crate::error::{Error, Kind};
 
 impl FilterChain {
     /// Whether a `pre`/`route` filter that needs the request body matches this request.
+    #[inline]
     pub(crate) fn wants_request_body(&self, ctx: &FilterCtx) -> bool {
         self.request_body
             && self
@@ -23,6 +24,7 @@ impl FilterChain {
 
     /// Whether a `post` filter that needs the response body matches this request (and the
     /// response can have a body at all: not HEAD, 204 or 304).
+    #[inline]
     pub(crate) fn wants_response_body(&self, ctx: &FilterCtx, status: http::StatusCode) -> bool {
         self.response_body
             && ctx.method() != http::Method::HEAD

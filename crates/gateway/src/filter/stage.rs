@@ -204,7 +204,15 @@ impl FilterChain {
 
     /// Debug mode: when the request carries the secret, trace this request's filters (and
     /// remove the header so it never reaches the origin).
+    #[inline]
     pub(crate) fn start_debug(&self, ctx: &mut FilterCtx) {
+        if self.debug.is_some() {
+            self.check_debug_secret(ctx);
+        }
+    }
+
+    #[cold]
+    fn check_debug_secret(&self, ctx: &mut FilterCtx) {
         if let Some((name, secret)) = &self.debug {
             let hit = ctx
                 .request_headers()
@@ -219,7 +227,19 @@ impl FilterChain {
     }
 
     /// Debug mode: the trace as the `x-keymaster-filters` response header.
+    #[inline]
     fn stamp_debug(
+        ctx: &mut FilterCtx,
+        headers: &mut HeaderMap,
+        raw: &mut Option<crate::headers::RawHead>,
+    ) {
+        if ctx.debug_trace().is_some() {
+            Self::stamp_trace(ctx, headers, raw);
+        }
+    }
+
+    #[cold]
+    fn stamp_trace(
         ctx: &mut FilterCtx,
         headers: &mut HeaderMap,
         raw: &mut Option<crate::headers::RawHead>,
