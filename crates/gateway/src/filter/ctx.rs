@@ -3,7 +3,8 @@
 //! response head (kept in wire form while filters only append to it).
 
 use http::header::{HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Request, StatusCode, Uri};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, Method, Request, StatusCode};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -58,7 +59,9 @@ pub struct CtxState {
     /// The filter runs of this request are timed (sampled, or debug mode).
     pub(super) timed: bool,
     pub(super) method: Method,
-    uri: Uri,
+    /// The request target's path and query, as the client sent them (`None` for a target
+    /// without a path: the authority form). A copy of less than the whole URI.
+    target: Option<PathAndQuery>,
     /// The request headers: moved in for `pre` and `route`; afterwards the copy kept for
     /// `post` and `error` filters that asked for it, else none (reads see an empty map).
     pub(super) headers: Option<HeaderMap>,
@@ -136,7 +139,7 @@ impl FilterCtx {
                 request_id_len: request_id.as_str().len(),
                 timed: super::stage::sample_timing(),
                 method: parts.method.clone(),
-                uri: parts.uri.clone(),
+                target: parts.uri.path_and_query().cloned(),
                 headers: Some(headers),
                 client,
                 tls: tls.map(|t| t.client_identity.clone()),
@@ -186,10 +189,10 @@ impl FilterCtx {
     }
     /// The request path as the client sent it.
     pub fn path(&self) -> &str {
-        self.uri.path()
+        self.target.as_ref().map_or("", PathAndQuery::path)
     }
     pub fn query(&self) -> Option<&str> {
-        self.uri.query()
+        self.target.as_ref()?.query()
     }
     /// Request headers. Changes take effect in `pre` and `route`. In `post` and `error` this
     /// is a copy as it was after the `route` stage when a filter of those stages declares
@@ -386,6 +389,24 @@ impl FilterCtx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_and_query_read_as_from_the_uri() {
+        let client = SocketAddr::from(([127, 0, 0, 1], 1));
+        for target in [
+            "/a/b?x=1",
+            "/",
+            "*",
+            "http://h.example/p?q",
+            "http://h.example",
+            "h.example:443",
+        ] {
+            let uri: http::Uri = target.parse().unwrap();
+            let ctx = FilterCtx::for_test(Method::GET, target, HeaderMap::new(), client);
+            assert_eq!(ctx.path(), uri.path(), "{target}");
+            assert_eq!(ctx.query(), uri.query(), "{target}");
+        }
+    }
 
     #[test]
     fn put_back_headers_replaces_placeholders_and_maps() {
