@@ -24,7 +24,7 @@ use crate::access_log::LogRecord;
 use crate::body::{OriginBody, RequestBody, RequestBodyState, ResponseBody};
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind, Side};
-use crate::filter::FilterCtx;
+use crate::filter::{ClusterChoice, FilterCtx};
 use crate::headers::{self as hdr, parse_content_length};
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
@@ -320,11 +320,15 @@ async fn proxy(
                 host_value = parts.headers.get(header::HOST).cloned();
             }
         }
-        if let Some(name) = ctx.cluster.take() {
-            let c = snapshot.clusters.get(&*name).ok_or_else(|| {
-                Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")
-            })?;
-            cluster = Some(c.clone());
+        match ctx.take_cluster() {
+            None => {}
+            Some(ClusterChoice::Resolved(c)) => cluster = Some(c),
+            Some(ClusterChoice::Named(name)) => {
+                let c = snapshot.clusters.get(&*name).ok_or_else(|| {
+                    Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")
+                })?;
+                cluster = Some(c.clone());
+            }
         }
         (upstream_path, upstream_host) = ctx.take_upstream_overrides();
         info.fctx = Some(ctx);

@@ -58,7 +58,7 @@ impl Snapshot {
                 .map_err(|e| format!("route {}: {e}", r.name))?;
             routes.push((r.priority, Arc::new(route)));
         }
-        let filters = FilterChain::build(&config, natives, metrics)?;
+        let filters = FilterChain::build(&config, natives, metrics, &clusters)?;
         let mut live_origins = Vec::new();
         for s in clusters.values().flat_map(|c| c.servers.iter()) {
             let id = s.state.id;

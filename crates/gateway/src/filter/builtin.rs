@@ -22,6 +22,7 @@ pub(super) fn compile(
     f: &FilterConfig,
     redis: &RedisConfig,
     metrics: &Metrics,
+    clusters: &super::Clusters,
 ) -> Result<Vec<FilterSpec>, String> {
     let spec = |stage: FilterStage, filter: Arc<dyn Filter>| FilterSpec {
         name: f.name.clone(),
@@ -113,7 +114,16 @@ pub(super) fn compile(
         }
         FilterType::Jwt => one(Arc::new(super::jwt::Jwt::compile(f)?)),
         FilterType::Reroute => one(Arc::new(Reroute {
-            cluster: f.cluster.as_deref().map(Arc::from),
+            cluster: f
+                .cluster
+                .as_deref()
+                .map(|name| {
+                    clusters
+                        .get(name)
+                        .cloned()
+                        .ok_or_else(|| format!("unknown cluster {name:?}"))
+                })
+                .transpose()?,
             path: f.path.clone(),
             host: f.host.as_deref().map(value).transpose()?,
         })),
@@ -486,8 +496,9 @@ fn limited(ctx: &mut FilterCtx, decision: Result<(), u64>) {
 }
 
 struct Reroute {
-    /// Shared with each request that picks it: no allocation per request.
-    cluster: Option<Arc<str>>,
+    /// The cluster of this config version, found when the chain is built: no lookup per
+    /// request.
+    cluster: Option<Arc<crate::upstream::Cluster>>,
     path: Option<String>,
     host: Option<HeaderValue>,
 }
@@ -501,7 +512,7 @@ impl Filter for Reroute {
     }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         if let Some(c) = &self.cluster {
-            ctx.set_cluster(c.clone());
+            ctx.choose_cluster(c.clone());
         }
         if let Some(p) = &self.path {
             let target = match ctx.query() {

@@ -69,7 +69,7 @@ pub struct CtxState {
     /// TLS listeners: the verified client certificate identity (mTLS), if any.
     tls: Option<Option<String>>,
     pub(super) route: Arc<str>,
-    pub(crate) cluster: Option<Arc<str>>,
+    cluster: Option<ClusterChoice>,
     pub(super) local: Option<Box<LocalResponse>>,
     /// `post`: the response status (`None` before the post stage).
     pub(super) response_status: Option<StatusCode>,
@@ -81,6 +81,13 @@ pub struct CtxState {
     pub(super) raw_response: Option<crate::headers::RawHead>,
     pub(super) raw_view: std::cell::OnceCell<HeaderMap>,
     extras: Option<Box<Extras>>,
+}
+
+/// The cluster a filter chose: by name (the proxy stage looks it up in the request's config
+/// version), or one the chain found when it was built (a `reroute` filter).
+pub(crate) enum ClusterChoice {
+    Named(Arc<str>),
+    Resolved(Arc<crate::upstream::Cluster>),
 }
 
 /// The parts of a context few requests use (see [`CtxState`]).
@@ -274,7 +281,16 @@ impl FilterCtx {
     /// Route stage (or pre): send to this cluster instead of the route's. An unknown name
     /// fails the request with 500.
     pub fn set_cluster(&mut self, name: impl Into<Arc<str>>) {
-        self.cluster = Some(name.into());
+        self.cluster = Some(ClusterChoice::Named(name.into()));
+    }
+    /// [`Self::set_cluster`] with the cluster itself, found when the chain was built (it
+    /// belongs to the same config version as the request).
+    pub(crate) fn choose_cluster(&mut self, cluster: Arc<crate::upstream::Cluster>) {
+        self.cluster = Some(ClusterChoice::Resolved(cluster));
+    }
+    /// After the route stage: the cluster a filter chose, if any.
+    pub(crate) fn take_cluster(&mut self) -> Option<ClusterChoice> {
+        self.cluster.take()
     }
     /// Route stage (or pre): the path and query sent upstream; replaces the route's rewrite.
     pub fn set_upstream_path(&mut self, path_and_query: impl Into<String>) {
@@ -286,7 +302,10 @@ impl FilterCtx {
     }
     /// The cluster chosen by a filter so far, if any.
     pub fn upstream_cluster(&self) -> Option<&str> {
-        self.cluster.as_deref()
+        match self.cluster.as_ref()? {
+            ClusterChoice::Named(name) => Some(name),
+            ClusterChoice::Resolved(c) => Some(&c.config.name),
+        }
     }
 
     /// `pre`/`route`: answer the request here (the proxy stage and later pre/route filters

@@ -20,6 +20,7 @@ pub(crate) use body::{
     set_length as set_body_length,
 };
 pub(crate) use ctx::put_back_headers;
+pub(crate) use ctx::ClusterChoice;
 pub use ctx::{CtxState, FilterCtx};
 pub(crate) use source::collect as collect_sources;
 pub use source::{FilterSource, Reloader};
@@ -179,6 +180,9 @@ pub struct Failure {
     pub message: String,
 }
 
+/// A config version's clusters by name.
+pub(crate) type Clusters = rustc_hash::FxHashMap<String, Arc<crate::upstream::Cluster>>;
+
 /// A declarative match compiled.
 struct Matcher {
     /// Nothing to check: every request matches.
@@ -275,15 +279,17 @@ fn idx(stage: FilterStage) -> usize {
 
 impl FilterChain {
     /// Compile the config's `[[filters]]` plus the filters registered in code.
+    /// `clusters`: the config version's, for filters that choose one by name.
     pub(crate) fn build(
         config: &keymaster_config::Config,
         natives: &[FilterSpec],
         metrics: &Metrics,
+        clusters: &Clusters,
     ) -> Result<FilterChain, String> {
         let mut specs: Vec<FilterSpec> = Vec::new();
         for f in &config.filters {
             specs.extend(
-                builtin::compile(f, &config.redis, metrics)
+                builtin::compile(f, &config.redis, metrics, clusters)
                     .map_err(|e| format!("filter {}: {e}", f.name))?,
             );
         }
