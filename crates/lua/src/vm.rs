@@ -24,14 +24,11 @@
 //! is dropped and rebuilt on its next use (calls still suspended on the old VM finish on it).
 
 use mlua::chunk::ChunkMode;
-use mlua::{
-    ffi, Function, HookTriggers, Lua, LuaOptions, RegistryKey, StdLib, Table, Value, VmState,
-};
+use mlua::{ffi, Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Thread, Value, VmState};
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
@@ -193,16 +190,18 @@ pub(crate) struct Fns {
     pub run: Function,
     /// The file's `ctx` table (`crate::ctx::table_for_file`).
     pub ctx: Table,
-    /// The same values anchored in the registry, for [`pcall`].
-    pub keys: Rc<Keys>,
+    /// A Lua thread of the file's own for synchronous calls ([`pcall`]): its stack holds
+    /// `run`, `ctx` and `should_filter` (at [`RUN`], [`CTX`], [`SHOULD`]) for as long as the
+    /// file is instantiated, so a call pushes them from the stack instead of looking them
+    /// up in the registry. No script can reach it (there is no `coroutine` library).
+    caller: Thread,
+    has_should: bool,
 }
 
-/// A file's `should_filter`, `run` and `ctx` as registry entries.
-pub(crate) struct Keys {
-    pub should: Option<RegistryKey>,
-    pub run: RegistryKey,
-    pub ctx: RegistryKey,
-}
+/// Where [`Fns::caller`]'s stack holds the file's values.
+const RUN: c_int = 1;
+const CTX: c_int = 2;
+const SHOULD: c_int = 3;
 
 /// A failed synchronous call: the error as one line of text (see [`crate::error_text`]) and
 /// whether it was an allocation past the memory cap. Boxed where it is returned, so the
@@ -221,42 +220,41 @@ impl CallError {
     }
 }
 
-/// A protected call of `f(arg)` (registry entries) on the VM's stack, for synchronous
-/// calls: whether its first result is truthy (`truth`; else `Ok(true)`: the result is not
-/// read). mlua's `Function::call` does the same work through its generic machinery (values
-/// moved between its reference thread and the main stack, a traceback handler, result
-/// conversion), which cost several hundred instructions per call more.
-pub(crate) fn pcall(
-    lua: &Lua,
-    f: &RegistryKey,
-    arg: &RegistryKey,
-    truth: bool,
-) -> Result<bool, Box<CallError>> {
+/// A protected call of `run(ctx)` or `should_filter(ctx)` on the file's own thread, for
+/// synchronous calls: whether its first result is truthy (`truth`; else `Ok(true)`: the
+/// result is not read). mlua's `Function::call` does the same work through its generic
+/// machinery (values moved between its reference thread and the main stack, a traceback
+/// handler, result conversion), which cost several hundred instructions per call more.
+fn pcall(lua: &Lua, fns: &Fns, f: c_int, truth: bool) -> Result<bool, Box<CallError>> {
     lua.exec_raw_lua(|raw| {
-        let l = raw.state();
-        // SAFETY: `l` is the VM's main state, not running (synchronous filter calls start
-        // from Rust, never from inside Lua), and `raw` holds mlua's lock on it for this
-        // closure. The stack is checked for the two values pushed; `f` and `arg` are live
-        // registry entries of this VM (their keys are borrowed), and the stack is put back
-        // to where it was before returning, as mlua expects.
+        let t = fns.caller.state();
+        let base = if fns.has_should { SHOULD } else { CTX };
+        // SAFETY: `t` is the file's caller thread, alive while `fns` is (it holds the
+        // thread), never running when a synchronous call starts (these start from Rust,
+        // never from inside Lua: ctx methods call no filter) and never suspended (it is
+        // only used here, and nothing on it can yield: no script reaches it). `raw` holds
+        // mlua's lock on the VM for this closure. Its stack holds exactly `base` values
+        // (`instantiate`) between calls; a call pushes two more, within the LUA_MINSTACK
+        // slots a new thread has, and `lua_settop` puts it back to `base` whatever the
+        // call did. An error value is moved to the main state's stack for
+        // `error_on_top`, which reads and pops it there.
         unsafe {
-            let top = ffi::lua_gettop(l);
-            if ffi::lua_checkstack(l, 2) == 0 {
-                return Err(CallError::new(&mlua::Error::StackError));
-            }
-            // Lua 5.1's `lua_rawgeti` (mlua's `lua_rawgeti` emulates 5.3's, which also
-            // reads the type of the value pushed).
-            ffi::lua_rawgeti_(l, ffi::LUA_REGISTRYINDEX, f.id());
-            ffi::lua_rawgeti_(l, ffi::LUA_REGISTRYINDEX, arg.id());
-            let rc = ffi::lua_pcall(l, 1, c_int::from(truth), 0);
+            ffi::lua_pushvalue(t, f);
+            ffi::lua_pushvalue(t, CTX);
+            let rc = ffi::lua_pcall(t, 1, c_int::from(truth), 0);
             let r = if rc != ffi::LUA_OK {
-                Err(CallError::new(&error_on_top(raw, rc)))
+                let l = raw.state();
+                let top = ffi::lua_gettop(l);
+                ffi::lua_xmove(t, l, 1);
+                let e = CallError::new(&error_on_top(raw, rc));
+                ffi::lua_settop(l, top);
+                Err(e)
             } else if truth {
-                Ok(ffi::lua_toboolean(l, -1) != 0)
+                Ok(ffi::lua_toboolean(t, -1) != 0)
             } else {
                 Ok(true)
             };
-            ffi::lua_settop(l, top);
+            ffi::lua_settop(t, base);
             r
         }
     })
@@ -335,15 +333,32 @@ fn instantiate(lua: &Lua, set: &LuaSet) -> mlua::Result<Vec<Fns>> {
         let should: Option<Function> = t.get("should_filter")?;
         let run: Function = t.get("run")?;
         let ctx = crate::ctx::table_for_file(lua)?;
-        let keys = Keys {
-            should: should.map(|f| lua.create_registry_value(f)).transpose()?,
-            run: lua.create_registry_value(run.clone())?,
-            ctx: lua.create_registry_value(ctx.clone())?,
-        };
+        // The caller thread's stack: `run` (put there by `create_thread`), `ctx`, then
+        // `should_filter` if the file has one.
+        let caller = lua.create_thread(run.clone())?;
+        lua.exec_raw_lua(|raw| -> mlua::Result<()> {
+            let (l, t) = (raw.state(), caller.state());
+            // SAFETY: `l` is the VM's main state and `t` a thread of it that never ran;
+            // each value is pushed on `l` (checked for room) and moved to `t`, whose fresh
+            // stack has room for the three values it will hold. `l` ends as it began.
+            unsafe {
+                if ffi::lua_checkstack(l, 2) == 0 {
+                    return Err(mlua::Error::StackError);
+                }
+                raw.push(ctx.clone())?;
+                ffi::lua_xmove(l, t, 1);
+                if let Some(should) = &should {
+                    raw.push(should.clone())?;
+                    ffi::lua_xmove(l, t, 1);
+                }
+            }
+            Ok(())
+        })?;
         out.push(Fns {
             run,
             ctx,
-            keys: Rc::new(keys),
+            caller,
+            has_should: should.is_some(),
         });
     }
     Ok(out)
@@ -416,14 +431,14 @@ fn try_call(set: &LuaSet, index: usize, entry: Entry, lent: Lent) -> Option<Resu
         let Some(fns) = all.get(index) else {
             return Some((Err("lua filter index out of range".to_string()), None));
         };
-        let f = match (entry, &fns.keys.should) {
-            (Entry::Run, _) => &fns.keys.run,
-            (Entry::ShouldFilter, Some(should)) => should,
-            (Entry::ShouldFilter, None) => return Some((Ok(true), None)),
+        let f = match (entry, fns.has_should) {
+            (Entry::Run, _) => RUN,
+            (Entry::ShouldFilter, true) => SHOULD,
+            (Entry::ShouldFilter, false) => return Some((Ok(true), None)),
         };
         let truth = matches!(entry, Entry::ShouldFilter);
         let r = with_budget(set.settings.budget, || {
-            lent.during(|| pcall(&vm.lua, f, &fns.keys.ctx, truth))
+            lent.during(|| pcall(&vm.lua, fns, f, truth))
         });
         let memory_error = matches!(&r, Err(e) if e.memory);
         let full = over_cap(&vm.lua, set.settings.memory_limit, memory_error);
