@@ -6,7 +6,9 @@
 //! built-ins, Lua files that cannot suspend) run in [`FilterChain::run_sync`], a plain loop;
 //! only a filter that may await is run from an async frame ([`FilterChain::run_from`]),
 //! after which the plain loop goes on. A chain of synchronous filters therefore runs without
-//! a future per stage or per filter.
+//! a future per stage or per filter: `inbound` and `outbound` return a [`Staged`] that is
+//! ready at once, and box the rest of their stage only when a filter may suspend or one
+//! failed (the error stage may await).
 
 use futures_util::FutureExt;
 use http::header::{HeaderName, HeaderValue};
@@ -19,6 +21,31 @@ use super::{
     builtin, Entry, Failure, FilterChain, FilterCtx, FilterError, FilterFuture, FilterStage, Run,
 };
 use crate::body::ResponseBody;
+
+/// A stage's outcome as a future: ready at once when every filter of the stage ran
+/// synchronously (no future made), else a boxed future that finishes the stage.
+pub(crate) enum Staged<'a, T> {
+    Ready(Option<T>),
+    Pending(std::pin::Pin<Box<dyn Future<Output = T> + 'a>>),
+}
+
+impl<'a, T> Staged<'a, T> {
+    fn boxed(f: impl Future<Output = T> + 'a) -> Self {
+        Staged::Pending(Box::pin(f))
+    }
+}
+
+impl<T: Unpin> Future for Staged<'_, T> {
+    type Output = T;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        match self.get_mut() {
+            Staged::Ready(v) => {
+                std::task::Poll::Ready(v.take().expect("stage polled after completion"))
+            }
+            Staged::Pending(f) => f.as_mut().poll(cx),
+        }
+    }
+}
 
 /// A filter's result, or the payload of its panic.
 type Outcome = Result<Result<(), FilterError>, Box<dyn std::any::Any + Send>>;
@@ -255,20 +282,24 @@ impl FilterChain {
     }
 
     /// Run `pre` then `route`. `true`: proxy the request. `false`: answer it with
-    /// [`FilterChain::local_response`] (a filter responded, or one failed).
-    pub(crate) async fn inbound(&self, ctx: &mut FilterCtx) -> bool {
+    /// [`FilterChain::local_response`] (a filter responded, or one failed). Ready at once
+    /// when every filter ran synchronously and none failed.
+    pub(crate) fn inbound<'a>(&'a self, ctx: &'a mut FilterCtx) -> Staged<'a, bool> {
         let entries = self.pre_and_route();
-        // `run_stage` written out: no nested future when every filter is synchronous.
-        let ran = match self.run_sync(entries, 0, ctx) {
-            Ok(None) => Ok(()),
-            Ok(Some(at)) => self.run_from(entries, at, ctx).await,
-            Err(f) => Err(f),
-        };
-        if let Err(f) = ran {
-            self.fail(ctx, f).await;
-            return false;
+        match self.run_sync(entries, 0, ctx) {
+            Ok(None) => Staged::Ready(Some(ctx.local.is_none())),
+            Ok(Some(at)) => Staged::boxed(async move {
+                if let Err(f) = self.run_from(entries, at, ctx).await {
+                    self.fail(ctx, f).await;
+                    return false;
+                }
+                ctx.local.is_none()
+            }),
+            Err(f) => Staged::boxed(async move {
+                self.fail(ctx, f).await;
+                false
+            }),
         }
-        ctx.local.is_none()
     }
 
     /// The request headers to forward after `inbound` (a copy stays for post/error filters).
@@ -281,21 +312,22 @@ impl FilterChain {
     }
 
     /// Run `post` over a proxied response head. `Err(response)`: a post filter failed and
-    /// this (error-stage or 500) response replaces the origin's.
+    /// this (error-stage or 500) response replaces the origin's. Ready at once when every
+    /// post filter ran synchronously and none failed.
     /// `raw`: the origin's head in wire form, when kept so (`headers` is then empty); it
     /// comes back as it is, with fields appended, or as `None` with the fields in `headers`.
-    pub(crate) async fn outbound(
-        &self,
-        ctx: &mut FilterCtx,
-        status: &mut StatusCode,
-        headers: &mut HeaderMap,
-        raw: &mut Option<crate::headers::RawHead>,
-        failed: impl Fn() -> Response<ResponseBody>,
-    ) -> Result<(), Response<ResponseBody>> {
+    pub(crate) fn outbound<'a>(
+        &'a self,
+        ctx: &'a mut FilterCtx,
+        status: &'a mut StatusCode,
+        headers: &'a mut HeaderMap,
+        raw: &'a mut Option<crate::headers::RawHead>,
+        failed: impl Fn() -> Response<ResponseBody> + 'a,
+    ) -> Staged<'a, Result<(), Response<ResponseBody>>> {
         let post = self.stage(FilterStage::Post);
         if post.is_empty() {
             Self::stamp_debug(ctx, headers, raw);
-            return Ok(());
+            return Staged::Ready(Some(Ok(())));
         }
         // The fields move in as they are: the wire-form head, else the map.
         ctx.response_status = Some(*status);
@@ -303,40 +335,60 @@ impl FilterChain {
             Some(r) => ctx.raw_response = Some(r),
             None => ctx.response_headers = Some(std::mem::take(headers)),
         }
-        // `run_stage` written out, as in `inbound`.
-        let ran = match self.run_sync(post, 0, ctx) {
-            Ok(None) => Ok(()),
-            Ok(Some(at)) => self.run_from(post, at, ctx).await,
+        // `Ok(at)`: the filter the stage goes on with, asynchronously; `Err`: a failure.
+        let next = match self.run_sync(post, 0, ctx) {
+            Ok(None) => {
+                Self::head_back(ctx, status, headers, raw);
+                return Staged::Ready(Some(Ok(())));
+            }
+            Ok(Some(at)) => Ok(at),
             Err(f) => Err(f),
         };
-        match ran {
-            Ok(()) => {
-                if let Some(s) = ctx.response_status.take() {
-                    *status = s;
+        Staged::boxed(async move {
+            let ran = match next {
+                Ok(at) => self.run_from(post, at, ctx).await,
+                Err(f) => Err(f),
+            };
+            match ran {
+                Ok(()) => {
+                    Self::head_back(ctx, status, headers, raw);
+                    Ok(())
                 }
-                // A map (moved in, or built from the wire form by a change) replaces the
-                // fields; a wire-form head still here goes back as it is.
-                if ctx.response_headers.is_some() {
-                    if let Some(h) = ctx.response_headers.take() {
-                        super::ctx::put_back_headers(headers, h);
-                    }
+                Err(f) => {
+                    // The error stage sees the origin's head as a map.
+                    let _ = ctx.response_headers_mut();
+                    self.fail(ctx, f).await;
+                    let mut r = Self::assemble(ctx, &failed).0;
+                    Self::stamp_debug(ctx, r.headers_mut(), &mut None);
+                    Err(r)
                 }
-                if ctx.raw_response.is_some() {
-                    *raw = ctx.raw_response.take();
-                    ctx.raw_view.take();
-                }
-                Self::stamp_debug(ctx, headers, raw);
-                Ok(())
             }
-            Err(f) => {
-                // The error stage sees the origin's head as a map.
-                let _ = ctx.response_headers_mut();
-                self.fail(ctx, f).await;
-                let mut r = Self::assemble(ctx, &failed).0;
-                Self::stamp_debug(ctx, r.headers_mut(), &mut None);
-                Err(r)
+        })
+    }
+
+    /// After the post stage: the response head back from the context (the status, and the
+    /// fields as a map or still in wire form), with the debug trace.
+    fn head_back(
+        ctx: &mut FilterCtx,
+        status: &mut StatusCode,
+        headers: &mut HeaderMap,
+        raw: &mut Option<crate::headers::RawHead>,
+    ) {
+        if let Some(s) = ctx.response_status.take() {
+            *status = s;
+        }
+        // A map (moved in, or built from the wire form by a change) replaces the fields; a
+        // wire-form head still here goes back as it is.
+        if ctx.response_headers.is_some() {
+            if let Some(h) = ctx.response_headers.take() {
+                super::ctx::put_back_headers(headers, h);
             }
         }
+        if ctx.raw_response.is_some() {
+            *raw = ctx.raw_response.take();
+            ctx.raw_view.take();
+        }
+        Self::stamp_debug(ctx, headers, raw);
     }
 
     /// The response for a request answered by the chain: the filter's response, the error
