@@ -235,27 +235,28 @@ fn pcall(lua: &Lua, fns: &Fns, f: c_int, truth: bool) -> Result<bool, Box<CallEr
         // only used here, and nothing on it can yield: no script reaches it). `raw` holds
         // mlua's lock on the VM for this closure. Its stack holds exactly `base` values
         // (`instantiate`) between calls; a call pushes two more, within the LUA_MINSTACK
-        // slots a new thread has, and `lua_settop` puts it back to `base` whatever the
-        // call did. An error value is moved to the main state's stack for
-        // `error_on_top`, which reads and pops it there.
+        // slots a new thread has. `lua_pcall` pops them and pushes `nresults` results or
+        // one error value, so the stack is back to `base` once the result is read and
+        // popped, or the error value moved to the main state's stack (for `error_on_top`,
+        // which reads it there before it is popped).
         unsafe {
             ffi::lua_pushvalue(t, f);
             ffi::lua_pushvalue(t, CTX);
             let rc = ffi::lua_pcall(t, 1, c_int::from(truth), 0);
-            let r = if rc != ffi::LUA_OK {
+            if rc != ffi::LUA_OK {
                 let l = raw.state();
                 let top = ffi::lua_gettop(l);
                 ffi::lua_xmove(t, l, 1);
                 let e = CallError::new(&error_on_top(raw, rc));
                 ffi::lua_settop(l, top);
-                Err(e)
-            } else if truth {
-                Ok(ffi::lua_toboolean(t, -1) != 0)
-            } else {
-                Ok(true)
-            };
+                return Err(e);
+            }
+            if !truth {
+                return Ok(true); // no result asked for: nothing to pop
+            }
+            let b = ffi::lua_toboolean(t, -1) != 0;
             ffi::lua_settop(t, base);
-            r
+            Ok(b)
         }
     })
 }
@@ -558,6 +559,57 @@ mod tests {
             .set_environment(new_env(lua).unwrap())
             .into_function()
             .unwrap()
+    }
+
+    /// Synchronous calls leave each file's caller thread holding exactly its values again,
+    /// whether the call succeeded, failed, read a result or not (a value left behind on
+    /// every call would outgrow the thread's stack).
+    #[test]
+    fn synchronous_calls_leave_the_caller_thread_as_they_found_it() {
+        use keymaster_gateway::filter::FilterCtx;
+        let dir = tempfile::tempdir().unwrap();
+        for (name, src) in [
+            (
+                "a_both",
+                "return { stage = 'pre', should_filter = function(ctx) return true end, \
+                 run = function(ctx) ctx:set_header('x-a', '1') end }",
+            ),
+            (
+                "b_run",
+                "return { stage = 'pre', run = function(ctx) return 1, 2, 3 end }",
+            ),
+            (
+                "c_fails",
+                "return { stage = 'pre', should_filter = function(ctx) error('no') end, \
+                 run = function(ctx) ctx:set_header('bad name', '1') end }",
+            ),
+        ] {
+            std::fs::write(dir.path().join(format!("{name}.lua")), src).unwrap();
+        }
+        let mut set_settings = settings(64 << 20);
+        set_settings.budget = 1_000_000;
+        let set = Arc::new(crate::set::compile(dir.path(), set_settings).unwrap());
+        let client = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let mut ctx = FilterCtx::for_test(http::Method::GET, "/", Default::default(), client);
+        for _ in 0..200 {
+            for (index, ok) in [(0, true), (1, true), (2, false)] {
+                let should = call(&set, index, Entry::ShouldFilter, Lent::read_only(&ctx));
+                assert_eq!(should.is_ok(), ok, "{should:?}");
+                let run = call(&set, index, Entry::Run, Lent::writable(&mut ctx));
+                assert_eq!(run.is_ok(), ok, "{run:?}");
+            }
+        }
+        WORKER.with(|w| {
+            let w = w.borrow();
+            let vm = w.as_ref().unwrap();
+            for (index, base) in [(0, SHOULD), (1, CTX), (2, SHOULD)] {
+                let fns = functions(vm, &set, index).unwrap();
+                // SAFETY: the caller thread is alive (held by `fns`) and not running;
+                // `lua_gettop` only reads its stack's size.
+                let top = unsafe { ffi::lua_gettop(fns.caller.state()) };
+                assert_eq!(top, base, "file {index}");
+            }
+        });
     }
 
     #[test]
