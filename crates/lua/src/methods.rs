@@ -152,6 +152,9 @@ unsafe fn run(l: *mut lua_State, body: impl Body) -> c_int {
         unsafe { numbers_to_strings(l) };
         result = attempt(l, &body);
     }
+    if let Ok(Out::Nothing) = result {
+        return 0; // the common case of a changing method: no result, nothing to push
+    }
     unsafe { finish(l, result) }
 }
 
