@@ -272,10 +272,9 @@ async fn proxy(
 
     // The filter chain's pre and route stages (docs/filters.md).
     if !snapshot.filters.is_empty() {
-        let headers = std::mem::take(&mut parts.headers);
         let tls = cx.client.tls.as_ref();
         let rid_name = &listener.request_id_header;
-        let mut ctx = FilterCtx::new(&parts, headers, cx.peer, tls, route.name.clone(), rid_name);
+        let mut ctx = FilterCtx::new(&mut parts, cx.peer, tls, route.name.clone(), rid_name);
         snapshot.filters.start_debug(&mut ctx);
         if snapshot.filters.wants_request_body(&ctx) {
             let cap = snapshot
@@ -299,8 +298,9 @@ async fn proxy(
             });
             return Ok(resp);
         }
-        let headers = snapshot.filters.request_headers(&mut ctx);
-        crate::filter::put_back_headers(&mut parts.headers, headers);
+        snapshot
+            .filters
+            .put_back_request_headers(&mut ctx, &mut parts.headers);
         // A filter that set the request id header itself wins over a generated one.
         if rid_added
             && ctx.may_have_set_request_id()

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+#[cfg(doc)]
+use super::FilterChain;
 use super::{Failure, FilterStage};
 
 /// A response set by a filter (`pre`/`route` short-circuit, or an `error` filter).
@@ -123,12 +125,11 @@ pub(crate) fn put_back_headers(dst: &mut HeaderMap, map: HeaderMap) {
 }
 
 impl FilterCtx {
-    /// A context for the request head `parts` with its headers moved in (they go back with
-    /// [`FilterChain::request_headers`]).
+    /// A context for the request head `parts` with its headers moved in, an empty map left in
+    /// their place (they go back with [`super::FilterChain::put_back_request_headers`]).
     /// `request_id`: the listener's request id field name.
     pub(crate) fn new(
-        parts: &http::request::Parts,
-        headers: HeaderMap,
+        parts: &mut http::request::Parts,
         client: SocketAddr,
         tls: Option<&crate::tls::TlsFacts>,
         route: Arc<str>,
@@ -147,7 +148,7 @@ impl FilterCtx {
                 timed: super::stage::sample_timing(),
                 method: parts.method.clone(),
                 target: parts.uri.path_and_query().cloned(),
-                headers: Some(headers),
+                headers: Some(std::mem::take(&mut parts.headers)),
                 client,
                 tls: tls.map(|t| t.client_identity.clone()),
                 route,
@@ -182,9 +183,10 @@ impl FilterCtx {
         let mut req = Request::new(());
         *req.method_mut() = method;
         *req.uri_mut() = uri.parse().expect("valid uri");
-        let (parts, ()) = req.into_parts();
+        let (mut parts, ()) = req.into_parts();
+        parts.headers = headers;
         let request_id = HeaderName::from_static("x-request-id");
-        FilterCtx::new(&parts, headers, client, None, "test".into(), &request_id)
+        FilterCtx::new(&mut parts, client, None, "test".into(), &request_id)
     }
 
     /// The stage now running.

@@ -19,7 +19,6 @@ pub(crate) use body::{
     read_request as read_request_body, read_response as read_response_body,
     set_length as set_body_length,
 };
-pub(crate) use ctx::put_back_headers;
 pub(crate) use ctx::ClusterChoice;
 pub use ctx::{CtxState, FilterCtx};
 pub(crate) use source::collect as collect_sources;

@@ -302,12 +302,13 @@ impl FilterChain {
         }
     }
 
-    /// The request headers to forward after `inbound` (a copy stays for post/error filters).
-    pub(crate) fn request_headers(&self, ctx: &mut FilterCtx) -> HeaderMap {
+    /// After `inbound`: the request headers to forward into `dst`, which holds the placeholder
+    /// [`FilterCtx::new`] left (a copy stays for post/error filters that asked for one).
+    pub(crate) fn put_back_request_headers(&self, ctx: &mut FilterCtx, dst: &mut HeaderMap) {
         if self.outbound {
-            ctx.request_headers().clone()
-        } else {
-            ctx.headers.take().unwrap_or_default()
+            super::ctx::put_back_headers(dst, ctx.request_headers().clone());
+        } else if let Some(h) = ctx.headers.take() {
+            super::ctx::put_back_headers(dst, h);
         }
     }
 
