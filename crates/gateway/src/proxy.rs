@@ -330,7 +330,9 @@ async fn proxy(
                 cluster = Some(c.clone());
             }
         }
-        (upstream_path, upstream_host) = ctx.take_upstream_overrides();
+        if let Some((path, host)) = ctx.take_upstream_overrides() {
+            (upstream_path, upstream_host) = (path, host);
+        }
         info.fctx = Some(ctx);
     }
 

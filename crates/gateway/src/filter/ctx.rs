@@ -398,12 +398,13 @@ impl FilterCtx {
         self.extras_mut()?.debug.as_mut()
     }
 
-    /// After the route stage: the upstream path and Host a filter set, if any.
-    pub(crate) fn take_upstream_overrides(&mut self) -> (Option<String>, Option<HeaderValue>) {
-        match self.extras_mut() {
-            Some(x) => (x.path.take(), x.host.take()),
-            None => (None, None),
-        }
+    /// After the route stage: the upstream path and Host a filter set (`None`: no filter
+    /// touched the rarely used parts of the context, so neither was set).
+    pub(crate) fn take_upstream_overrides(
+        &mut self,
+    ) -> Option<(Option<String>, Option<HeaderValue>)> {
+        let x = self.extras_mut()?;
+        Some((x.path.take(), x.host.take()))
     }
 }
 
