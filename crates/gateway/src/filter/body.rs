@@ -13,21 +13,26 @@ use crate::error::{Error, Kind};
 
 impl FilterChain {
     /// Whether a `pre`/`route` filter that needs the request body matches this request.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn wants_request_body(&self, ctx: &FilterCtx) -> bool {
-        self.request_body
-            && self
-                .pre_and_route()
-                .iter()
-                .any(|e| e.filter.needs_request_body() && e.matcher.matches(ctx))
+        self.request_body && self.request_body_matches(ctx)
+    }
+
+    fn request_body_matches(&self, ctx: &FilterCtx) -> bool {
+        self.pre_and_route()
+            .iter()
+            .any(|e| e.filter.needs_request_body() && e.matcher.matches(ctx))
     }
 
     /// Whether a `post` filter that needs the response body matches this request (and the
     /// response can have a body at all: not HEAD, 204 or 304).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn wants_response_body(&self, ctx: &FilterCtx, status: http::StatusCode) -> bool {
-        self.response_body
-            && ctx.method() != http::Method::HEAD
+        self.response_body && self.response_body_matches(ctx, status)
+    }
+
+    fn response_body_matches(&self, ctx: &FilterCtx, status: http::StatusCode) -> bool {
+        ctx.method() != http::Method::HEAD
             && status != http::StatusCode::NO_CONTENT
             && status != http::StatusCode::NOT_MODIFIED
             && self

@@ -369,6 +369,7 @@ impl FilterChain {
 
     /// After the post stage: the response head back from the context (the status, and the
     /// fields as a map or still in wire form), with the debug trace.
+    #[inline(always)]
     fn head_back(
         ctx: &mut FilterCtx,
         status: &mut StatusCode,
