@@ -7,12 +7,14 @@
 #
 # usage: scripts/filter-instructions-per-request.sh [N1] [N2]
 # needs: valgrind, python3, target/release/keymaster
+# env: KM (the binary), STUB_PORT and PORT (defaults 18281 and 18290), CONFIGS (default
+# "none native lua")
 set -euo pipefail
 N1=${1:-200}
 N2=${2:-700}
 KM=${KM:-$(dirname "$0")/../target/release/keymaster}
-STUB_PORT=18281
-PORT=18290
+STUB_PORT=${STUB_PORT:-18281}
+PORT=${PORT:-18290}
 # shellcheck source=lib/callgrind-common.sh
 . "$(dirname "$0")/lib/callgrind-common.sh"
 
@@ -29,7 +31,7 @@ measure() { # config count
 # shellcheck source=lib/filter-configs.sh
 . "$(dirname "$0")/lib/filter-configs.sh"
 
-for c in none native lua; do
+for c in ${CONFIGS:-none native lua}; do
   a=$(measure "$WORK/$c.toml" "$N1")
   b=$(measure "$WORK/$c.toml" "$N2")
   awk -v n="$c" -v a="$a" -v b="$b" -v n1="$N1" -v n2="$N2" \

@@ -296,6 +296,85 @@ async fn file_list_change_is_picked_up_and_a_malformed_file_keeps_the_list() {
     assert_eq!((a.served(), b.served()), (6, 16));
 }
 
+/// A `FilterSource` (the Lua host's way in) whose one post filter stamps `x-from-source`.
+struct Stamping;
+impl keymaster_gateway::filter::FilterSource for Stamping {
+    fn build(
+        &self,
+        _: &keymaster_config::Config,
+    ) -> Result<Vec<keymaster_gateway::filter::FilterSpec>, String> {
+        Ok(vec![keymaster_gateway::filter::FilterSpec::new(
+            "stamp",
+            keymaster_config::FilterStage::Post,
+            0,
+            Stamp,
+        )])
+    }
+}
+
+struct Stamp;
+impl keymaster_gateway::filter::Filter for Stamp {
+    fn run<'a>(
+        &'a self,
+        ctx: &'a mut keymaster_gateway::filter::FilterCtx,
+    ) -> keymaster_gateway::filter::FilterFuture<'a> {
+        let (name, value) = ("x-from-source", http::HeaderValue::from_static("1"));
+        ctx.append_response_header(http::HeaderName::from_static(name), value);
+        keymaster_gateway::filter::done(Ok(()))
+    }
+}
+
+/// A discovery update rebuilds the running version with the new server list and every
+/// filter it had, those of filter sources (the Lua host's) included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovery_update_keeps_the_filter_sources_filters() {
+    let a = origin(TcpListener::bind("127.0.0.1:0").await.unwrap(), "a").await;
+    let b = origin(TcpListener::bind("127.0.0.1:0").await.unwrap(), "b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("servers.txt");
+    let write = |text: String| {
+        let tmp = dir.path().join("servers.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &list).unwrap();
+    };
+    write(format!("{}\n", a.addr));
+    let toml = config(
+        &format!(
+            "discovery = {{ interval = \"50ms\", file = \"{}\" }}",
+            list.display()
+        ),
+        "",
+    );
+    let config = keymaster_config::load_str(&toml, "<test>").expect("config");
+    let sources: Vec<Arc<dyn keymaster_gateway::filter::FilterSource>> = vec![Arc::new(Stamping)];
+    let gw = Gateway::start_with_sources(config, ConfigSource::Memory, Vec::new(), sources)
+        .expect("gateway starts");
+    let g = TestGateway {
+        addr: gw.listener_addr("main").unwrap(),
+        admin: gw.admin_addr().unwrap(),
+        gw: Some(gw),
+    };
+    let mut c = Client::connect(g.addr).await;
+    let r = c.get("/").await;
+    assert_eq!(r.headers["x-from-source"], "1");
+
+    write(format!("{}\n", b.addr));
+    let updates = "keymaster_discovery_updates_total{cluster=\"origin\"}";
+    assert!(
+        eventually(Duration::from_secs(10), || discovery_metric(&g, updates)
+            >= 1.0)
+        .await,
+        "the file change was never picked up"
+    );
+    let mut c = Client::connect(g.addr).await;
+    let r = c.get("/").await;
+    assert_eq!(b.served(), 1, "the new list is used");
+    assert_eq!(
+        r.headers.get("x-from-source").map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+}
+
 #[test]
 fn an_unreadable_server_list_at_start_is_a_config_error() {
     let dir = tempfile::tempdir().unwrap();

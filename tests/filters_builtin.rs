@@ -678,6 +678,31 @@ impl Filter for SeesRequestId {
     }
 }
 
+/// Sets a request header through one of the context's ways of doing it.
+struct SetsHeader {
+    name: &'static str,
+    how: &'static str,
+}
+impl Filter for SetsHeader {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let (name, value) = (
+            http::HeaderName::from_static(self.name),
+            http::HeaderValue::from_static("mine"),
+        );
+        match self.how {
+            "set" => ctx.set_request_header(name, value),
+            "append" => ctx.append_request_header(name, value),
+            _ => {
+                ctx.request_headers_mut().insert(name, value);
+            }
+        }
+        done(Ok(()))
+    }
+    fn reads_request_headers(&self) -> bool {
+        false
+    }
+}
+
 /// The `x-request-id` lines of the request head the origin got (echoed in the body).
 fn forwarded_ids(r: &Reply) -> Vec<String> {
     body(r)
@@ -738,5 +763,25 @@ set = { x-in = "1" }
         let mut c = Client::connect(f.g.addr).await;
         let r = req(&mut c, "GET", "/x", &[]).await;
         assert_eq!(forwarded_ids(&r), want, "{edit}: {}", body(&r));
+    }
+
+    // A native filter that does not read the headers (the generated id is added on the way
+    // out) setting the field itself, each way; and one setting a field with a name as long
+    // as the request id's, which must not stop the generated id.
+    for how in ["set", "append", "map"] {
+        for (name, mine) in [("x-request-id", true), ("x-request-ix", false)] {
+            let sets = SetsHeader { name, how };
+            let f =
+                fixture_with("", vec![FilterSpec::new("sets", FilterStage::Pre, 0, sets)]).await;
+            let mut c = Client::connect(f.g.addr).await;
+            let r = req(&mut c, "GET", "/x", &[]).await;
+            let ids = forwarded_ids(&r);
+            if mine {
+                assert_eq!(ids, vec!["mine".to_string()], "{how} {name}: {}", body(&r));
+            } else {
+                let id = r.headers["x-request-id"].to_str().unwrap().to_string();
+                assert_eq!(ids, vec![id], "{how} {name}: {}", body(&r));
+            }
+        }
     }
 }

@@ -185,7 +185,9 @@ impl Shared {
             current.config.clone(),
             version,
             &self.metrics,
-            &self.natives,
+            // The running version's filters, sources' included (no source is asked again
+            // for a discovery update).
+            &current.filter_specs,
             &lists,
         ) {
             Ok(snap) => {

@@ -24,7 +24,7 @@ use crate::body::{ClientBody, OriginBody, RequestBody, RequestBodyState, Respons
 use crate::downstream::h1::WireHead;
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind, Side};
-use crate::filter::FilterCtx;
+use crate::filter::{ClusterChoice, FilterCtx};
 use crate::headers::{self as hdr, parse_content_length};
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
@@ -310,9 +310,9 @@ async fn proxy(
 
     // The filter chain's pre and route stages (docs/filters.md).
     if !snapshot.filters.is_empty() {
-        let headers = std::mem::take(&mut parts.headers);
         let tls = cx.client.tls.as_ref();
-        let mut ctx = FilterCtx::new(&parts, headers, cx.peer, tls, route.name.clone());
+        let rid_name = &listener.request_id_header;
+        let mut ctx = FilterCtx::new(&mut parts, cx.peer, tls, route.name.clone(), rid_name);
         snapshot.filters.start_debug(&mut ctx);
         if snapshot.filters.wants_request_body(&ctx) {
             let cap = snapshot
@@ -336,9 +336,14 @@ async fn proxy(
             });
             return Ok(Box::new(resp));
         }
-        parts.headers = snapshot.filters.request_headers(&mut ctx);
+        snapshot
+            .filters
+            .put_back_request_headers(&mut ctx, &mut parts.headers);
         // A filter that set the request id header itself wins over a generated one.
-        if rid_added && parts.headers.contains_key(&listener.request_id_header) {
+        if rid_added
+            && ctx.may_have_set_request_id()
+            && parts.headers.contains_key(&listener.request_id_header)
+        {
             rid_added = false;
         }
         if let Some(b) = ctx.take_request_body() {
@@ -353,14 +358,19 @@ async fn proxy(
                 host_value = hdr::find(&parts.headers, &header::HOST).cloned();
             }
         }
-        if let Some(name) = ctx.cluster.take() {
-            let c = snapshot.clusters.get(&*name).ok_or_else(|| {
-                Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")
-            })?;
-            cluster = Some(c.clone());
+        match ctx.take_cluster() {
+            None => {}
+            Some(ClusterChoice::Resolved(c)) => cluster = Some(c),
+            Some(ClusterChoice::Named(name)) => {
+                let c = snapshot.clusters.get(&*name).ok_or_else(|| {
+                    Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")
+                })?;
+                cluster = Some(c.clone());
+            }
         }
-        upstream_path = ctx.path.take();
-        upstream_host = ctx.host.take();
+        if let Some((path, host)) = ctx.take_upstream_overrides() {
+            (upstream_path, upstream_host) = (path, host);
+        }
         info.fctx = Some(ctx);
     }
 

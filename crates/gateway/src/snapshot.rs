@@ -21,6 +21,9 @@ pub struct Snapshot {
     pub(crate) stamps: Stamps,
     /// The filter chain of this version (`filters.is_empty()` skips it).
     pub(crate) filters: FilterChain,
+    /// The filters the chain was built from (those registered in code and every
+    /// `FilterSource`'s): a version rebuilt for a discovery update keeps them as they are.
+    pub(crate) filter_specs: Vec<FilterSpec>,
     /// Clusters by name, for route filters that choose one.
     /// By name. Fx-hashed: a route filter's choice is looked up on every request it makes
     /// (SipHash cost ~150 instructions a lookup), and the keys are the config's own names.
@@ -31,13 +34,13 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Compile `config`; `natives` are the filters registered in code; clusters with
-    /// `discovery` take their servers from `discovered`.
+    /// Compile `config`; `filters` are the ones registered in code and every
+    /// `FilterSource`'s; clusters with `discovery` take their servers from `discovered`.
     pub(crate) fn build(
         config: Config,
         version: u64,
         metrics: &Metrics,
-        natives: &[FilterSpec],
+        filters: &[FilterSpec],
         discovered: &Lists,
     ) -> Result<Snapshot, String> {
         let mut clusters = rustc_hash::FxHashMap::default();
@@ -58,7 +61,8 @@ impl Snapshot {
                 .map_err(|e| format!("route {}: {e}", r.name))?;
             routes.push((r.priority, Arc::new(route)));
         }
-        let filters = FilterChain::build(&config, natives, metrics)?;
+        let filter_specs = filters.to_vec();
+        let filters = FilterChain::build(&config, filters, metrics, &clusters)?;
         let mut live_origins = Vec::new();
         for s in clusters.values().flat_map(|c| c.servers.iter()) {
             let id = s.state.id;
@@ -71,6 +75,7 @@ impl Snapshot {
             live_origins,
             version,
             filters,
+            filter_specs,
             clusters,
             stamps: Stamps::new(&config.server.via),
             router: Router::new(routes),

@@ -47,8 +47,8 @@ pub(crate) fn from_table(t: Option<Table>) -> mlua::Result<HeaderMap> {
         for pair in t.pairs::<String, String>() {
             let (k, v) = pair?;
             h.append(
-                HeaderName::parse(k.as_bytes())?,
-                HeaderValue::parse(v.as_bytes())?,
+                HeaderName::parse(k.as_bytes()).map_err(|e| *e)?,
+                HeaderValue::parse(v.as_bytes()).map_err(|e| *e)?,
             );
         }
     }
@@ -118,13 +118,28 @@ impl Drop for Return {
     }
 }
 
-fn outside() -> mlua::Error {
-    mlua::Error::runtime("ctx used outside a filter call")
+/// Why a method could not reach the request context.
+#[derive(Debug)]
+pub(crate) enum Unreachable {
+    /// No filter call is running on this thread.
+    Outside,
+    /// A changing method in `should_filter`.
+    ReadOnly,
+}
+
+impl From<Unreachable> for mlua::Error {
+    #[cold]
+    fn from(u: Unreachable) -> mlua::Error {
+        mlua::Error::runtime(match u {
+            Unreachable::Outside => "ctx used outside a filter call",
+            Unreachable::ReadOnly => "ctx is read-only in should_filter",
+        })
+    }
 }
 
 /// `f` with the running call's context, read-only.
-pub(crate) fn with_ref<R>(f: impl FnOnce(&FilterCtx) -> mlua::Result<R>) -> mlua::Result<R> {
-    let lent = LENT.with(Cell::take).ok_or_else(outside)?;
+pub(crate) fn with_ref<R>(f: impl FnOnce(&FilterCtx) -> R) -> Result<R, Unreachable> {
+    let lent = LENT.with(Cell::take).ok_or(Unreachable::Outside)?;
     let _back = Return(lent);
     // SAFETY: `lent.ptr` was made from a reference (`&FilterCtx` or `&mut FilterCtx`) that
     // the host holds, unused, for as long as the lent value is installed: `Lent::during`
@@ -134,20 +149,20 @@ pub(crate) fn with_ref<R>(f: impl FnOnce(&FilterCtx) -> mlua::Result<R>) -> mlua
     // that window. The value was taken out of `LENT`, so no other reference made from it
     // exists until `_back` puts it back after `f`.
     let c = unsafe { lent.ptr.as_ref() };
-    f(c)
+    Ok(f(c))
 }
 
 /// `f` with the running call's context, writable (an error in `should_filter`).
-pub(crate) fn with_mut<R>(f: impl FnOnce(&mut FilterCtx) -> mlua::Result<R>) -> mlua::Result<R> {
-    let mut lent = LENT.with(Cell::take).ok_or_else(outside)?;
+pub(crate) fn with_mut<R>(f: impl FnOnce(&mut FilterCtx) -> R) -> Result<R, Unreachable> {
+    let mut lent = LENT.with(Cell::take).ok_or(Unreachable::Outside)?;
     let _back = Return(lent);
     if !lent.writable {
-        return Err(mlua::Error::runtime("ctx is read-only in should_filter"));
+        return Err(Unreachable::ReadOnly);
     }
     // SAFETY: as in `with_ref`; in addition a writable `Lent` is only made from a
     // `&mut FilterCtx` (`Lent::writable`), so a unique reference is what the host lent.
     let c = unsafe { lent.ptr.as_mut() };
-    f(c)
+    Ok(f(c))
 }
 
 /// The `ctx` receiver of a `ctx:method(...)` call: checked to be a table (a call written
@@ -181,8 +196,12 @@ impl FromLua for Receiver {
 
 /// A header name or value, cluster name: parsed from a Lua string's bytes.
 pub(crate) trait ParseArg: Sized {
-    fn parse(b: &[u8]) -> mlua::Result<Self>;
+    fn parse(b: &[u8]) -> ArgResult<Self>;
 }
+
+/// A parsed argument, or why it is invalid (boxed: the valid case is the one that is moved
+/// around).
+pub(crate) type ArgResult<T> = Result<T, Box<mlua::Error>>;
 
 /// Slots in each per-worker cache of parsed arguments.
 const SLOTS: usize = 64;
@@ -207,8 +226,8 @@ fn cached<T: Clone>(
     slots: &'static std::thread::LocalKey<Slots<T>>,
     b: &[u8],
     same: impl Fn(&T, &[u8]) -> bool,
-    parse: impl Fn(&[u8]) -> mlua::Result<T>,
-) -> mlua::Result<T> {
+    parse: impl Fn(&[u8]) -> ArgResult<T>,
+) -> ArgResult<T> {
     let slot = (b.as_ptr() as usize >> 3) % SLOTS;
     slots.with(|s| {
         if let Some(v) = &s.borrow()[slot] {
@@ -223,7 +242,7 @@ fn cached<T: Clone>(
 }
 
 impl ParseArg for HeaderName {
-    fn parse(b: &[u8]) -> mlua::Result<Self> {
+    fn parse(b: &[u8]) -> ArgResult<Self> {
         // Names are case-insensitive: `b` in any case parses to the lowercase name.
         cached(
             &NAMES,
@@ -234,10 +253,10 @@ impl ParseArg for HeaderName {
             },
             |b| {
                 HeaderName::from_bytes(b).map_err(|_| {
-                    mlua::Error::runtime(format!(
+                    Box::new(mlua::Error::runtime(format!(
                         "invalid header name {:?}",
                         String::from_utf8_lossy(b)
-                    ))
+                    )))
                 })
             },
         )
@@ -245,7 +264,7 @@ impl ParseArg for HeaderName {
 }
 
 impl ParseArg for Arc<str> {
-    fn parse(b: &[u8]) -> mlua::Result<Self> {
+    fn parse(b: &[u8]) -> ArgResult<Self> {
         cached(
             &CLUSTERS,
             b,
@@ -253,24 +272,24 @@ impl ParseArg for Arc<str> {
             |b| {
                 std::str::from_utf8(b)
                     .map(Into::into)
-                    .map_err(|_| mlua::Error::runtime("expected a UTF-8 string"))
+                    .map_err(|_| Box::new(mlua::Error::runtime("expected a UTF-8 string")))
             },
         )
     }
 }
 
 impl ParseArg for HeaderValue {
-    fn parse(b: &[u8]) -> mlua::Result<Self> {
+    fn parse(b: &[u8]) -> ArgResult<Self> {
         cached(
             &VALUES,
             b,
             |v, b| v.as_bytes() == b,
             |b| {
                 HeaderValue::from_bytes(b).map_err(|_| {
-                    mlua::Error::runtime(format!(
+                    Box::new(mlua::Error::runtime(format!(
                         "invalid header value {:?}",
                         String::from_utf8_lossy(b)
-                    ))
+                    )))
                 })
             },
         )
@@ -284,7 +303,7 @@ where
     R: IntoLuaMulti,
     F: Fn(&Lua, &FilterCtx, A) -> mlua::Result<R> + 'static,
 {
-    let m = lua.create_function(move |lua, (_, a): (Receiver, A)| with_ref(|c| f(lua, c, a)))?;
+    let m = lua.create_function(move |lua, (_, a): (Receiver, A)| with_ref(|c| f(lua, c, a))?)?;
     t.raw_set(name, m)
 }
 
@@ -295,7 +314,7 @@ where
     R: IntoLuaMulti,
     F: Fn(&Lua, &mut FilterCtx, A) -> mlua::Result<R> + 'static,
 {
-    let m = lua.create_function(move |lua, (_, a): (Receiver, A)| with_mut(|c| f(lua, c, a)))?;
+    let m = lua.create_function(move |lua, (_, a): (Receiver, A)| with_mut(|c| f(lua, c, a))?)?;
     t.raw_set(name, m)
 }
 

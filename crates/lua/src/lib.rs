@@ -175,6 +175,11 @@ impl Filter for LuaFilter {
         FilterFuture::new(run(self.set.clone(), self.index, ctx))
     }
 
+    // A file that cannot suspend is run by a plain protected call (`run_sync`).
+    fn synchronous(&self) -> bool {
+        !self.set.files[self.index].may_suspend
+    }
+
     fn needs_request_headers(&self) -> bool {
         self.set.files[self.index].needs_request_headers
     }
@@ -193,25 +198,17 @@ impl Filter for LuaFilter {
 }
 
 fn should_filter(set: &Arc<LuaSet>, index: usize, ctx: &FilterCtx) -> Result<bool, String> {
-    let r = vm::call(set, index, |lua, fns| match &fns.keys.should {
-        Some(should) => vm::with_budget(set.settings.budget, || {
-            Lent::read_only(ctx).during(|| vm::pcall(lua, should, &fns.keys.ctx))
-        }),
-        None => Ok(true),
-    })?;
-    r.map_err(|e| error_text(&e))
+    vm::call(set, index, vm::Entry::ShouldFilter, Lent::read_only(ctx))
 }
 
 type FilterResult = Result<(), keymaster_gateway::filter::FilterError>;
 
 /// A file that never names `http` cannot suspend: a plain protected call, no coroutine.
 fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResult {
-    let r = vm::call(set, index, |lua, fns| {
-        vm::with_budget(set.settings.budget, || {
-            Lent::writable(ctx).during(|| vm::pcall(lua, &fns.keys.run, &fns.keys.ctx))
-        })
-    })?;
-    r.map(drop).map_err(|e| error_text(&e).into())
+    match vm::call(set, index, vm::Entry::Run, Lent::writable(ctx)) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A file that may call `http`: the call runs as a coroutine the worker can suspend. The

@@ -18,7 +18,7 @@ use mlua::ffi::{self, lua_State};
 use std::ffi::c_int;
 use std::sync::Arc;
 
-use crate::ctx::{get, with_mut, with_ref, ParseArg};
+use crate::ctx::{get, with_mut, with_ref, ParseArg, Unreachable};
 
 /// What a method returns to Lua.
 enum Out {
@@ -37,8 +37,10 @@ impl From<Option<String>> for Out {
 }
 
 /// A method body: reads its arguments from the stack of `l` (already checked: a `ctx`
-/// receiver at 1) and works on the lent context.
-type Body = fn(Stack) -> Result<Out, Failed>;
+/// receiver at 1) and works on the lent context. Each method's body is compiled into its
+/// own C function ([`run`] is generic over it): no call through a pointer per method call.
+trait Body: Fn(Stack) -> Result<Out, Failed> {}
+impl<F: Fn(Stack) -> Result<Out, Failed>> Body for F {}
 
 /// The running method call's stack, for reading arguments.
 #[derive(Clone, Copy)]
@@ -47,6 +49,7 @@ struct Stack(*mut lua_State);
 impl Stack {
     /// Argument `i` (2 is the first after the receiver) as bytes: `Ok(None)` if it is not
     /// a string, [`Failed::Number`] if it is a number (`run` converts and runs again).
+    #[inline]
     fn bytes(&self, i: c_int) -> Result<Option<&[u8]>, Failed> {
         // SAFETY: `self.0` is the state of the C function call running now (made by
         // `method!` from the pointer Lua passed in), and `i` is a positive index, valid
@@ -85,6 +88,7 @@ impl Stack {
     }
 
     /// Argument `i` parsed as `T` (header name or value, cluster name).
+    #[inline]
     fn arg<T: ParseArg>(&self, i: c_int) -> Result<T, Failed> {
         Ok(T::parse(
             self.bytes(i)?.ok_or_else(|| expected(i, "a string"))?,
@@ -124,7 +128,8 @@ macro_rules! method {
 ///
 /// # Safety
 /// `l` must be the state Lua passed to the running C function.
-unsafe fn run(l: *mut lua_State, body: Body) -> c_int {
+#[inline(always)]
+unsafe fn run(l: *mut lua_State, body: impl Body) -> c_int {
     // SAFETY (this block and the ones below): `l` is the running call's state. Every API
     // function used takes valid (positive, present) indices, and pushes at most two values
     // (within the LUA_MINSTACK slots a C function is guaranteed). Those that can raise a
@@ -133,9 +138,9 @@ unsafe fn run(l: *mut lua_State, body: Body) -> c_int {
     // outside `catch_unwind`, and at most a result string is then alive (pushing it can
     // fail only for want of memory), which that unwinding may leak, never use.
     let mut result = if unsafe { ffi::lua_type(l, 1) } == ffi::LUA_TTABLE {
-        attempt(l, body)
+        attempt(l, &body)
     } else {
-        Err(Failed::Error(mlua::Error::runtime(
+        Err(Failed::from(mlua::Error::runtime(
             "call ctx methods with a colon: ctx:method(...)",
         )))
     };
@@ -144,21 +149,42 @@ unsafe fn run(l: *mut lua_State, body: Body) -> c_int {
         // coercion, which may allocate, so not inside the body) and run the body again.
         // Bodies read all their arguments before they touch the context, so the first run
         // changed nothing.
-        for i in 2..=unsafe { ffi::lua_gettop(l) } {
-            if unsafe { ffi::lua_type(l, i) } == ffi::LUA_TNUMBER {
-                unsafe { ffi::lua_tolstring(l, i, std::ptr::null_mut()) };
-            }
-        }
-        result = attempt(l, body);
+        unsafe { numbers_to_strings(l) };
+        result = attempt(l, &body);
     }
-    let result = result.map_err(|f| match f {
-        Failed::Error(e) => e,
-        Failed::Number => mlua::Error::runtime("argument conversion failed"),
-    });
+    if let Ok(Out::Nothing) = result {
+        return 0; // the common case of a changing method: no result, nothing to push
+    }
+    unsafe { finish(l, result) }
+}
+
+/// Lua's coercion of the number arguments of the running call to strings, in place.
+///
+/// # Safety
+/// As [`run`]'s.
+#[cold]
+unsafe fn numbers_to_strings(l: *mut lua_State) {
+    // SAFETY: as in `run`.
+    for i in 2..=unsafe { ffi::lua_gettop(l) } {
+        if unsafe { ffi::lua_type(l, i) } == ffi::LUA_TNUMBER {
+            unsafe { ffi::lua_tolstring(l, i, std::ptr::null_mut()) };
+        }
+    }
+}
+
+/// Push a body's result, or raise its error, and return the count of results.
+///
+/// # Safety
+/// As [`run`]'s.
+unsafe fn finish(l: *mut lua_State, result: Result<Out, Failed>) -> c_int {
+    // SAFETY: as in `run`.
     let out = match result {
         Ok(out) => out,
-        Err(e) => {
-            let msg = e.to_string();
+        Err(f) => {
+            let msg = match f {
+                Failed::Error(e) => e.to_string(),
+                Failed::Number => "argument conversion failed".to_string(),
+            };
             unsafe {
                 ffi::luaL_where(l, 1);
                 ffi::lua_pushlstring(l, msg.as_ptr().cast(), msg.len());
@@ -195,34 +221,46 @@ unsafe fn run(l: *mut lua_State, body: Body) -> c_int {
     }
 }
 
-/// Why a body did not finish.
+/// Why a body did not finish (small: the successful result is what is moved around).
 enum Failed {
-    Error(mlua::Error),
+    Error(Box<mlua::Error>),
     /// An argument read as a string is a number (see `run`).
     Number,
 }
 
 impl From<mlua::Error> for Failed {
+    #[cold]
     fn from(e: mlua::Error) -> Failed {
+        Failed::Error(Box::new(e))
+    }
+}
+
+impl From<Box<mlua::Error>> for Failed {
+    fn from(e: Box<mlua::Error>) -> Failed {
         Failed::Error(e)
     }
 }
 
+impl From<Unreachable> for Failed {
+    #[cold]
+    fn from(u: Unreachable) -> Failed {
+        Failed::Error(Box::new(u.into()))
+    }
+}
+
 /// One run of `body`, a panic caught as an error.
-fn attempt(l: *mut lua_State, body: Body) -> Result<Out, Failed> {
+#[inline(always)]
+fn attempt(l: *mut lua_State, body: &impl Body) -> Result<Out, Failed> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(Stack(l))))
         .unwrap_or_else(|_| Err(mlua::Error::runtime("ctx method panicked").into()))
 }
 
 fn read(f: impl FnOnce(&FilterCtx) -> Out) -> Result<Out, Failed> {
-    Ok(with_ref(|c| Ok(f(c)))?)
+    Ok(with_ref(f)?)
 }
 
 fn write(f: impl FnOnce(&mut FilterCtx)) -> Result<Out, Failed> {
-    with_mut(|c| {
-        f(c);
-        Ok(Out::Nothing)
-    })?;
+    with_mut(f)?;
     Ok(Out::Nothing)
 }
 

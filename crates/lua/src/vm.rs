@@ -24,13 +24,11 @@
 //! is dropped and rebuilt on its next use (calls still suspended on the old VM finish on it).
 
 use mlua::chunk::ChunkMode;
-use mlua::{
-    ffi, Function, HookTriggers, Lua, LuaOptions, RegistryKey, StdLib, Table, Value, VmState,
-};
+use mlua::{ffi, Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Thread, Value, VmState};
 use std::cell::{Cell, RefCell};
+use std::ffi::c_int;
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
@@ -192,45 +190,73 @@ pub(crate) struct Fns {
     pub run: Function,
     /// The file's `ctx` table (`crate::ctx::table_for_file`).
     pub ctx: Table,
-    /// The same values anchored in the registry, for [`pcall`].
-    pub keys: Rc<Keys>,
+    /// A Lua thread of the file's own for synchronous calls ([`pcall`]): its stack holds
+    /// `run`, `ctx` and `should_filter` (at [`RUN`], [`CTX`], [`SHOULD`]) for as long as the
+    /// file is instantiated, so a call pushes them from the stack instead of looking them
+    /// up in the registry. No script can reach it (there is no `coroutine` library).
+    caller: Thread,
+    has_should: bool,
 }
 
-/// A file's `should_filter`, `run` and `ctx` as registry entries.
-pub(crate) struct Keys {
-    pub should: Option<RegistryKey>,
-    pub run: RegistryKey,
-    pub ctx: RegistryKey,
+/// Where [`Fns::caller`]'s stack holds the file's values.
+const RUN: c_int = 1;
+const CTX: c_int = 2;
+const SHOULD: c_int = 3;
+
+/// A failed synchronous call: the error as one line of text (see [`crate::error_text`]) and
+/// whether it was an allocation past the memory cap. Boxed where it is returned, so the
+/// common, successful result stays two words wide through the call path.
+pub(crate) struct CallError {
+    pub text: String,
+    pub memory: bool,
 }
 
-/// A protected call of `f(arg)` (registry entries) on the VM's stack, for synchronous
-/// calls: whether its first result is truthy. mlua's `Function::call` does the same work
-/// through its generic machinery (values moved between its reference thread and the main
-/// stack, a traceback handler, result conversion), which cost several hundred
-/// instructions per call more.
-pub(crate) fn pcall(lua: &Lua, f: &RegistryKey, arg: &RegistryKey) -> mlua::Result<bool> {
+impl CallError {
+    fn new(e: &mlua::Error) -> Box<CallError> {
+        Box::new(CallError {
+            text: crate::error_text(e),
+            memory: is_memory_error(e),
+        })
+    }
+}
+
+/// A protected call of `run(ctx)` or `should_filter(ctx)` on the file's own thread, for
+/// synchronous calls: whether its first result is truthy (`truth`; else `Ok(true)`: the
+/// result is not read). mlua's `Function::call` does the same work through its generic
+/// machinery (values moved between its reference thread and the main stack, a traceback
+/// handler, result conversion), which cost several hundred instructions per call more.
+fn pcall(lua: &Lua, fns: &Fns, f: c_int, truth: bool) -> Result<bool, Box<CallError>> {
     lua.exec_raw_lua(|raw| {
-        let l = raw.state();
-        // SAFETY: `l` is the VM's main state, not running (synchronous filter calls start
-        // from Rust, never from inside Lua), and `raw` holds mlua's lock on it for this
-        // closure. The stack is checked for the two values pushed; `f` and `arg` are live
-        // registry entries of this VM (their keys are borrowed), and the stack is put back
-        // to where it was before returning, as mlua expects.
+        let t = fns.caller.state();
+        let base = if fns.has_should { SHOULD } else { CTX };
+        // SAFETY: `t` is the file's caller thread, alive while `fns` is (it holds the
+        // thread), never running when a synchronous call starts (these start from Rust,
+        // never from inside Lua: ctx methods call no filter) and never suspended (it is
+        // only used here, and nothing on it can yield: no script reaches it). `raw` holds
+        // mlua's lock on the VM for this closure. Its stack holds exactly `base` values
+        // (`instantiate`) between calls; a call pushes two more, within the LUA_MINSTACK
+        // slots a new thread has. `lua_pcall` pops them and pushes `nresults` results or
+        // one error value, so the stack is back to `base` once the result is read and
+        // popped, or the error value moved to the main state's stack (for `error_on_top`,
+        // which reads it there before it is popped).
         unsafe {
-            let top = ffi::lua_gettop(l);
-            if ffi::lua_checkstack(l, 2) == 0 {
-                return Err(mlua::Error::StackError);
+            ffi::lua_pushvalue(t, f);
+            ffi::lua_pushvalue(t, CTX);
+            let rc = ffi::lua_pcall(t, 1, c_int::from(truth), 0);
+            if rc != ffi::LUA_OK {
+                let l = raw.state();
+                let top = ffi::lua_gettop(l);
+                ffi::lua_xmove(t, l, 1);
+                let e = CallError::new(&error_on_top(raw, rc));
+                ffi::lua_settop(l, top);
+                return Err(e);
             }
-            ffi::lua_rawgeti(l, ffi::LUA_REGISTRYINDEX, f.id().into());
-            ffi::lua_rawgeti(l, ffi::LUA_REGISTRYINDEX, arg.id().into());
-            let rc = ffi::lua_pcall(l, 1, 1, 0);
-            let r = if rc == ffi::LUA_OK {
-                Ok(ffi::lua_toboolean(l, -1) != 0)
-            } else {
-                Err(error_on_top(raw, rc))
-            };
-            ffi::lua_settop(l, top);
-            r
+            if !truth {
+                return Ok(true); // no result asked for: nothing to pop
+            }
+            let b = ffi::lua_toboolean(t, -1) != 0;
+            ffi::lua_settop(t, base);
+            Ok(b)
         }
     })
 }
@@ -239,6 +265,7 @@ pub(crate) fn pcall(lua: &Lua, f: &RegistryKey, arg: &RegistryKey) -> mlua::Resu
 ///
 /// # Safety
 /// The top of `raw`'s stack must be that value.
+#[cold]
 unsafe fn error_on_top(raw: &mlua::state::RawLua, rc: std::ffi::c_int) -> mlua::Error {
     let l = raw.state();
     // SAFETY: index -1 is the error value (the caller's contract). A string's bytes are
@@ -307,15 +334,32 @@ fn instantiate(lua: &Lua, set: &LuaSet) -> mlua::Result<Vec<Fns>> {
         let should: Option<Function> = t.get("should_filter")?;
         let run: Function = t.get("run")?;
         let ctx = crate::ctx::table_for_file(lua)?;
-        let keys = Keys {
-            should: should.map(|f| lua.create_registry_value(f)).transpose()?,
-            run: lua.create_registry_value(run.clone())?,
-            ctx: lua.create_registry_value(ctx.clone())?,
-        };
+        // The caller thread's stack: `run` (put there by `create_thread`), `ctx`, then
+        // `should_filter` if the file has one.
+        let caller = lua.create_thread(run.clone())?;
+        lua.exec_raw_lua(|raw| -> mlua::Result<()> {
+            let (l, t) = (raw.state(), caller.state());
+            // SAFETY: `l` is the VM's main state and `t` a thread of it that never ran;
+            // each value is pushed on `l` (checked for room) and moved to `t`, whose fresh
+            // stack has room for the three values it will hold. `l` ends as it began.
+            unsafe {
+                if ffi::lua_checkstack(l, 2) == 0 {
+                    return Err(mlua::Error::StackError);
+                }
+                raw.push(ctx.clone())?;
+                ffi::lua_xmove(l, t, 1);
+                if let Some(should) = &should {
+                    raw.push(should.clone())?;
+                    ffi::lua_xmove(l, t, 1);
+                }
+            }
+            Ok(())
+        })?;
         out.push(Fns {
             run,
             ctx,
-            keys: Rc::new(keys),
+            caller,
+            has_should: should.is_some(),
         });
     }
     Ok(out)
@@ -354,40 +398,52 @@ fn ensure(set: &Arc<LuaSet>) -> Result<(), String> {
     })
 }
 
-/// Call `f` with this worker's VM and the functions of filter `index` of `set`, borrowed
-/// (no handles cloned): for calls that cannot suspend. Then enforce the memory cap.
-pub(crate) fn call<R, F: FnOnce(&Lua, &Fns) -> mlua::Result<R>>(
+/// Which function of a filter file a synchronous call runs.
+#[derive(Clone, Copy)]
+pub(crate) enum Entry {
+    ShouldFilter,
+    Run,
+}
+
+/// A synchronous call of filter `index` of `set` on this worker's VM (its functions
+/// borrowed, no handles cloned): `entry` with the request context `lent` and the set's
+/// instruction budget. Whether its first result is truthy (`Ok(true)` for a file without
+/// `should_filter`); the error as one line of text. Then the memory cap is enforced.
+pub(crate) fn call(
     set: &Arc<LuaSet>,
     index: usize,
-    f: F,
-) -> Result<mlua::Result<R>, String> {
-    let mut f = Some(f);
-    if let Some(r) = try_call(set, index, &mut f) {
+    entry: Entry,
+    lent: Lent,
+) -> Result<bool, String> {
+    if let Some(r) = try_call(set, index, entry, lent) {
         return r;
     }
     ensure(set)?;
-    try_call(set, index, &mut f).unwrap_or_else(|| Err("lua VM missing".to_string()))
+    try_call(set, index, entry, lent).unwrap_or_else(|| Err("lua VM missing".to_string()))
 }
 
 /// [`call`] if this worker's VM has instantiated `set` (one borrow: the common case). A VM
 /// that holds `set` was made for its settings (a VM is replaced, not changed).
-fn try_call<R, F: FnOnce(&Lua, &Fns) -> mlua::Result<R>>(
-    set: &LuaSet,
-    index: usize,
-    f: &mut Option<F>,
-) -> Option<Result<mlua::Result<R>, String>> {
+fn try_call(set: &LuaSet, index: usize, entry: Entry, lent: Lent) -> Option<Result<bool, String>> {
     let (r, rebuild) = WORKER.with(|w| {
         let w = w.borrow();
         let vm = w.as_ref()?;
         let (_, _, all) = vm.loaded.iter().find(|(id, _, _)| *id == set.id)?;
-        let f = f.take()?;
-        let r = match all.get(index) {
-            Some(fns) => Ok(f(&vm.lua, fns)),
-            None => Err("lua filter index out of range".to_string()),
+        let Some(fns) = all.get(index) else {
+            return Some((Err("lua filter index out of range".to_string()), None));
         };
-        let full =
-            matches!(&r, Ok(r) if over_cap(&vm.lua, set.settings.memory_limit, is_memory(r)));
-        Some((r, full.then_some(vm.generation)))
+        let f = match (entry, fns.has_should) {
+            (Entry::Run, _) => RUN,
+            (Entry::ShouldFilter, true) => SHOULD,
+            (Entry::ShouldFilter, false) => return Some((Ok(true), None)),
+        };
+        let truth = matches!(entry, Entry::ShouldFilter);
+        let r = with_budget(set.settings.budget, || {
+            lent.during(|| pcall(&vm.lua, fns, f, truth))
+        });
+        let memory_error = matches!(&r, Err(e) if e.memory);
+        let full = over_cap(&vm.lua, set.settings.memory_limit, memory_error);
+        Some((r.map_err(|e| e.text), full.then_some(vm.generation)))
     })?;
     if let Some(generation) = rebuild {
         drop_vm(generation);
@@ -427,20 +483,23 @@ pub(crate) fn after_call<R>(h: &Handle, limit: usize, r: &mlua::Result<R>) {
 
 /// Whether the VM is (nearly) full or an allocation failed: it is then rebuilt on the
 /// worker's next call (calls still suspended on it finish on it).
+#[inline(always)]
 fn over_cap(lua: &Lua, limit: usize, memory_error: bool) -> bool {
     // The allocator's cap holds on every allocation; this check only retires a VM that is
     // filling up, so once every few calls is enough (reading the VM's use costs a lock and
     // a call into LuaJIT).
-    if !memory_error {
-        let due = UNCHECKED.with(|n| {
+    let due = memory_error
+        || UNCHECKED.with(|n| {
             let left = n.get().saturating_sub(1);
             n.set(if left == 0 { CHECK_EVERY } else { left });
             left == 0
         });
-        if !due {
-            return false;
-        }
-    }
+    due && check_memory(lua, limit, memory_error)
+}
+
+/// [`over_cap`] when a check is due.
+#[cold]
+fn check_memory(lua: &Lua, limit: usize, memory_error: bool) -> bool {
     let high = limit / 4 * 3;
     if !memory_error && lua.used_memory() <= high {
         return false;
@@ -469,15 +528,16 @@ fn drop_vm(generation: u64) {
 }
 
 fn is_memory<R>(r: &mlua::Result<R>) -> bool {
-    fn mem(e: &mlua::Error) -> bool {
-        match e {
-            mlua::Error::MemoryError(_) => true,
-            mlua::Error::CallbackError { cause, .. } => mem(cause),
-            mlua::Error::RuntimeError(m) => m.contains("not enough memory"),
-            _ => false,
-        }
+    matches!(r, Err(e) if is_memory_error(e))
+}
+
+fn is_memory_error(e: &mlua::Error) -> bool {
+    match e {
+        mlua::Error::MemoryError(_) => true,
+        mlua::Error::CallbackError { cause, .. } => is_memory_error(cause),
+        mlua::Error::RuntimeError(m) => m.contains("not enough memory"),
+        _ => false,
     }
-    matches!(r, Err(e) if mem(e))
 }
 
 #[cfg(test)]
@@ -499,6 +559,57 @@ mod tests {
             .set_environment(new_env(lua).unwrap())
             .into_function()
             .unwrap()
+    }
+
+    /// Synchronous calls leave each file's caller thread holding exactly its values again,
+    /// whether the call succeeded, failed, read a result or not (a value left behind on
+    /// every call would outgrow the thread's stack).
+    #[test]
+    fn synchronous_calls_leave_the_caller_thread_as_they_found_it() {
+        use keymaster_gateway::filter::FilterCtx;
+        let dir = tempfile::tempdir().unwrap();
+        for (name, src) in [
+            (
+                "a_both",
+                "return { stage = 'pre', should_filter = function(ctx) return true end, \
+                 run = function(ctx) ctx:set_header('x-a', '1') end }",
+            ),
+            (
+                "b_run",
+                "return { stage = 'pre', run = function(ctx) return 1, 2, 3 end }",
+            ),
+            (
+                "c_fails",
+                "return { stage = 'pre', should_filter = function(ctx) error('no') end, \
+                 run = function(ctx) ctx:set_header('bad name', '1') end }",
+            ),
+        ] {
+            std::fs::write(dir.path().join(format!("{name}.lua")), src).unwrap();
+        }
+        let mut set_settings = settings(64 << 20);
+        set_settings.budget = 1_000_000;
+        let set = Arc::new(crate::set::compile(dir.path(), set_settings).unwrap());
+        let client = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let mut ctx = FilterCtx::for_test(http::Method::GET, "/", Default::default(), client);
+        for _ in 0..200 {
+            for (index, ok) in [(0, true), (1, true), (2, false)] {
+                let should = call(&set, index, Entry::ShouldFilter, Lent::read_only(&ctx));
+                assert_eq!(should.is_ok(), ok, "{should:?}");
+                let run = call(&set, index, Entry::Run, Lent::writable(&mut ctx));
+                assert_eq!(run.is_ok(), ok, "{run:?}");
+            }
+        }
+        WORKER.with(|w| {
+            let w = w.borrow();
+            let vm = w.as_ref().unwrap();
+            for (index, base) in [(0, SHOULD), (1, CTX), (2, SHOULD)] {
+                let fns = functions(vm, &set, index).unwrap();
+                // SAFETY: the caller thread is alive (held by `fns`) and not running;
+                // `lua_gettop` only reads its stack's size.
+                let top = unsafe { ffi::lua_gettop(fns.caller.state()) };
+                assert_eq!(top, base, "file {index}");
+            }
+        });
     }
 
     #[test]

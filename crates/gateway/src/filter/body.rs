@@ -13,19 +13,26 @@ use crate::error::{Error, Kind};
 
 impl FilterChain {
     /// Whether a `pre`/`route` filter that needs the request body matches this request.
+    #[inline(always)]
     pub(crate) fn wants_request_body(&self, ctx: &FilterCtx) -> bool {
-        self.request_body
-            && self
-                .pre_and_route()
-                .iter()
-                .any(|e| e.filter.needs_request_body() && e.matcher.matches(ctx))
+        self.request_body && self.request_body_matches(ctx)
+    }
+
+    fn request_body_matches(&self, ctx: &FilterCtx) -> bool {
+        self.pre_and_route()
+            .iter()
+            .any(|e| e.filter.needs_request_body() && e.matcher.matches(ctx))
     }
 
     /// Whether a `post` filter that needs the response body matches this request (and the
     /// response can have a body at all: not HEAD, 204 or 304).
+    #[inline(always)]
     pub(crate) fn wants_response_body(&self, ctx: &FilterCtx, status: http::StatusCode) -> bool {
-        self.response_body
-            && ctx.method() != http::Method::HEAD
+        self.response_body && self.response_body_matches(ctx, status)
+    }
+
+    fn response_body_matches(&self, ctx: &FilterCtx, status: http::StatusCode) -> bool {
+        ctx.method() != http::Method::HEAD
             && status != http::StatusCode::NO_CONTENT
             && status != http::StatusCode::NOT_MODIFIED
             && self
@@ -40,38 +47,38 @@ impl FilterCtx {
     /// [`super::Filter::needs_request_body`] and matched this request (`None` otherwise:
     /// the body streams past).
     pub fn request_body(&self) -> Option<&Bytes> {
-        self.request_body.as_ref()
+        self.extras_ref()?.request_body.as_ref()
     }
     /// Replace the buffered request body (`pre`/`route`); Content-Length follows. Ignored
     /// when the body was not buffered.
     pub fn set_request_body(&mut self, body: impl Into<Bytes>) {
-        if self.request_body.is_some() {
-            self.request_body = Some(body.into());
+        if self.request_body().is_some() {
+            self.extras().request_body = Some(body.into());
         }
     }
     /// `post`: the origin's response body, when a post filter declared
     /// [`super::Filter::needs_response_body`] and matched this request.
     pub fn response_body(&self) -> Option<&Bytes> {
-        self.response_body.as_ref()
+        self.extras_ref()?.response_body.as_ref()
     }
     /// `post`: replace the buffered response body; Content-Length follows. Ignored when the
     /// body was not buffered.
     pub fn set_response_body(&mut self, body: impl Into<Bytes>) {
-        if self.response_body.is_some() {
-            self.response_body = Some(body.into());
+        if self.response_body().is_some() {
+            self.extras().response_body = Some(body.into());
         }
     }
     pub(crate) fn put_request_body(&mut self, b: Bytes) {
-        self.request_body = Some(b);
+        self.extras().request_body = Some(b);
     }
     pub(crate) fn take_request_body(&mut self) -> Option<Bytes> {
-        self.request_body.take()
+        self.extras_mut()?.request_body.take()
     }
     pub(crate) fn put_response_body(&mut self, b: Bytes) {
-        self.response_body = Some(b);
+        self.extras().response_body = Some(b);
     }
     pub(crate) fn take_response_body(&mut self) -> Option<Bytes> {
-        self.response_body.take()
+        self.extras_mut()?.response_body.take()
     }
 }
 

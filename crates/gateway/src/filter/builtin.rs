@@ -22,6 +22,7 @@ pub(super) fn compile(
     f: &FilterConfig,
     redis: &RedisConfig,
     metrics: &Metrics,
+    clusters: &super::Clusters,
 ) -> Result<Vec<FilterSpec>, String> {
     let spec = |stage: FilterStage, filter: Arc<dyn Filter>| FilterSpec {
         name: f.name.clone(),
@@ -113,7 +114,16 @@ pub(super) fn compile(
         }
         FilterType::Jwt => one(Arc::new(super::jwt::Jwt::compile(f)?)),
         FilterType::Reroute => one(Arc::new(Reroute {
-            cluster: f.cluster.as_deref().map(Arc::from),
+            cluster: f
+                .cluster
+                .as_deref()
+                .map(|name| {
+                    clusters
+                        .get(name)
+                        .cloned()
+                        .ok_or_else(|| format!("unknown cluster {name:?}"))
+                })
+                .transpose()?,
             path: f.path.clone(),
             host: f.host.as_deref().map(value).transpose()?,
         })),
@@ -160,6 +170,9 @@ struct Headers {
 }
 
 impl Filter for Headers {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn has_should_filter(&self) -> bool {
         false
     }
@@ -193,6 +206,9 @@ struct Fixed {
 }
 
 impl Filter for Fixed {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn has_should_filter(&self) -> bool {
         false
     }
@@ -248,6 +264,9 @@ const CORS_ORIGIN: &str = "keymaster.cors.origin";
 struct CorsPre(Arc<Cors>);
 
 impl Filter for CorsPre {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn should_filter(&self, ctx: &FilterCtx) -> bool {
         ctx.request_headers().contains_key(header::ORIGIN)
     }
@@ -292,6 +311,9 @@ impl Filter for CorsPre {
 struct CorsPost(Arc<Cors>);
 
 impl Filter for CorsPost {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn should_filter(&self, ctx: &FilterCtx) -> bool {
         ctx.meta().contains_key(CORS_ORIGIN)
     }
@@ -318,6 +340,9 @@ struct IpFilter {
 }
 
 impl Filter for IpFilter {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn has_should_filter(&self) -> bool {
         false
     }
@@ -347,6 +372,9 @@ struct ApiKey {
 }
 
 impl Filter for ApiKey {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn has_should_filter(&self) -> bool {
         false
     }
@@ -425,6 +453,10 @@ impl RateLimit {
 }
 
 impl Filter for RateLimit {
+    // Only the Redis backend awaits.
+    fn synchronous(&self) -> bool {
+        self.redis.is_none()
+    }
     fn has_should_filter(&self) -> bool {
         false
     }
@@ -464,19 +496,23 @@ fn limited(ctx: &mut FilterCtx, decision: Result<(), u64>) {
 }
 
 struct Reroute {
-    /// Shared with each request that picks it: no allocation per request.
-    cluster: Option<Arc<str>>,
+    /// The cluster of this config version, found when the chain is built: no lookup per
+    /// request.
+    cluster: Option<Arc<crate::upstream::Cluster>>,
     path: Option<String>,
     host: Option<HeaderValue>,
 }
 
 impl Filter for Reroute {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn has_should_filter(&self) -> bool {
         false
     }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         if let Some(c) = &self.cluster {
-            ctx.set_cluster(c.clone());
+            ctx.choose_cluster(c.clone());
         }
         if let Some(p) = &self.path {
             let target = match ctx.query() {

@@ -3,11 +3,14 @@
 //! response head (kept in wire form while filters only append to it).
 
 use http::header::{HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Request, StatusCode, Uri};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, Method, Request, StatusCode};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+#[cfg(doc)]
+use super::FilterChain;
 use super::{Failure, FilterStage};
 
 /// A response set by a filter (`pre`/`route` short-circuit, or an `error` filter).
@@ -37,85 +40,142 @@ impl std::ops::DerefMut for FilterCtx {
 }
 
 /// What a [`FilterCtx`] holds; reached only through its methods.
+///
+/// The fields every request with filters uses are here; the ones few requests need (the
+/// `meta` map, upstream path and Host overrides, a failure, the debug trace, buffered
+/// bodies) are in [`Extras`], allocated on first use, so making and dropping a context
+/// touches as little memory as possible.
 #[doc(hidden)]
 pub struct CtxState {
     pub(super) stage: FilterStage,
+    /// The request head may have changed in a field the proxy stage's head scan looks at
+    /// (framing, hop-by-hop, Host, Expect): it scans again only then.
+    head_touched: bool,
+    /// A filter may have set the request id field (it set or appended a field whose name is
+    /// as long as that field's, or changed the map through `request_headers_mut`): only
+    /// then does the proxy stage look for it in the map before adding a generated id.
+    /// Comparing lengths is a cheap over-approximation of comparing names.
+    may_set_request_id: bool,
+    /// The length of the listener's request id field name.
+    request_id_len: usize,
+    /// The filter runs of this request are timed (sampled, or debug mode).
+    pub(super) timed: bool,
     pub(super) method: Method,
-    uri: Uri,
-    pub(super) headers: HeaderMap,
+    /// The request target's path and query, as the client sent them (`None` for a target
+    /// without a path: the authority form). A copy of less than the whole URI.
+    target: Option<PathAndQuery>,
+    /// The request headers: moved in for `pre` and `route`; afterwards the copy kept for
+    /// `post` and `error` filters that asked for it, else none (reads see an empty map).
+    pub(super) headers: Option<HeaderMap>,
     client: SocketAddr,
     /// TLS listeners: the verified client certificate identity (mTLS), if any.
     tls: Option<Option<String>>,
     pub(super) route: Arc<str>,
-    meta: HashMap<String, String>,
-    pub(crate) cluster: Option<Arc<str>>,
-    pub(crate) path: Option<String>,
-    pub(crate) host: Option<HeaderValue>,
-    pub(super) local: Option<LocalResponse>,
-    pub(super) response: Option<(StatusCode, HeaderMap)>,
-    /// `post`: the origin's head kept in wire form (`headers::RawHead`); while it is here the
-    /// map in `response` is empty, and reads see `raw_view`, a map built from it on the
-    /// first read. Appending keeps it; any other change replaces it with the map.
+    cluster: Option<ClusterChoice>,
+    pub(super) local: Option<Box<LocalResponse>>,
+    /// `post`: the response status (`None` before the post stage).
+    pub(super) response_status: Option<StatusCode>,
+    /// `post`: the response fields as a map, unless they are in `raw_response`.
+    pub(super) response_headers: Option<HeaderMap>,
+    /// `post`: the origin's head kept in wire form (`headers::RawHead`), moved here instead
+    /// of a map; reads see `raw_view`, a map built from it on the first read. Appending keeps
+    /// it; any other change replaces it with the map in `response_headers`.
     pub(super) raw_response: Option<crate::headers::RawHead>,
     pub(super) raw_view: std::cell::OnceCell<HeaderMap>,
+    extras: Option<Box<Extras>>,
+}
+
+/// The cluster a filter chose: by name (the proxy stage looks it up in the request's config
+/// version), or one the chain found when it was built (a `reroute` filter).
+pub(crate) enum ClusterChoice {
+    Named(Arc<str>),
+    Resolved(Arc<crate::upstream::Cluster>),
+}
+
+/// The parts of a context few requests use (see [`CtxState`]).
+#[derive(Default)]
+pub(super) struct Extras {
+    meta: HashMap<String, String>,
+    path: Option<String>,
+    host: Option<HeaderValue>,
     pub(super) failure: Option<Failure>,
     /// Debug mode: one entry per filter considered.
     pub(super) debug: Option<Vec<String>>,
-    /// The request head may have changed in a field the proxy stage's head scan looks at
-    /// (framing, hop-by-hop, Host, Expect): it scans again only then.
-    head_touched: bool,
     /// Bodies buffered for filters that declared they need them (`filter::body`).
     pub(super) request_body: Option<bytes::Bytes>,
     pub(super) response_body: Option<bytes::Bytes>,
 }
 
+/// What [`FilterCtx::meta`] reads before anything was put in the map.
+static NO_META: std::sync::LazyLock<HashMap<String, String>> =
+    std::sync::LazyLock::new(HashMap::new);
+
+/// What [`FilterCtx::request_headers`] reads once the headers went upstream without a copy.
+static NO_HEADERS: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
+
+/// Put `map` in `dst`, which holds the empty placeholder a `mem::take` left there. A map
+/// with no capacity owns no memory (`HeaderMap::new` does not allocate, and nothing was
+/// inserted), so the placeholder is forgotten rather than dropped: its drop glue costs ~60
+/// instructions for nothing. Anything else in `dst` is dropped as usual.
+pub(crate) fn put_back_headers(dst: &mut HeaderMap, map: HeaderMap) {
+    let old = std::mem::replace(dst, map);
+    if old.capacity() == 0 {
+        std::mem::forget(old);
+    }
+}
+
 impl FilterCtx {
-    /// A context for the request head `parts` with its headers moved in (they go back with
-    /// [`FilterChain::request_headers`]).
+    /// A context for the request head `parts` with its headers moved in, an empty map left in
+    /// their place (they go back with [`super::FilterChain::put_back_request_headers`]).
+    /// `request_id`: the listener's request id field name.
     pub(crate) fn new(
-        parts: &http::request::Parts,
-        headers: HeaderMap,
+        parts: &mut http::request::Parts,
         client: SocketAddr,
         tls: Option<&crate::tls::TlsFacts>,
         route: Arc<str>,
+        request_id: &HeaderName,
     ) -> FilterCtx {
-        let tls = tls.map(|t| t.client_identity.clone());
-        let (method, uri) = (parts.method.clone(), parts.uri.clone());
-        FilterCtx::fresh(FilterStage::Pre, method, uri, headers, client, tls, route)
+        // Allocated before the state is built, so the state is written in place rather than
+        // built on the stack and copied in (a ~600-byte copy per request).
+        let state = Box::new_uninit();
+        FilterCtx(Box::write(
+            state,
+            CtxState {
+                stage: FilterStage::Pre,
+                head_touched: false,
+                may_set_request_id: false,
+                request_id_len: request_id.as_str().len(),
+                timed: super::stage::sample_timing(),
+                method: parts.method.clone(),
+                target: parts.uri.path_and_query().cloned(),
+                headers: Some(std::mem::take(&mut parts.headers)),
+                client,
+                tls: tls.map(|t| t.client_identity.clone()),
+                route,
+                cluster: None,
+                local: None,
+                response_status: None,
+                response_headers: None,
+                raw_response: None,
+                raw_view: std::cell::OnceCell::new(),
+                extras: None,
+            },
+        ))
     }
 
-    /// A context with the request facts given and nothing decided yet.
-    fn fresh(
-        stage: FilterStage,
-        method: Method,
-        uri: Uri,
-        headers: HeaderMap,
-        client: SocketAddr,
-        tls: Option<Option<String>>,
-        route: Arc<str>,
-    ) -> FilterCtx {
-        FilterCtx(Box::new(CtxState {
-            stage,
-            method,
-            uri,
-            headers,
-            client,
-            tls,
-            route,
-            meta: HashMap::new(),
-            cluster: None,
-            path: None,
-            host: None,
-            local: None,
-            response: None,
-            raw_response: None,
-            raw_view: std::cell::OnceCell::new(),
-            failure: None,
-            debug: None,
-            head_touched: false,
-            request_body: None,
-            response_body: None,
-        }))
+    /// The rarely used parts, allocated on first use.
+    pub(super) fn extras(&mut self) -> &mut Extras {
+        self.0.extras.get_or_insert_with(Box::default)
+    }
+
+    /// The rarely used parts, if any was ever set.
+    pub(super) fn extras_ref(&self) -> Option<&Extras> {
+        self.0.extras.as_deref()
+    }
+
+    /// The rarely used parts, if any was ever set, writable.
+    pub(super) fn extras_mut(&mut self) -> Option<&mut Extras> {
+        self.0.extras.as_deref_mut()
     }
 
     /// A context for unit tests of filters (no request behind it).
@@ -123,8 +183,10 @@ impl FilterCtx {
         let mut req = Request::new(());
         *req.method_mut() = method;
         *req.uri_mut() = uri.parse().expect("valid uri");
-        let (parts, ()) = req.into_parts();
-        FilterCtx::new(&parts, headers, client, None, "test".into())
+        let (mut parts, ()) = req.into_parts();
+        parts.headers = headers;
+        let request_id = HeaderName::from_static("x-request-id");
+        FilterCtx::new(&mut parts, client, None, "test".into(), &request_id)
     }
 
     /// The stage now running.
@@ -136,39 +198,55 @@ impl FilterCtx {
     }
     /// The request path as the client sent it.
     pub fn path(&self) -> &str {
-        self.uri.path()
+        self.target.as_ref().map_or("", PathAndQuery::path)
     }
     pub fn query(&self) -> Option<&str> {
-        self.uri.query()
+        self.target.as_ref()?.query()
     }
     /// Request headers. Changes take effect in `pre` and `route`. In `post` and `error` this
     /// is a copy as it was after the `route` stage when a filter of those stages declares
     /// [`Filter::needs_request_headers`] (or matches on headers), and empty otherwise.
     pub fn request_headers(&self) -> &HeaderMap {
-        &self.headers
+        self.headers.as_ref().unwrap_or(&NO_HEADERS)
     }
     /// Any change through this handle makes the proxy stage re-scan the request head; the
     /// `set`/`append`/`remove_request_header` methods do so only for the fields it scans.
     pub fn request_headers_mut(&mut self) -> &mut HeaderMap {
         self.head_touched = true;
-        &mut self.headers
+        self.may_set_request_id = true;
+        self.headers.get_or_insert_with(HeaderMap::new)
     }
     pub fn set_request_header(&mut self, name: HeaderName, value: HeaderValue) {
         self.head_touched |= crate::headers::affects_head_scan(&name);
-        self.headers.insert(name, value);
+        self.may_set_request_id |= name.as_str().len() == self.request_id_len;
+        self.headers
+            .get_or_insert_with(HeaderMap::new)
+            .insert(name, value);
     }
     pub fn append_request_header(&mut self, name: HeaderName, value: HeaderValue) {
         self.head_touched |= crate::headers::affects_head_scan(&name);
-        self.headers.append(name, value);
+        self.may_set_request_id |= name.as_str().len() == self.request_id_len;
+        self.headers
+            .get_or_insert_with(HeaderMap::new)
+            .append(name, value);
     }
     pub fn remove_request_header(&mut self, name: &HeaderName) {
         self.head_touched |= crate::headers::affects_head_scan(name);
-        self.headers.remove(name);
+        if let Some(h) = self.headers.as_mut() {
+            h.remove(name);
+        }
     }
     /// Apply compiled header edits to the request.
     pub(crate) fn edit_request_headers(&mut self, edits: &crate::headers::HeaderEdits) {
         self.head_touched |= edits.affects_head_scan();
-        edits.apply(&mut self.headers);
+        let len = self.request_id_len;
+        self.may_set_request_id |=
+            (edits.set.iter().chain(&edits.add)).any(|(n, _)| n.as_str().len() == len);
+        edits.apply(self.headers.get_or_insert_with(HeaderMap::new));
+    }
+    /// Whether a filter may have set the request id field (see `may_set_request_id`).
+    pub(crate) fn may_have_set_request_id(&self) -> bool {
+        self.may_set_request_id
     }
     /// Whether a filter may have changed a field the proxy stage's head scan looks at.
     pub(crate) fn head_touched(&self) -> bool {
@@ -196,28 +274,40 @@ impl FilterCtx {
     }
     /// Per-request values shared by the filters of one request.
     pub fn meta(&self) -> &HashMap<String, String> {
-        &self.meta
+        self.extras_ref().map_or(&NO_META, |x| &x.meta)
     }
     pub fn meta_mut(&mut self) -> &mut HashMap<String, String> {
-        &mut self.meta
+        &mut self.extras().meta
     }
 
     /// Route stage (or pre): send to this cluster instead of the route's. An unknown name
     /// fails the request with 500.
     pub fn set_cluster(&mut self, name: impl Into<Arc<str>>) {
-        self.cluster = Some(name.into());
+        self.cluster = Some(ClusterChoice::Named(name.into()));
+    }
+    /// [`Self::set_cluster`] with the cluster itself, found when the chain was built (it
+    /// belongs to the same config version as the request).
+    pub(crate) fn choose_cluster(&mut self, cluster: Arc<crate::upstream::Cluster>) {
+        self.cluster = Some(ClusterChoice::Resolved(cluster));
+    }
+    /// After the route stage: the cluster a filter chose, if any.
+    pub(crate) fn take_cluster(&mut self) -> Option<ClusterChoice> {
+        self.cluster.take()
     }
     /// Route stage (or pre): the path and query sent upstream; replaces the route's rewrite.
     pub fn set_upstream_path(&mut self, path_and_query: impl Into<String>) {
-        self.path = Some(path_and_query.into());
+        self.extras().path = Some(path_and_query.into());
     }
     /// Route stage (or pre): the Host sent upstream; replaces the route's host policy.
     pub fn set_upstream_host(&mut self, host: HeaderValue) {
-        self.host = Some(host);
+        self.extras().host = Some(host);
     }
     /// The cluster chosen by a filter so far, if any.
     pub fn upstream_cluster(&self) -> Option<&str> {
-        self.cluster.as_deref()
+        match self.cluster.as_ref()? {
+            ClusterChoice::Named(name) => Some(name),
+            ClusterChoice::Resolved(c) => Some(&c.config.name),
+        }
     }
 
     /// `pre`/`route`: answer the request here (the proxy stage and later pre/route filters
@@ -229,11 +319,11 @@ impl FilterCtx {
         headers: HeaderMap,
         body: impl Into<bytes::Bytes>,
     ) {
-        self.local = Some(LocalResponse {
+        self.local = Some(Box::new(LocalResponse {
             status,
             headers,
             body: body.into(),
-        });
+        }));
     }
     /// Whether a filter has answered the request.
     pub fn responded(&self) -> bool {
@@ -242,28 +332,28 @@ impl FilterCtx {
 
     /// `post`: the response status.
     pub fn response_status(&self) -> Option<StatusCode> {
-        self.response.as_ref().map(|r| r.0)
+        self.response_status
     }
     pub fn set_response_status(&mut self, status: StatusCode) {
-        if let Some(r) = self.response.as_mut() {
-            r.0 = status;
+        if let Some(s) = self.response_status.as_mut() {
+            *s = status;
         }
     }
     /// `post`: the response headers.
     pub fn response_headers(&self) -> Option<&HeaderMap> {
-        let r = self.response.as_ref()?;
-        Some(match &self.raw_response {
-            Some(raw) => self.raw_view.get_or_init(|| raw.to_map()),
-            None => &r.1,
-        })
+        self.response_status?;
+        match &self.raw_response {
+            Some(raw) => Some(self.raw_view.get_or_init(|| raw.to_map())),
+            None => self.response_headers.as_ref(),
+        }
     }
     pub fn response_headers_mut(&mut self) -> Option<&mut HeaderMap> {
+        self.response_status?;
         let s = &mut *self.0;
-        let r = s.response.as_mut()?;
         if let Some(raw) = s.raw_response.take() {
-            r.1 = s.raw_view.take().unwrap_or_else(|| raw.to_map());
+            s.response_headers = Some(s.raw_view.take().unwrap_or_else(|| raw.to_map()));
         }
-        Some(&mut r.1)
+        Some(s.response_headers.get_or_insert_with(HeaderMap::new))
     }
     /// `post`: append a response field (cheaper than through [`Self::response_headers_mut`]
     /// while the origin's head is still in wire form).
@@ -281,24 +371,81 @@ impl FilterCtx {
             return;
         }
         let s = &mut *self.0;
-        let Some(r) = s.response.as_mut() else {
+        if s.response_status.is_none() {
             return;
-        };
-        match s.raw_response.as_mut() {
-            Some(raw) => {
+        }
+        match (s.raw_response.as_mut(), s.response_headers.as_mut()) {
+            (Some(raw), _) => {
                 raw.push(name.as_str().as_bytes(), value.as_bytes());
                 if let Some(view) = s.raw_view.get_mut() {
                     view.append(name.clone(), value.clone());
                 }
             }
-            None => {
-                r.1.append(name.clone(), value.clone());
+            (None, Some(map)) => {
+                map.append(name.clone(), value.clone());
             }
+            (None, None) => {}
         }
     }
 
     /// `error` (and the `post` filters after it): what failed.
     pub fn failure(&self) -> Option<&Failure> {
-        self.failure.as_ref()
+        self.extras_ref()?.failure.as_ref()
+    }
+
+    /// Debug mode: the trace to add entries to.
+    pub(super) fn debug_trace(&mut self) -> Option<&mut Vec<String>> {
+        self.extras_mut()?.debug.as_mut()
+    }
+
+    /// After the route stage: the upstream path and Host a filter set (`None`: no filter
+    /// touched the rarely used parts of the context, so neither was set).
+    pub(crate) fn take_upstream_overrides(
+        &mut self,
+    ) -> Option<(Option<String>, Option<HeaderValue>)> {
+        let x = self.extras_mut()?;
+        Some((x.path.take(), x.host.take()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_and_query_read_as_from_the_uri() {
+        let client = SocketAddr::from(([127, 0, 0, 1], 1));
+        for target in [
+            "/a/b?x=1",
+            "/",
+            "*",
+            "http://h.example/p?q",
+            "http://h.example",
+            "h.example:443",
+        ] {
+            let uri: http::Uri = target.parse().unwrap();
+            let ctx = FilterCtx::for_test(Method::GET, target, HeaderMap::new(), client);
+            assert_eq!(ctx.path(), uri.path(), "{target}");
+            assert_eq!(ctx.query(), uri.query(), "{target}");
+        }
+    }
+
+    #[test]
+    fn put_back_headers_replaces_placeholders_and_maps() {
+        let map = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-a", HeaderValue::from_static(v));
+            h
+        };
+        // A placeholder left by `mem::take` (forgotten: it owns nothing).
+        let mut dst = map("1");
+        let taken = std::mem::take(&mut dst);
+        assert_eq!(dst.capacity(), 0);
+        put_back_headers(&mut dst, taken);
+        assert_eq!(dst["x-a"], "1");
+        // A map with contents in `dst` is replaced (and dropped) all the same.
+        put_back_headers(&mut dst, map("2"));
+        assert_eq!(dst["x-a"], "2");
+        assert_eq!(dst.len(), 1);
     }
 }

@@ -161,6 +161,9 @@ impl Jwt {
 }
 
 impl Filter for Jwt {
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn has_should_filter(&self) -> bool {
         false
     }

@@ -13,26 +13,24 @@ mod builtin;
 mod ctx;
 mod jwt;
 mod source;
+mod stage;
 
 pub(crate) use body::{
     read_request as read_request_body, read_response as read_response_body,
     set_length as set_body_length,
 };
+pub(crate) use ctx::ClusterChoice;
 pub use ctx::{CtxState, FilterCtx};
 pub(crate) use source::collect as collect_sources;
 pub use source::{FilterSource, Reloader};
 mod rate_limit_redis;
 
-use futures_util::FutureExt;
-use http::header::{HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Response, StatusCode};
+use http::header::HeaderName;
+use http::Method;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
 
-use crate::body::ResponseBody;
 use crate::metrics::{FilterMetrics, Metrics};
 pub use keymaster_config::{FilterMatch, FilterStage};
 
@@ -96,6 +94,14 @@ pub trait Filter: Send + Sync + 'static {
     }
     /// Do the filter's work. Synchronous filters return [`done`].
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a>;
+    /// `true` for a filter whose `run` always finishes without awaiting anything: it returns
+    /// [`done`] (the built-ins and Lua files that cannot suspend say so). The chain runs such
+    /// filters in a plain loop, without an async frame; a future one returns anyway is
+    /// polled once and the filter fails if it is not finished then. The default, `false`,
+    /// is right for any filter.
+    fn synchronous(&self) -> bool {
+        false
+    }
     /// A `post` or `error` filter that reads the request headers says so: the chain then
     /// keeps a copy of them past the proxy stage (otherwise they are gone: the copy costs
     /// about as much as a small filter). Pass facts from `pre` to `post` in `meta` instead.
@@ -173,6 +179,9 @@ pub struct Failure {
     pub message: String,
 }
 
+/// A config version's clusters by name.
+pub(crate) type Clusters = rustc_hash::FxHashMap<String, Arc<crate::upstream::Cluster>>;
+
 /// A declarative match compiled.
 struct Matcher {
     /// Nothing to check: every request matches.
@@ -205,17 +214,23 @@ impl Matcher {
         })
     }
 
+    #[inline(always)]
     fn matches(&self, ctx: &FilterCtx) -> bool {
-        if self.always {
-            return true;
-        }
+        self.always || self.check(ctx)
+    }
+
+    /// Every condition given holds.
+    fn check(&self, ctx: &FilterCtx) -> bool {
         (self.routes.is_empty() || self.routes.iter().any(|r| **r == *ctx.route))
             && self
                 .path_prefix
                 .as_deref()
                 .is_none_or(|p| ctx.path().starts_with(p))
             && (self.methods.is_empty() || self.methods.contains(&ctx.method))
-            && self.headers.iter().all(|h| ctx.headers.contains_key(h))
+            && self
+                .headers
+                .iter()
+                .all(|h| ctx.request_headers().contains_key(h))
     }
 }
 
@@ -224,6 +239,8 @@ struct Entry {
     stage: FilterStage,
     /// [`Filter::has_should_filter`], asked once.
     asks: bool,
+    /// [`Filter::synchronous`], asked once.
+    synchronous: bool,
     order: i32,
     matcher: Matcher,
     filter: Arc<dyn Filter>,
@@ -261,15 +278,17 @@ fn idx(stage: FilterStage) -> usize {
 
 impl FilterChain {
     /// Compile the config's `[[filters]]` plus the filters registered in code.
+    /// `clusters`: the config version's, for filters that choose one by name.
     pub(crate) fn build(
         config: &keymaster_config::Config,
         natives: &[FilterSpec],
         metrics: &Metrics,
+        clusters: &Clusters,
     ) -> Result<FilterChain, String> {
         let mut specs: Vec<FilterSpec> = Vec::new();
         for f in &config.filters {
             specs.extend(
-                builtin::compile(f, &config.redis, metrics)
+                builtin::compile(f, &config.redis, metrics, clusters)
                     .map_err(|e| format!("filter {}: {e}", f.name))?,
             );
         }
@@ -291,6 +310,7 @@ impl FilterChain {
                 name: s.name.as_str().into(),
                 stage: s.stage,
                 asks: s.filter.has_should_filter(),
+                synchronous: s.filter.synchronous(),
                 order: s.order,
                 matcher,
                 filter: s.filter,
@@ -366,312 +386,5 @@ impl FilterChain {
     fn stage(&self, stage: FilterStage) -> &[Entry] {
         let i = idx(stage);
         &self.entries[self.bounds[i]..self.bounds[i + 1]]
-    }
-
-    /// Run one stage's filters (or pre and route's, one after the other). `Err` is the first
-    /// failure (pre/route/post); the error stage runs every filter whatever happens and
-    /// never fails.
-    async fn run_stage(&self, entries: &[Entry], ctx: &mut FilterCtx) -> Result<(), Failure> {
-        for e in entries {
-            let stage = e.stage;
-            ctx.stage = stage;
-            if matches!(stage, FilterStage::Pre | FilterStage::Route) && ctx.local.is_some() {
-                break; // answered: the rest of pre/route is skipped
-            }
-            let should = e.matcher.matches(ctx)
-                && (!e.asks
-                    || match std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        e.filter.should_filter(ctx)
-                    })) {
-                        Ok(b) => b,
-                        Err(p) => {
-                            let f = self.failed(
-                                e,
-                                stage,
-                                format!("should_filter panicked: {}", panic_text(&p)),
-                            );
-                            if stage == FilterStage::Error {
-                                continue;
-                            }
-                            return Err(f);
-                        }
-                    });
-            if !should {
-                e.metrics.skips.inc();
-                if let Some(d) = ctx.debug.as_mut() {
-                    d.push(format!("{}:{}=skip", stage.as_str(), e.name));
-                }
-                continue;
-            }
-            e.metrics.invocations.inc();
-            // The duration histogram samples runs (every one in debug mode): two clock reads
-            // and a histogram update per run would cost more than a small filter itself.
-            let started = (ctx.debug.is_some() || sample_timing()).then(Instant::now);
-            // A panic in `run` itself (synchronous filters) or while its future is polled.
-            // A finished future (the common case) is taken as it is, without an await.
-            let c = &mut *ctx;
-            let r = match std::panic::catch_unwind(AssertUnwindSafe(move || {
-                let c = c; // moved in: the closure is FnOnce, so the future may borrow it
-                e.filter.run(c)
-            })) {
-                Ok(FilterFuture(Run::Ready(r))) => {
-                    Ok(r.unwrap_or_else(|| Err("filter future polled after completion".into())))
-                }
-                Ok(f) => AssertUnwindSafe(f).catch_unwind().await,
-                Err(p) => Err(p),
-            };
-            if let Some(started) = started {
-                let took = started.elapsed();
-                e.metrics.duration.observe(took.as_secs_f64());
-                if let Some(d) = ctx.debug.as_mut() {
-                    let what = match &r {
-                        Ok(Ok(())) => "ran",
-                        _ => "failed",
-                    };
-                    d.push(format!(
-                        "{}:{}={what}/{}us",
-                        stage.as_str(),
-                        e.name,
-                        took.as_micros()
-                    ));
-                }
-            }
-            let message = match r {
-                Ok(Ok(())) => continue,
-                Ok(Err(err)) => err.0,
-                Err(p) => format!("panicked: {}", panic_text(&p)),
-            };
-            let f = self.failed(e, stage, message);
-            if stage != FilterStage::Error {
-                return Err(f);
-            }
-        }
-        Ok(())
-    }
-
-    fn failed(&self, e: &Entry, stage: FilterStage, message: String) -> Failure {
-        e.metrics.errors.inc();
-        tracing::warn!(filter = %e.name, stage = stage.as_str(), error = %message, "filter failed");
-        Failure {
-            filter: e.name.clone(),
-            stage,
-            message,
-        }
-    }
-
-    /// A filter failed: drop any response it set and run the error stage.
-    async fn fail(&self, ctx: &mut FilterCtx, f: Failure) {
-        ctx.local = None;
-        ctx.failure = Some(f);
-        ctx.stage = FilterStage::Error;
-        let _ = self.run_stage(self.stage(FilterStage::Error), ctx).await;
-    }
-
-    /// Debug mode: when the request carries the secret, trace this request's filters (and
-    /// remove the header so it never reaches the origin).
-    pub(crate) fn start_debug(&self, ctx: &mut FilterCtx) {
-        if let Some((name, secret)) = &self.debug {
-            let hit = ctx
-                .headers
-                .get(name)
-                .is_some_and(|v| builtin::constant_time_eq(v.as_bytes(), secret));
-            if hit {
-                ctx.headers.remove(name);
-                ctx.debug = Some(Vec::new());
-            }
-        }
-    }
-
-    /// Debug mode: the trace as the `x-keymaster-filters` response header.
-    fn stamp_debug(
-        ctx: &mut FilterCtx,
-        headers: &mut HeaderMap,
-        raw: &mut Option<crate::headers::RawHead>,
-    ) {
-        if let Some(d) = ctx.debug.take() {
-            if let Some(r) = raw.take() {
-                *headers = r.to_map();
-            }
-            if let Ok(v) = HeaderValue::from_str(&d.join(", ")) {
-                headers.insert(HeaderName::from_static("x-keymaster-filters"), v);
-            }
-        }
-    }
-
-    /// Run `pre` then `route`. `true`: proxy the request. `false`: answer it with
-    /// [`FilterChain::local_response`] (a filter responded, or one failed).
-    pub(crate) async fn inbound(&self, ctx: &mut FilterCtx) -> bool {
-        if let Err(f) = self.run_stage(self.pre_and_route(), ctx).await {
-            self.fail(ctx, f).await;
-            return false;
-        }
-        ctx.local.is_none()
-    }
-
-    /// The request headers to forward after `inbound` (a copy stays for post/error filters).
-    pub(crate) fn request_headers(&self, ctx: &mut FilterCtx) -> HeaderMap {
-        if self.outbound {
-            ctx.headers.clone()
-        } else {
-            std::mem::take(&mut ctx.headers)
-        }
-    }
-
-    /// Run `post` over a proxied response head. `Err(response)`: a post filter failed and
-    /// this (error-stage or 500) response replaces the origin's.
-    /// `raw`: the origin's head in wire form, when kept so (`headers` is then empty); it
-    /// comes back as it is, with fields appended, or as `None` with the fields in `headers`.
-    pub(crate) async fn outbound(
-        &self,
-        ctx: &mut FilterCtx,
-        status: &mut StatusCode,
-        headers: &mut HeaderMap,
-        raw: &mut Option<crate::headers::RawHead>,
-        failed: impl Fn() -> Response<ResponseBody>,
-    ) -> Result<(), Response<ResponseBody>> {
-        let post = self.stage(FilterStage::Post);
-        if post.is_empty() {
-            Self::stamp_debug(ctx, headers, raw);
-            return Ok(());
-        }
-        ctx.response = Some((*status, std::mem::take(headers)));
-        ctx.raw_response = raw.take();
-        match self.run_stage(post, ctx).await {
-            Ok(()) => {
-                let (s, h) = ctx.response.take().unwrap_or_default();
-                *status = s;
-                *headers = h;
-                *raw = ctx.raw_response.take();
-                ctx.raw_view = std::cell::OnceCell::new();
-                Self::stamp_debug(ctx, headers, raw);
-                Ok(())
-            }
-            Err(f) => {
-                // The error stage sees the origin's head as a map.
-                let _ = ctx.response_headers_mut();
-                self.fail(ctx, f).await;
-                let mut r = Self::assemble(ctx, &failed).0;
-                Self::stamp_debug(ctx, r.headers_mut(), &mut None);
-                Err(r)
-            }
-        }
-    }
-
-    /// The response for a request answered by the chain: the filter's response, the error
-    /// stage's, or `failed()` (500); then the post filters over it (once: a failing post
-    /// filter runs the error stage and its response goes out without another post pass).
-    pub(crate) async fn local_response(
-        &self,
-        ctx: &mut FilterCtx,
-        request_id: (&HeaderName, &HeaderValue),
-        failed: impl Fn() -> Response<ResponseBody>,
-    ) -> (Response<ResponseBody>, bool) {
-        let (resp, was_failure) = Self::assemble(ctx, &failed);
-        let (mut parts, body) = resp.into_parts();
-        if !parts.headers.contains_key(request_id.0) {
-            parts
-                .headers
-                .insert(request_id.0.clone(), request_id.1.clone());
-        }
-        let mut status = parts.status;
-        match self
-            .outbound(ctx, &mut status, &mut parts.headers, &mut None, &failed)
-            .await
-        {
-            Ok(()) => {
-                parts.status = status;
-                (Response::from_parts(parts, body), was_failure)
-            }
-            Err(resp) => (resp, true),
-        }
-    }
-
-    /// The proxy stage failed after the pre and route filters ran (502, 504, 413, ...): the
-    /// error filters run with `failure()` naming filter `"proxy"` and the error category;
-    /// their response, or `resp`, then goes through the post filters.
-    pub(crate) async fn proxy_error(
-        &self,
-        ctx: &mut FilterCtx,
-        category: &'static str,
-        resp: Response<ResponseBody>,
-        failed: &impl Fn() -> Response<ResponseBody>,
-    ) -> Response<ResponseBody> {
-        let (mut parts, mut body) = resp.into_parts();
-        if !self.stage(FilterStage::Error).is_empty() {
-            ctx.local = None;
-            ctx.failure = Some(Failure {
-                filter: "proxy".into(),
-                stage: FilterStage::Route,
-                message: category.to_string(),
-            });
-            ctx.stage = FilterStage::Error;
-            let _ = self.run_stage(self.stage(FilterStage::Error), ctx).await;
-            if let Some(l) = ctx.local.take() {
-                // Keep the gateway's own duties (request id, Connection: close) unless the
-                // error filter set them.
-                let mut headers = l.headers;
-                for (name, value) in parts.headers.iter() {
-                    if *name != http::header::CONTENT_TYPE && !headers.contains_key(name) {
-                        headers.insert(name.clone(), value.clone());
-                    }
-                }
-                parts.status = l.status;
-                parts.headers = headers;
-                body = ResponseBody::full(l.body);
-            }
-        }
-        let mut status = parts.status;
-        match self
-            .outbound(ctx, &mut status, &mut parts.headers, &mut None, failed)
-            .await
-        {
-            Ok(()) => {
-                parts.status = status;
-                Response::from_parts(parts, body)
-            }
-            Err(r) => r,
-        }
-    }
-
-    /// `ctx.local` as a response, else `failed()`; the flag says whether it is a failure.
-    fn assemble(
-        ctx: &mut FilterCtx,
-        failed: &impl Fn() -> Response<ResponseBody>,
-    ) -> (Response<ResponseBody>, bool) {
-        match ctx.local.take() {
-            Some(l) => {
-                let mut r = Response::new(ResponseBody::full(l.body));
-                *r.status_mut() = l.status;
-                *r.headers_mut() = l.headers;
-                (r, ctx.failure.is_some())
-            }
-            None => (failed(), true),
-        }
-    }
-}
-
-/// One filter run in this many is timed for `keymaster_filter_duration_seconds`.
-pub(crate) const TIMING_SAMPLE: u32 = 16;
-
-thread_local! {
-    static TIMING_TICK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// Whether to time this filter run (one in [`TIMING_SAMPLE`], counted per worker thread).
-fn sample_timing() -> bool {
-    TIMING_TICK.with(|t| {
-        let n = t.get().wrapping_add(1);
-        t.set(n);
-        n % TIMING_SAMPLE == 0
-    })
-}
-
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_string()
     }
 }

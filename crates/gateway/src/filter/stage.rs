@@ -1,0 +1,553 @@
+//! Running the chain's stages: the rules of `docs/filters.md` ("Rules") in code.
+//!
+//! A stage is a loop over its filters in run order: the declarative match, then
+//! `should_filter`, then `run`, each guarded against panics, with the counters, the sampled
+//! timing and the debug trace. Filters that declare themselves [`super::Filter::synchronous`] (the
+//! built-ins, Lua files that cannot suspend) run in [`FilterChain::run_sync`], a plain loop;
+//! only a filter that may await is run from an async frame ([`FilterChain::run_from`]),
+//! after which the plain loop goes on. A chain of synchronous filters therefore runs without
+//! a future per stage or per filter: `inbound` and `outbound` return a [`Staged`] that is
+//! ready at once, and box the rest of their stage only when a filter may suspend or one
+//! failed (the error stage may await).
+
+use futures_util::FutureExt;
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Response, StatusCode};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::Instant;
+
+use super::{
+    builtin, Entry, Failure, FilterChain, FilterCtx, FilterError, FilterFuture, FilterStage, Run,
+};
+use crate::body::ResponseBody;
+
+/// A stage's outcome as a future: ready at once when every filter of the stage ran
+/// synchronously (no future made), else a boxed future that finishes the stage.
+pub(crate) enum Staged<'a, T> {
+    Ready(Option<T>),
+    Pending(std::pin::Pin<Box<dyn Future<Output = T> + 'a>>),
+}
+
+impl<'a, T> Staged<'a, T> {
+    fn boxed(f: impl Future<Output = T> + 'a) -> Self {
+        Staged::Pending(Box::pin(f))
+    }
+}
+
+impl<T: Unpin> Future for Staged<'_, T> {
+    type Output = T;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        match self.get_mut() {
+            Staged::Ready(v) => {
+                std::task::Poll::Ready(v.take().expect("stage polled after completion"))
+            }
+            Staged::Pending(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+/// A filter's result, or the payload of its panic.
+type Outcome = Result<Result<(), FilterError>, Box<dyn std::any::Any + Send>>;
+
+/// Whether a filter runs for this request.
+enum Admission {
+    Run,
+    Skip,
+    Failed(Failure),
+}
+
+impl FilterChain {
+    /// Run `entries` (one stage's filters, or pre and route's): `Err` is the first failure
+    /// (pre/route/post); the error stage runs every filter whatever happens and never fails.
+    async fn run_stage(&self, entries: &[Entry], ctx: &mut FilterCtx) -> Result<(), Failure> {
+        match self.run_sync(entries, 0, ctx)? {
+            None => Ok(()),
+            Some(at) => self.run_from(entries, at, ctx).await,
+        }
+    }
+
+    /// Run `entries[from..]` as long as their filters are synchronous. `Ok(None)`: the stage
+    /// is done (every filter ran or was skipped, or a pre/route filter answered).
+    /// `Ok(Some(at))`: `entries[at]` may suspend and nothing of it ran yet; go on with
+    /// [`Self::run_from`]. `Err`: the first failure (never in the error stage, whose
+    /// failures are counted and passed over).
+    fn run_sync(
+        &self,
+        entries: &[Entry],
+        from: usize,
+        ctx: &mut FilterCtx,
+    ) -> Result<Option<usize>, Failure> {
+        for (at, e) in entries.iter().enumerate().skip(from) {
+            ctx.stage = e.stage;
+            if ctx.local.is_some() && matches!(e.stage, FilterStage::Pre | FilterStage::Route) {
+                break; // answered: the rest of pre/route is skipped
+            }
+            if !e.synchronous {
+                return Ok(Some(at));
+            }
+            let ran = match self.admit(e, ctx) {
+                Admission::Run => {
+                    let started = start(e, ctx);
+                    let outcome = run_now(e, ctx);
+                    self.finish(e, ctx, outcome, started)
+                }
+                Admission::Skip => continue,
+                Admission::Failed(f) => Err(f),
+            };
+            if let Err(f) = ran {
+                if e.stage != FilterStage::Error {
+                    return Err(f);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Run `entries[at..]`, `entries[at]` being a filter that may suspend (as
+    /// [`Self::run_sync`] left it): that one from this async frame, the rest as they come.
+    async fn run_from(
+        &self,
+        entries: &[Entry],
+        mut at: usize,
+        ctx: &mut FilterCtx,
+    ) -> Result<(), Failure> {
+        loop {
+            let e = &entries[at];
+            if let Err(f) = self.run_suspending(e, ctx).await {
+                if e.stage != FilterStage::Error {
+                    return Err(f);
+                }
+            }
+            match self.run_sync(entries, at + 1, ctx)? {
+                None => return Ok(()),
+                Some(next) => at = next,
+            }
+        }
+    }
+
+    /// One filter that may suspend: its future is awaited (a panic while it is polled is
+    /// caught like one in `run`).
+    async fn run_suspending(&self, e: &Entry, ctx: &mut FilterCtx) -> Result<(), Failure> {
+        match self.admit(e, ctx) {
+            Admission::Run => {}
+            Admission::Skip => return Ok(()),
+            Admission::Failed(f) => return Err(f),
+        }
+        let started = start(e, ctx);
+        let c = &mut *ctx;
+        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(move || {
+            let c = c; // moved in: the closure is FnOnce, so the future may borrow it
+            e.filter.run(c)
+        })) {
+            Ok(FilterFuture(Run::Ready(r))) => Ok(r.unwrap_or_else(polled_twice)),
+            Ok(f) => AssertUnwindSafe(f).catch_unwind().await,
+            Err(p) => Err(p),
+        };
+        self.finish(e, ctx, outcome, started)
+    }
+
+    /// The declarative match, then `should_filter` (a panic there is a failure of the
+    /// filter). A skip is counted and traced here.
+    #[inline(always)]
+    fn admit(&self, e: &Entry, ctx: &mut FilterCtx) -> Admission {
+        let should = e.matcher.matches(ctx)
+            && (!e.asks
+                || match std::panic::catch_unwind(AssertUnwindSafe(|| e.filter.should_filter(ctx)))
+                {
+                    Ok(b) => b,
+                    Err(p) => {
+                        let message = format!("should_filter panicked: {}", panic_text(&p));
+                        return Admission::Failed(self.failed(e, message));
+                    }
+                });
+        if should {
+            return Admission::Run;
+        }
+        e.metrics.skips.inc();
+        if let Some(d) = ctx.debug_trace() {
+            d.push(format!("{}:{}=skip", e.stage.as_str(), e.name));
+        }
+        Admission::Skip
+    }
+
+    /// After a filter ran: its sampled timing and debug entry; a failure is counted and
+    /// logged.
+    #[inline(always)]
+    fn finish(
+        &self,
+        e: &Entry,
+        ctx: &mut FilterCtx,
+        outcome: Outcome,
+        started: Option<Instant>,
+    ) -> Result<(), Failure> {
+        if let Some(started) = started {
+            let took = started.elapsed();
+            e.metrics.duration.observe(took.as_secs_f64());
+            if let Some(d) = ctx.debug_trace() {
+                let what = match &outcome {
+                    Ok(Ok(())) => "ran",
+                    _ => "failed",
+                };
+                d.push(format!(
+                    "{}:{}={what}/{}us",
+                    e.stage.as_str(),
+                    e.name,
+                    took.as_micros()
+                ));
+            }
+        }
+        let message = match outcome {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(err)) => err.0,
+            Err(p) => format!("panicked: {}", panic_text(&p)),
+        };
+        Err(self.failed(e, message))
+    }
+
+    fn failed(&self, e: &Entry, message: String) -> Failure {
+        e.metrics.errors.inc();
+        let stage = e.stage.as_str();
+        tracing::warn!(filter = %e.name, stage, error = %message, "filter failed");
+        Failure {
+            filter: e.name.clone(),
+            stage: e.stage,
+            message,
+        }
+    }
+
+    /// A filter failed: drop any response it set and run the error stage.
+    async fn fail(&self, ctx: &mut FilterCtx, f: Failure) {
+        ctx.local = None;
+        ctx.extras().failure = Some(f);
+        ctx.stage = FilterStage::Error;
+        self.run_error_stage(ctx).await;
+    }
+
+    /// Every error filter, whatever happens (their failures are counted and passed over).
+    async fn run_error_stage(&self, ctx: &mut FilterCtx) {
+        let _ = self.run_stage(self.stage(FilterStage::Error), ctx).await;
+    }
+
+    /// Debug mode: when the request carries the secret, trace this request's filters (and
+    /// remove the header so it never reaches the origin).
+    #[inline]
+    pub(crate) fn start_debug(&self, ctx: &mut FilterCtx) {
+        if self.debug.is_some() {
+            self.check_debug_secret(ctx);
+        }
+    }
+
+    #[cold]
+    fn check_debug_secret(&self, ctx: &mut FilterCtx) {
+        if let Some((name, secret)) = &self.debug {
+            let hit = ctx
+                .request_headers()
+                .get(name)
+                .is_some_and(|v| builtin::constant_time_eq(v.as_bytes(), secret));
+            if hit {
+                ctx.remove_request_header(name);
+                ctx.extras().debug = Some(Vec::new());
+                ctx.timed = true;
+            }
+        }
+    }
+
+    /// Debug mode: the trace as the `x-keymaster-filters` response header.
+    #[inline]
+    fn stamp_debug(
+        ctx: &mut FilterCtx,
+        headers: &mut HeaderMap,
+        raw: &mut Option<crate::headers::RawHead>,
+    ) {
+        if ctx.debug_trace().is_some() {
+            Self::stamp_trace(ctx, headers, raw);
+        }
+    }
+
+    #[cold]
+    fn stamp_trace(
+        ctx: &mut FilterCtx,
+        headers: &mut HeaderMap,
+        raw: &mut Option<crate::headers::RawHead>,
+    ) {
+        if let Some(d) = ctx.extras_mut().and_then(|x| x.debug.take()) {
+            if let Some(r) = raw.take() {
+                *headers = r.to_map();
+            }
+            if let Ok(v) = HeaderValue::from_str(&d.join(", ")) {
+                headers.insert(HeaderName::from_static("x-keymaster-filters"), v);
+            }
+        }
+    }
+
+    /// Run `pre` then `route`. `true`: proxy the request. `false`: answer it with
+    /// [`FilterChain::local_response`] (a filter responded, or one failed). Ready at once
+    /// when every filter ran synchronously and none failed.
+    pub(crate) fn inbound<'a>(&'a self, ctx: &'a mut FilterCtx) -> Staged<'a, bool> {
+        let entries = self.pre_and_route();
+        match self.run_sync(entries, 0, ctx) {
+            Ok(None) => Staged::Ready(Some(ctx.local.is_none())),
+            Ok(Some(at)) => Staged::boxed(async move {
+                if let Err(f) = self.run_from(entries, at, ctx).await {
+                    self.fail(ctx, f).await;
+                    return false;
+                }
+                ctx.local.is_none()
+            }),
+            Err(f) => Staged::boxed(async move {
+                self.fail(ctx, f).await;
+                false
+            }),
+        }
+    }
+
+    /// After `inbound`: the request headers to forward into `dst`, which holds the placeholder
+    /// [`FilterCtx::new`] left (a copy stays for post/error filters that asked for one).
+    pub(crate) fn put_back_request_headers(&self, ctx: &mut FilterCtx, dst: &mut HeaderMap) {
+        if self.outbound {
+            super::ctx::put_back_headers(dst, ctx.request_headers().clone());
+        } else if let Some(h) = ctx.headers.take() {
+            super::ctx::put_back_headers(dst, h);
+        }
+    }
+
+    /// Run `post` over a proxied response head. `Err(response)`: a post filter failed and
+    /// this (error-stage or 500) response replaces the origin's. Ready at once when every
+    /// post filter ran synchronously and none failed.
+    /// `raw`: the origin's head in wire form, when kept so (`headers` is then empty); it
+    /// comes back as it is, with fields appended, or as `None` with the fields in `headers`.
+    pub(crate) fn outbound<'a>(
+        &'a self,
+        ctx: &'a mut FilterCtx,
+        status: &'a mut StatusCode,
+        headers: &'a mut HeaderMap,
+        raw: &'a mut Option<crate::headers::RawHead>,
+        failed: impl Fn() -> Response<ResponseBody> + 'a,
+    ) -> Staged<'a, Result<(), Response<ResponseBody>>> {
+        let post = self.stage(FilterStage::Post);
+        if post.is_empty() {
+            Self::stamp_debug(ctx, headers, raw);
+            return Staged::Ready(Some(Ok(())));
+        }
+        // The fields move in as they are: the wire-form head, else the map.
+        ctx.response_status = Some(*status);
+        match raw.take() {
+            Some(r) => ctx.raw_response = Some(r),
+            None => ctx.response_headers = Some(std::mem::take(headers)),
+        }
+        // `Ok(at)`: the filter the stage goes on with, asynchronously; `Err`: a failure.
+        let next = match self.run_sync(post, 0, ctx) {
+            Ok(None) => {
+                Self::head_back(ctx, status, headers, raw);
+                return Staged::Ready(Some(Ok(())));
+            }
+            Ok(Some(at)) => Ok(at),
+            Err(f) => Err(f),
+        };
+        Staged::boxed(async move {
+            let ran = match next {
+                Ok(at) => self.run_from(post, at, ctx).await,
+                Err(f) => Err(f),
+            };
+            match ran {
+                Ok(()) => {
+                    Self::head_back(ctx, status, headers, raw);
+                    Ok(())
+                }
+                Err(f) => {
+                    // The error stage sees the origin's head as a map.
+                    let _ = ctx.response_headers_mut();
+                    self.fail(ctx, f).await;
+                    let mut r = Self::assemble(ctx, &failed).0;
+                    Self::stamp_debug(ctx, r.headers_mut(), &mut None);
+                    Err(r)
+                }
+            }
+        })
+    }
+
+    /// After the post stage: the response head back from the context (the status, and the
+    /// fields as a map or still in wire form), with the debug trace.
+    #[inline(always)]
+    fn head_back(
+        ctx: &mut FilterCtx,
+        status: &mut StatusCode,
+        headers: &mut HeaderMap,
+        raw: &mut Option<crate::headers::RawHead>,
+    ) {
+        if let Some(s) = ctx.response_status.take() {
+            *status = s;
+        }
+        // A map (moved in, or built from the wire form by a change) replaces the fields; a
+        // wire-form head still here goes back as it is.
+        if ctx.response_headers.is_some() {
+            if let Some(h) = ctx.response_headers.take() {
+                super::ctx::put_back_headers(headers, h);
+            }
+        }
+        if ctx.raw_response.is_some() {
+            *raw = ctx.raw_response.take();
+            ctx.raw_view.take();
+        }
+        Self::stamp_debug(ctx, headers, raw);
+    }
+
+    /// The response for a request answered by the chain: the filter's response, the error
+    /// stage's, or `failed()` (500); then the post filters over it (once: a failing post
+    /// filter runs the error stage and its response goes out without another post pass).
+    pub(crate) async fn local_response(
+        &self,
+        ctx: &mut FilterCtx,
+        request_id: (&HeaderName, &HeaderValue),
+        failed: impl Fn() -> Response<ResponseBody>,
+    ) -> (Response<ResponseBody>, bool) {
+        let (resp, was_failure) = Self::assemble(ctx, &failed);
+        let (mut parts, body) = resp.into_parts();
+        if !parts.headers.contains_key(request_id.0) {
+            parts
+                .headers
+                .insert(request_id.0.clone(), request_id.1.clone());
+        }
+        let mut status = parts.status;
+        match self
+            .outbound(ctx, &mut status, &mut parts.headers, &mut None, &failed)
+            .await
+        {
+            Ok(()) => {
+                parts.status = status;
+                (Response::from_parts(parts, body), was_failure)
+            }
+            Err(resp) => (resp, true),
+        }
+    }
+
+    /// The proxy stage failed after the pre and route filters ran (502, 504, 413, ...): the
+    /// error filters run with `failure()` naming filter `"proxy"` and the error category;
+    /// their response, or `resp`, then goes through the post filters.
+    pub(crate) async fn proxy_error(
+        &self,
+        ctx: &mut FilterCtx,
+        category: &'static str,
+        resp: Response<ResponseBody>,
+        failed: &impl Fn() -> Response<ResponseBody>,
+    ) -> Response<ResponseBody> {
+        let (mut parts, mut body) = resp.into_parts();
+        if !self.stage(FilterStage::Error).is_empty() {
+            ctx.local = None;
+            ctx.extras().failure = Some(Failure {
+                filter: "proxy".into(),
+                stage: FilterStage::Route,
+                message: category.to_string(),
+            });
+            ctx.stage = FilterStage::Error;
+            self.run_error_stage(ctx).await;
+            if let Some(l) = ctx.local.take() {
+                // Keep the gateway's own duties (request id, Connection: close) unless the
+                // error filter set them.
+                let mut headers = l.headers;
+                for (name, value) in parts.headers.iter() {
+                    if *name != http::header::CONTENT_TYPE && !headers.contains_key(name) {
+                        headers.insert(name.clone(), value.clone());
+                    }
+                }
+                parts.status = l.status;
+                parts.headers = headers;
+                body = ResponseBody::full(l.body);
+            }
+        }
+        let mut status = parts.status;
+        match self
+            .outbound(ctx, &mut status, &mut parts.headers, &mut None, failed)
+            .await
+        {
+            Ok(()) => {
+                parts.status = status;
+                Response::from_parts(parts, body)
+            }
+            Err(r) => r,
+        }
+    }
+
+    /// `ctx.local` as a response, else `failed()`; the flag says whether it is a failure.
+    fn assemble(
+        ctx: &mut FilterCtx,
+        failed: &impl Fn() -> Response<ResponseBody>,
+    ) -> (Response<ResponseBody>, bool) {
+        match ctx.local.take() {
+            Some(l) => {
+                let mut r = Response::new(ResponseBody::full(l.body));
+                *r.status_mut() = l.status;
+                *r.headers_mut() = l.headers;
+                (r, ctx.failure().is_some())
+            }
+            None => (failed(), true),
+        }
+    }
+}
+
+/// The invocation is counted; the run is timed when its request is sampled (see
+/// [`sample_timing`]).
+#[inline(always)]
+fn start(e: &Entry, ctx: &FilterCtx) -> Option<Instant> {
+    e.metrics.invocations.inc();
+    ctx.timed.then(Instant::now)
+}
+
+/// `run` of a synchronous filter, a panic caught. A future it returns anyway is polled
+/// once and must be finished then: the filter fails otherwise.
+fn run_now(e: &Entry, ctx: &mut FilterCtx) -> Outcome {
+    let c = &mut *ctx;
+    match std::panic::catch_unwind(AssertUnwindSafe(move || {
+        let c = c; // moved in: the closure is FnOnce, so the future may borrow it
+        e.filter.run(c)
+    })) {
+        Ok(FilterFuture(Run::Ready(r))) => Ok(r.unwrap_or_else(polled_twice)),
+        Ok(f) => {
+            let waker = std::task::Waker::noop();
+            let polled = std::pin::pin!(AssertUnwindSafe(f).catch_unwind())
+                .poll(&mut std::task::Context::from_waker(waker));
+            match polled {
+                std::task::Poll::Ready(outcome) => outcome,
+                std::task::Poll::Pending => Ok(Err(FilterError(
+                    "a filter declared synchronous did not finish its run at once".into(),
+                ))),
+            }
+        }
+        Err(p) => Err(p),
+    }
+}
+
+fn polled_twice() -> Result<(), FilterError> {
+    Err("filter future polled after completion".into())
+}
+
+/// The filter runs of one request in this many are timed for
+/// `keymaster_filter_duration_seconds`.
+pub(crate) const TIMING_SAMPLE: u32 = 16;
+
+thread_local! {
+    static TIMING_TICK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether to time the filter runs of a new request: one request in [`TIMING_SAMPLE`],
+/// counted per worker thread (every request in debug mode). Two clock reads and a histogram
+/// update per run would cost more than a small filter itself; a sampled request has all its
+/// runs timed, so each filter's runs are sampled one in 16 all the same.
+pub(super) fn sample_timing() -> bool {
+    TIMING_TICK.with(|t| {
+        let n = t.get().wrapping_add(1);
+        t.set(n);
+        n % TIMING_SAMPLE == 0
+    })
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}
