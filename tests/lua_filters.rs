@@ -606,3 +606,60 @@ async fn ctx_tls_reports_the_listener_and_client_identity() {
     let g = start(&lua_config(origin.addr, canary.addr, plain.path(), ""));
     assert_eq!(header(&get(g.addr, "/").await, "x-tls"), Some("no"));
 }
+
+const EDITS: &str = r#"
+return {
+  stage = "pre",
+  order = 1,
+  match = { path_prefix = "/edits" },
+  run = function(ctx)
+    ctx:set_header("X-Set", "new")
+    ctx:add_header("x-multi", "2")
+    ctx:remove_header("x-gone")
+  end,
+}
+"#;
+
+const READS: &str = r#"
+return {
+  stage = "pre",
+  order = 2,
+  match = { path_prefix = "/edits" },
+  run = function(ctx)
+    local seen = ctx:header("x-set") .. "|" .. ctx:header("X-MULTI") .. "|" .. tostring(ctx:header("x-gone"))
+    ctx:set_header("x-read", seen)
+  end,
+}
+"#;
+
+/// Filters change a request whose fields stay in wire form (no map is built for them): a
+/// later filter reads the changes, the origin gets them, and the lines no filter touched
+/// arrive as the client spelled them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filter_edits_to_a_wire_form_request_are_seen_by_later_filters_and_the_origin() {
+    let (origin, canary) = (echo_origin("main").await, echo_origin("canary").await);
+    let dir = filters_dir(false, &[("edits.lua", EDITS), ("reads.lua", READS)]);
+    let g = start(&lua_config(origin.addr, canary.addr, dir.path(), ""));
+    let mut s = tokio::net::TcpStream::connect(g.addr).await.unwrap();
+    s.write_all(
+        b"GET /edits HTTP/1.1\r\nHost: x\r\nX-Keep:  spaced \r\nx-gone: 1\r\nX-Set: old\r\nx-multi: 1\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut carry = Vec::new();
+    let head = read_head(&mut s, &mut carry).await.expect("a response");
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    let len = head_header(&head, "content-length").expect("a length");
+    let seen = read_exact_body(&mut s, &mut carry, len.parse().unwrap()).await;
+    let seen = String::from_utf8(seen).unwrap();
+    assert!(seen.contains("\r\nX-Keep:  spaced \r\n"), "{seen}");
+    let lines: Vec<String> = seen.split("\r\n").map(str::to_ascii_lowercase).collect();
+    let count = |prefix: &str| lines.iter().filter(|l| l.starts_with(prefix)).count();
+    assert_eq!(count("x-gone:"), 0, "{seen}");
+    assert_eq!(count("x-set:"), 1, "{seen}");
+    assert_eq!(count("x-set: new"), 1, "{seen}");
+    assert_eq!(count("x-multi: 1"), 1, "{seen}");
+    assert_eq!(count("x-multi: 2"), 1, "{seen}");
+    assert_eq!(count("x-read: new|1, 2|nil"), 1, "{seen}");
+    assert_eq!(count("x-request-id:"), 1, "{seen}");
+}

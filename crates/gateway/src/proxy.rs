@@ -225,16 +225,16 @@ async fn proxy(
     let mut scan = facts.scan;
     info.grpc = facts.grpc;
     // Fields kept in wire form go to the origin as they are, unless something needs the map:
-    // filters, routes matching on fields, fields the header duties remove or extend, gRPC
-    // (its timeout; HTTP/2 upstream). Route-dependent reasons follow once it is chosen.
+    // routes matching on fields, fields the header duties remove or extend, gRPC (its
+    // timeout; HTTP/2 upstream). Route-dependent reasons follow once it is chosen. Filters
+    // get the wire form and turn it into a map only if they need one.
     let vouches = cx
         .client
         .tls
         .as_ref()
         .is_some_and(|t| t.identity_header.is_some());
     if wire.is_some()
-        && (!snapshot.filters.is_empty()
-            || snapshot.router.reads_fields()
+        && (snapshot.router.reads_fields()
             || scan.hop_by_hop
             || scan.expect
             || scan.forwarding
@@ -263,9 +263,14 @@ async fn proxy(
             let v = hdr::new_request_id();
             let in_map = snapshot.filters.wants_request_id_in_map();
             if in_map {
-                parts
-                    .headers
-                    .insert(listener.request_id_header.clone(), v.clone());
+                let name = listener.request_id_header.clone();
+                match wire.as_mut() {
+                    // The client sent no such field: appending is setting.
+                    Some(w) => w.append(name, v.clone()),
+                    None => {
+                        parts.headers.insert(name, v.clone());
+                    }
+                }
             }
             (v, !in_map)
         }
@@ -312,7 +317,14 @@ async fn proxy(
     if !snapshot.filters.is_empty() {
         let tls = cx.client.tls.as_ref();
         let rid_name = &listener.request_id_header;
-        let mut ctx = FilterCtx::new(&mut parts, cx.peer, tls, route.name.clone(), rid_name);
+        let mut ctx = FilterCtx::new(
+            &mut parts,
+            &mut wire,
+            cx.peer,
+            tls,
+            route.name.clone(),
+            rid_name,
+        );
         snapshot.filters.start_debug(&mut ctx);
         if snapshot.filters.wants_request_body(&ctx) {
             let cap = snapshot
@@ -338,21 +350,25 @@ async fn proxy(
         }
         snapshot
             .filters
-            .put_back_request_headers(&mut ctx, &mut parts.headers);
+            .put_back_request_headers(&mut ctx, &mut parts.headers, &mut wire);
         // A filter that set the request id header itself wins over a generated one.
-        if rid_added
-            && ctx.may_have_set_request_id()
-            && parts.headers.contains_key(&listener.request_id_header)
-        {
-            rid_added = false;
+        if rid_added && ctx.may_have_set_request_id() {
+            let rid_name = &listener.request_id_header;
+            rid_added = match &wire {
+                Some(w) => w.get(rid_name.as_str()).is_none(),
+                None => !parts.headers.contains_key(rid_name),
+            };
         }
         if let Some(b) = ctx.take_request_body() {
+            to_map(&mut parts.headers, &mut wire);
             crate::filter::set_body_length(&mut parts.headers, b.len());
             buffered = Some(b);
         }
         // Filters may have edited the head: scan it again for the header duties below (only
         // when a scanned field, or the body's length, may have changed).
         if ctx.head_touched() || buffered.is_some() {
+            // A change to a scanned field needs the map (`FilterCtx::set_request_header`).
+            debug_assert!(wire.is_none());
             scan = hdr::HeadScan::of(&parts.headers);
             if parts.uri.authority().is_none() {
                 host_value = hdr::find(&parts.headers, &header::HOST).cloned();

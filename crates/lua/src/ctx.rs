@@ -25,7 +25,19 @@ pub(crate) fn status(n: u16) -> mlua::Result<StatusCode> {
 
 /// Every value of `n` in `h`, joined with ", " (nil when absent).
 pub(crate) fn get(h: &HeaderMap, n: &str) -> Option<String> {
-    let mut it = h.get_all(n).iter().filter_map(|v| v.to_str().ok());
+    join(h.get_all(n).iter().map(HeaderValue::as_bytes))
+}
+
+/// `values` joined with ", ", each one that is text (visible ASCII, as
+/// [`HeaderValue::to_str`] takes it); nil when there is none.
+pub(crate) fn join<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<String> {
+    let text = |v: &'a [u8]| {
+        v.iter()
+            .all(|&b| b == b'\t' || (32..127).contains(&b))
+            .then(|| std::str::from_utf8(v).ok())
+            .flatten()
+    };
+    let mut it = values.filter_map(text);
     let first = it.next()?.to_string();
     Some(it.fold(first, |acc, v| acc + ", " + v))
 }

@@ -18,7 +18,7 @@ use mlua::ffi::{self, lua_State};
 use std::ffi::c_int;
 use std::sync::Arc;
 
-use crate::ctx::{get, with_mut, with_ref, ParseArg, Unreachable};
+use crate::ctx::{get, join, with_mut, with_ref, ParseArg, Unreachable};
 
 /// What a method returns to Lua.
 enum Out {
@@ -279,7 +279,7 @@ method!(client_port, |_| read(|c| Out::Int(
 // Request headers.
 method!(header, |s| {
     let n = s.string(2)?;
-    read(|c| get(c.request_headers(), &n).into())
+    read(|c| join(c.request_header_values(&n)).into())
 });
 method!(set_header, |s| {
     let (n, v): (HeaderName, HeaderValue) = (s.arg(2)?, s.arg(3)?);

@@ -12,6 +12,7 @@ use std::sync::Arc;
 #[cfg(doc)]
 use super::FilterChain;
 use super::{Failure, FilterStage};
+use crate::headers::RawRequestFields;
 
 /// A response set by a filter (`pre`/`route` short-circuit, or an `error` filter).
 pub(crate) struct LocalResponse {
@@ -66,7 +67,7 @@ pub struct CtxState {
     target: Option<PathAndQuery>,
     /// The request headers: moved in for `pre` and `route`; afterwards the copy kept for
     /// `post` and `error` filters that asked for it, else none (reads see an empty map).
-    pub(super) headers: Option<HeaderMap>,
+    pub(super) headers: Option<RequestFields>,
     client: SocketAddr,
     /// TLS listeners: the verified client certificate identity (mTLS), if any.
     tls: Option<Option<String>>,
@@ -83,6 +84,50 @@ pub struct CtxState {
     pub(super) raw_response: Option<crate::headers::RawHead>,
     pub(super) raw_view: std::cell::OnceCell<HeaderMap>,
     extras: Option<Box<Extras>>,
+}
+
+/// The request's fields as the context holds them.
+pub(crate) enum RequestFields {
+    /// A map (the request came as one, or a filter needed one to change it).
+    Map(HeaderMap),
+    /// The client's fields in wire form (keymaster's HTTP/1.1 server), changed in place
+    /// through [`RawRequestFields`]' edits while no filter needs more; `view`: the map
+    /// [`FilterCtx::request_headers`] built for a filter that reads them whole, dropped on
+    /// a change.
+    Wire(RawRequestFields, std::cell::OnceCell<HeaderMap>),
+}
+
+impl RequestFields {
+    /// As a map: the wire form turned into one (its `view` if built).
+    fn map_mut(&mut self) -> &mut HeaderMap {
+        if let RequestFields::Wire(fields, view) = self {
+            let map = view.take().unwrap_or_else(|| fields.to_map());
+            *self = RequestFields::Map(map);
+        }
+        match self {
+            RequestFields::Map(m) => m,
+            RequestFields::Wire(..) => unreachable!("turned into a map above"),
+        }
+    }
+
+    /// The wire form, to change the field `name` in place, if it is one and `name` allows.
+    fn wire_for(&mut self, name: &HeaderName) -> Option<&mut RawRequestFields> {
+        match self {
+            RequestFields::Wire(fields, view) if RawRequestFields::may_edit(name) => {
+                view.take();
+                Some(fields)
+            }
+            _ => None,
+        }
+    }
+
+    /// A copy for the `post` and `error` filters (the wire form's block is shared).
+    pub(super) fn copy(&self) -> RequestFields {
+        match self {
+            RequestFields::Map(m) => RequestFields::Map(m.clone()),
+            RequestFields::Wire(f, _) => RequestFields::Wire(f.clone(), Default::default()),
+        }
+    }
 }
 
 /// The cluster a filter chose: by name (the proxy stage looks it up in the request's config
@@ -125,11 +170,13 @@ pub(crate) fn put_back_headers(dst: &mut HeaderMap, map: HeaderMap) {
 }
 
 impl FilterCtx {
-    /// A context for the request head `parts` with its headers moved in, an empty map left in
-    /// their place (they go back with [`super::FilterChain::put_back_request_headers`]).
-    /// `request_id`: the listener's request id field name.
+    /// A context for the request head `parts` with its fields moved in: `wire`'s when it
+    /// holds them in wire form, else the map, an empty one left in its place (they go back
+    /// with [`super::FilterChain::put_back_request_headers`]). `request_id`: the listener's
+    /// request id field name.
     pub(crate) fn new(
         parts: &mut http::request::Parts,
+        wire: &mut Option<RawRequestFields>,
         client: SocketAddr,
         tls: Option<&crate::tls::TlsFacts>,
         route: Arc<str>,
@@ -148,7 +195,10 @@ impl FilterCtx {
                 timed: super::stage::sample_timing(),
                 method: parts.method.clone(),
                 target: parts.uri.path_and_query().cloned(),
-                headers: Some(std::mem::take(&mut parts.headers)),
+                headers: Some(match wire.take() {
+                    Some(fields) => RequestFields::Wire(fields, Default::default()),
+                    None => RequestFields::Map(std::mem::take(&mut parts.headers)),
+                }),
                 client,
                 tls: tls.map(|t| t.client_identity.clone()),
                 route,
@@ -186,7 +236,14 @@ impl FilterCtx {
         let (mut parts, ()) = req.into_parts();
         parts.headers = headers;
         let request_id = HeaderName::from_static("x-request-id");
-        FilterCtx::new(&mut parts, client, None, "test".into(), &request_id)
+        FilterCtx::new(
+            &mut parts,
+            &mut None,
+            client,
+            None,
+            "test".into(),
+            &request_id,
+        )
     }
 
     /// The stage now running.
@@ -207,33 +264,78 @@ impl FilterCtx {
     /// is a copy as it was after the `route` stage when a filter of those stages declares
     /// [`Filter::needs_request_headers`] (or matches on headers), and empty otherwise.
     pub fn request_headers(&self) -> &HeaderMap {
-        self.headers.as_ref().unwrap_or(&NO_HEADERS)
+        match &self.headers {
+            None => &NO_HEADERS,
+            Some(RequestFields::Map(m)) => m,
+            Some(RequestFields::Wire(fields, view)) => view.get_or_init(|| fields.to_map()),
+        }
+    }
+    /// The first value of the request field `name` (any case), without the whole map
+    /// [`Self::request_headers`] may build.
+    pub fn request_header(&self, name: &str) -> Option<&[u8]> {
+        match self.headers.as_ref()? {
+            RequestFields::Map(m) => m.get(name).map(HeaderValue::as_bytes),
+            RequestFields::Wire(f, _) => f.get(name),
+        }
+    }
+    /// Every value of the request field `name` (any case), in order.
+    pub fn request_header_values<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let (map, wire) = match &self.headers {
+            Some(RequestFields::Map(m)) => (Some(m), None),
+            Some(RequestFields::Wire(f, _)) => (None, Some(f)),
+            None => (None, None),
+        };
+        let in_map = map.into_iter().flat_map(move |m| m.get_all(name));
+        in_map
+            .map(HeaderValue::as_bytes)
+            .chain(wire.into_iter().flat_map(move |f| f.get_all(name)))
     }
     /// Any change through this handle makes the proxy stage re-scan the request head; the
     /// `set`/`append`/`remove_request_header` methods do so only for the fields it scans.
     pub fn request_headers_mut(&mut self) -> &mut HeaderMap {
         self.head_touched = true;
         self.may_set_request_id = true;
-        self.headers.get_or_insert_with(HeaderMap::new)
+        self.fields().map_mut()
+    }
+    /// The request's fields, writable (an empty map if they went upstream without a copy).
+    fn fields(&mut self) -> &mut RequestFields {
+        self.headers
+            .get_or_insert_with(|| RequestFields::Map(HeaderMap::new()))
     }
     pub fn set_request_header(&mut self, name: HeaderName, value: HeaderValue) {
         self.head_touched |= crate::headers::affects_head_scan(&name);
         self.may_set_request_id |= name.as_str().len() == self.request_id_len;
-        self.headers
-            .get_or_insert_with(HeaderMap::new)
-            .insert(name, value);
+        let fields = self.fields();
+        match fields.wire_for(&name) {
+            Some(w) => w.set(name, value),
+            None => {
+                fields.map_mut().insert(name, value);
+            }
+        }
     }
     pub fn append_request_header(&mut self, name: HeaderName, value: HeaderValue) {
         self.head_touched |= crate::headers::affects_head_scan(&name);
         self.may_set_request_id |= name.as_str().len() == self.request_id_len;
-        self.headers
-            .get_or_insert_with(HeaderMap::new)
-            .append(name, value);
+        let fields = self.fields();
+        match fields.wire_for(&name) {
+            Some(w) => w.append(name, value),
+            None => {
+                fields.map_mut().append(name, value);
+            }
+        }
     }
     pub fn remove_request_header(&mut self, name: &HeaderName) {
         self.head_touched |= crate::headers::affects_head_scan(name);
-        if let Some(h) = self.headers.as_mut() {
-            h.remove(name);
+        if let Some(fields) = self.headers.as_mut() {
+            match fields.wire_for(name) {
+                Some(w) => w.remove(name),
+                None => {
+                    fields.map_mut().remove(name);
+                }
+            }
         }
     }
     /// Apply compiled header edits to the request.
@@ -242,7 +344,22 @@ impl FilterCtx {
         let len = self.request_id_len;
         self.may_set_request_id |=
             (edits.set.iter().chain(&edits.add)).any(|(n, _)| n.as_str().len() == len);
-        edits.apply(self.headers.get_or_insert_with(HeaderMap::new));
+        let fields = self.fields();
+        match fields {
+            RequestFields::Wire(w, view) if !edits.affects_head_scan() => {
+                view.take();
+                for n in &edits.remove {
+                    w.remove(n);
+                }
+                for (n, v) in &edits.set {
+                    w.set(n.clone(), v.clone());
+                }
+                for (n, v) in &edits.add {
+                    w.append(n.clone(), v.clone());
+                }
+            }
+            _ => edits.apply(fields.map_mut()),
+        }
     }
     /// Whether a filter may have set the request id field (see `may_set_request_id`).
     pub(crate) fn may_have_set_request_id(&self) -> bool {

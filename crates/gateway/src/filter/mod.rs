@@ -230,7 +230,7 @@ impl Matcher {
             && self
                 .headers
                 .iter()
-                .all(|h| ctx.request_headers().contains_key(h))
+                .all(|h| ctx.request_header(h.as_str()).is_some())
     }
 }
 

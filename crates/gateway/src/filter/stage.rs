@@ -17,6 +17,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
+use super::ctx::RequestFields;
 use super::{
     builtin, Entry, Failure, FilterChain, FilterCtx, FilterError, FilterFuture, FilterStage, Run,
 };
@@ -242,9 +243,8 @@ impl FilterChain {
     fn check_debug_secret(&self, ctx: &mut FilterCtx) {
         if let Some((name, secret)) = &self.debug {
             let hit = ctx
-                .request_headers()
-                .get(name)
-                .is_some_and(|v| builtin::constant_time_eq(v.as_bytes(), secret));
+                .request_header(name.as_str())
+                .is_some_and(|v| builtin::constant_time_eq(v, secret));
             if hit {
                 ctx.remove_request_header(name);
                 ctx.extras().debug = Some(Vec::new());
@@ -302,13 +302,24 @@ impl FilterChain {
         }
     }
 
-    /// After `inbound`: the request headers to forward into `dst`, which holds the placeholder
-    /// [`FilterCtx::new`] left (a copy stays for post/error filters that asked for one).
-    pub(crate) fn put_back_request_headers(&self, ctx: &mut FilterCtx, dst: &mut HeaderMap) {
-        if self.outbound {
-            super::ctx::put_back_headers(dst, ctx.request_headers().clone());
-        } else if let Some(h) = ctx.headers.take() {
-            super::ctx::put_back_headers(dst, h);
+    /// After `inbound`: the request fields to forward, into `wire` when they are still in
+    /// wire form, else into `dst`, which holds the placeholder [`FilterCtx::new`] left (a copy
+    /// stays for post/error filters that asked for one).
+    pub(crate) fn put_back_request_headers(
+        &self,
+        ctx: &mut FilterCtx,
+        dst: &mut HeaderMap,
+        wire: &mut Option<crate::headers::RawRequestFields>,
+    ) {
+        let fields = if self.outbound {
+            ctx.headers.as_ref().map(RequestFields::copy)
+        } else {
+            ctx.headers.take()
+        };
+        match fields {
+            Some(RequestFields::Map(h)) => super::ctx::put_back_headers(dst, h),
+            Some(RequestFields::Wire(f, _)) => *wire = Some(f),
+            None => {}
         }
     }
 
