@@ -236,12 +236,7 @@ async fn file_list_change_is_picked_up_and_a_malformed_file_keeps_the_list() {
     let b = origin(TcpListener::bind("127.0.0.1:0").await.unwrap(), "b").await;
     let dir = tempfile::tempdir().unwrap();
     let list = dir.path().join("servers.txt");
-    let write = |text: String| {
-        // Write then rename: the watcher never reads a half-written file.
-        let tmp = dir.path().join("servers.tmp");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, &list).unwrap();
-    };
+    let write = |text: String| replace_file(&list, text);
     write(format!("# origin servers\n{}\n", a.addr));
     let g = start_gateway(&config(
         &format!(
@@ -332,11 +327,7 @@ async fn a_discovery_update_keeps_the_filter_sources_filters() {
     let b = origin(TcpListener::bind("127.0.0.1:0").await.unwrap(), "b").await;
     let dir = tempfile::tempdir().unwrap();
     let list = dir.path().join("servers.txt");
-    let write = |text: String| {
-        let tmp = dir.path().join("servers.tmp");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, &list).unwrap();
-    };
+    let write = |text: String| replace_file(&list, text);
     write(format!("{}\n", a.addr));
     let toml = config(
         &format!(
@@ -390,4 +381,12 @@ fn an_unreadable_server_list_at_start_is_a_config_error() {
     };
     assert!(err.contains("cluster origin: discovery (file)"), "{err}");
     assert!(err.contains("missing.txt"), "{err}");
+}
+
+/// Write `text` beside `path`, then rename it into place: the watcher never reads a
+/// half-written file.
+fn replace_file(path: &std::path::Path, text: String) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }

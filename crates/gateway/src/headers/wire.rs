@@ -1,0 +1,344 @@
+//! Heads kept in wire form: a client's request fields as its bytes, with the edits filters
+//! make ([`RawRequestFields`]), and an origin's response head ([`RawHead`]). Fields are found
+//! in them with `memchr`; a `HeaderMap` is built only when something needs one.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use super::{affects_head_scan, put_field};
+#[cfg(doc)]
+use super::{AddedFields, HeadScan};
+
+/// A client's request header fields in wire form, as keymaster's HTTP/1.1 server parsed and
+/// validated them (names are tokens, values visible characters, every line ends in CRLF):
+/// `name: value\r\n` lines exactly as the client sent them. The proxy stage forwards them as
+/// they are to an HTTP/1.1 origin when it has nothing to do with them as a map
+/// ([`AddedFields`] writes them), and builds the map ([`RawRequestFields::to_map`]) when
+/// something needs one.
+///
+/// Filters may set, append and remove fields other than the ones [`HeadScan`] looks at
+/// without a map: the changes are kept beside the block ([`FieldEdit`]) and applied when it
+/// is written or turned into a map.
+#[derive(Debug, Clone)]
+pub(crate) struct RawRequestFields {
+    block: bytes::Bytes,
+    /// One of the fields is Content-Length.
+    content_length: bool,
+    /// The changes, no two of them to one name unless all but the first append. (One vector
+    /// for both kinds: a set is one allocation.)
+    edits: Vec<FieldEdit>,
+}
+
+/// A change to a [`RawRequestFields`]: the client's fields called `name` are dropped
+/// (`replaces`: the client sent one), and `name: value` follows the block. Never a name
+/// [`HeadScan`] looks at.
+#[derive(Debug, Clone)]
+struct FieldEdit {
+    name: HeaderName,
+    value: Option<HeaderValue>,
+    replaces: bool,
+}
+
+impl RawRequestFields {
+    /// `block`: complete CRLF-terminated field lines that passed the server's parse.
+    pub(crate) fn new(block: bytes::Bytes, content_length: bool) -> Self {
+        RawRequestFields {
+            block,
+            content_length,
+            edits: Vec::new(),
+        }
+    }
+
+    /// Whether an edit drops the client's fields called `name`.
+    fn removes(&self, name: &[u8]) -> bool {
+        self.edits
+            .iter()
+            .any(|e| e.replaces && e.name.as_str().as_bytes().eq_ignore_ascii_case(name))
+    }
+
+    /// The client's lines not removed by an edit.
+    fn kept_lines(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone {
+        let edited = !self.edits.is_empty();
+        wire_lines(&self.block).filter(move |(n, _)| !(edited && self.removes(n)))
+    }
+
+    /// The fields the edits add, in order.
+    fn appended(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        (self.edits.iter()).filter_map(|e| Some((&e.name, e.value.as_ref()?)))
+    }
+
+    /// The fields as a map, values sharing the block's memory.
+    pub(crate) fn to_map(&self) -> HeaderMap {
+        let lines = self.kept_lines();
+        let mut map = HeaderMap::with_capacity(lines.clone().count() + self.edits.len());
+        for (name, value) in lines {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name),
+                HeaderValue::from_maybe_shared(self.block.slice_ref(value)),
+            ) {
+                map.append(n, v);
+            }
+        }
+        for (n, v) in self.appended() {
+            map.append(n.clone(), v.clone());
+        }
+        map
+    }
+
+    /// The value of the first field called `name` (any case).
+    pub(crate) fn get(&self, name: &str) -> Option<&[u8]> {
+        let is = |n: &[u8]| n.eq_ignore_ascii_case(name.as_bytes());
+        let own = self.kept_lines().find(|(n, _)| is(n)).map(|(_, v)| v);
+        own.or_else(|| {
+            let (_, v) = self.appended().find(|(n, _)| is(n.as_str().as_bytes()))?;
+            Some(v.as_bytes())
+        })
+    }
+
+    /// Every value of the fields called `name` (any case), in order.
+    pub(crate) fn get_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let is = move |n: &[u8]| n.eq_ignore_ascii_case(name.as_bytes());
+        let own = self
+            .kept_lines()
+            .filter(move |(n, _)| is(n))
+            .map(|(_, v)| v);
+        own.chain(
+            self.appended()
+                .filter(move |(n, _)| is(n.as_str().as_bytes()))
+                .map(|(_, v)| v.as_bytes()),
+        )
+    }
+
+    /// One of the fields is Content-Length.
+    pub(crate) fn declares_length(&self) -> bool {
+        self.content_length
+    }
+
+    /// Whether a filter may change the field `name` here, without a map: not one the proxy
+    /// stage's head scan looks at.
+    pub(crate) fn may_edit(name: &HeaderName) -> bool {
+        !affects_head_scan(name)
+    }
+
+    /// Replace every field called `name` with `name: value` (a [`Self::may_edit`] name).
+    pub(crate) fn set(&mut self, name: HeaderName, value: HeaderValue) {
+        self.replace(name, Some(value));
+    }
+
+    /// Add the field `name: value` (a [`Self::may_edit`] name).
+    pub(crate) fn append(&mut self, name: HeaderName, value: HeaderValue) {
+        self.edits.push(FieldEdit {
+            name,
+            value: Some(value),
+            replaces: false,
+        });
+    }
+
+    /// Remove every field called `name` (a [`Self::may_edit`] name).
+    pub(crate) fn remove(&mut self, name: &HeaderName) {
+        self.replace(name.clone(), None);
+    }
+
+    /// Drop every field called `name` (the client's and earlier edits'), then add `value`.
+    /// Only a name the client sent is marked to be dropped from the block: the usual set of a
+    /// field of the gateway's own leaves the block to be written in one piece.
+    fn replace(&mut self, name: HeaderName, value: Option<HeaderValue>) {
+        if !self.edits.is_empty() {
+            self.edits.retain(|e| e.name != name);
+        }
+        let replaces = has_field(&self.block, name.as_str().as_bytes());
+        if replaces || value.is_some() {
+            self.edits.push(FieldEdit {
+                name,
+                value,
+                replaces,
+            });
+        }
+    }
+
+    /// Write the fields as `name: value\r\n` lines: the client's as it sent them, without
+    /// the removed ones, then the appended ones.
+    pub(super) fn write(&self, dst: &mut Vec<u8>) {
+        if self.edits.iter().any(|e| e.replaces) {
+            for line in self.block.split_inclusive(|&b| b == b'\n') {
+                let name = line.split(|&b| b == b':').next().unwrap_or(line);
+                if !self.removes(name) {
+                    dst.extend_from_slice(line);
+                }
+            }
+        } else {
+            dst.extend_from_slice(&self.block);
+        }
+        for (n, v) in self.appended() {
+            put_field(dst, n.as_str().as_bytes(), v.as_bytes());
+        }
+    }
+
+    /// The length of what [`Self::write`] writes, about (for reserving).
+    pub(super) fn len_hint(&self) -> usize {
+        let added = self.appended().map(|(n, v)| n.as_str().len() + v.len() + 4);
+        self.block.len() + added.sum::<usize>()
+    }
+}
+
+/// The (name, value) of each `name: value\r\n` line of a wire-form field block, the value
+/// without surrounding whitespace.
+fn wire_lines(block: &[u8]) -> WireLines<'_> {
+    WireLines { rest: block }
+}
+
+/// Whether a wire-form field block has a field called `name` (any case). Only line starts
+/// are compared: the server's parse left no whitespace before a colon.
+fn has_field(block: &[u8], name: &[u8]) -> bool {
+    let mut rest = block;
+    while rest.len() > name.len() {
+        if rest[name.len()] == b':' && rest[..name.len()].eq_ignore_ascii_case(name) {
+            return true;
+        }
+        match memchr::memchr(b'\n', rest) {
+            Some(i) => rest = &rest[i + 1..],
+            None => break,
+        }
+    }
+    false
+}
+
+/// The iterator of [`wire_lines`]: line ends and colons found with `memchr` (a byte-by-byte
+/// split costs several instructions per byte of the head).
+#[derive(Clone)]
+struct WireLines<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for WireLines<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.rest.is_empty() {
+            let end = memchr::memchr(b'\n', self.rest).map_or(self.rest.len(), |i| i + 1);
+            let (line, rest) = self.rest.split_at(end);
+            self.rest = rest;
+            let line = line.strip_suffix(b"\n").unwrap_or(line);
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if let Some(colon) = memchr::memchr(b':', line) {
+                return Some((&line[..colon], line[colon + 1..].trim_ascii()));
+            }
+        }
+        None
+    }
+}
+
+/// An origin's response head kept in wire form (keymaster's HTTP/1.1 client keeps one it
+/// has nothing to change in but the fields the proxy stage adds): no `HeaderMap` is built
+/// only to be encoded again. keymaster's HTTP/1.1 server writes it as it is (an HTTP/2
+/// client gets the map path); post filters see it as a map built when one reads or changes a
+/// field other than by appending (`FilterCtx::response_headers`).
+#[derive(Debug)]
+pub(crate) struct RawHead {
+    /// The fields as `name: value\r\n` lines (names as the origin spelled them), without
+    /// `Content-Length` and `Transfer-Encoding`: the client's framing is written from the
+    /// body.
+    pub(crate) block: bytes::BytesMut,
+    /// One of them is `Date`.
+    pub(crate) has_date: bool,
+    /// One of them is the request-id field.
+    pub(crate) has_request_id: bool,
+    /// The origin's Content-Length, for a map built from the block.
+    pub(crate) content_length: Option<u64>,
+}
+
+impl RawHead {
+    /// Append the field `name: value`.
+    pub(crate) fn push(&mut self, name: &[u8], value: &[u8]) {
+        self.block.reserve(name.len() + value.len() + 4);
+        put_field(&mut self.block, name, value);
+    }
+
+    /// Whether a field may be appended to the block: not one hyper writes or acts on itself
+    /// (framing, Connection and the other hop-by-hop fields, Trailer, Date).
+    pub(crate) fn may_append(name: &HeaderName) -> bool {
+        !(affects_head_scan(name)
+            || *name == header::DATE
+            || *name == header::TRAILER
+            || *name == header::CONTENT_LENGTH)
+    }
+
+    /// The fields the proxy stage adds: Via, and the request id unless the origin sent one.
+    pub(crate) fn add_proxy_fields(
+        &mut self,
+        via: &HeaderValue,
+        (rid_name, rid): (&HeaderName, &HeaderValue),
+    ) {
+        self.push(b"via", via.as_bytes());
+        if !self.has_request_id {
+            self.push(rid_name.as_str().as_bytes(), rid.as_bytes());
+            self.has_request_id = true;
+        }
+    }
+
+    /// The fields as a map (with the origin's Content-Length), as the map path has them.
+    pub(crate) fn to_map(&self) -> HeaderMap {
+        let mut map = HeaderMap::with_capacity(16);
+        for (name, value) in wire_lines(&self.block) {
+            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
+                map.append(n, v);
+            }
+        }
+        if let Some(n) = self.content_length {
+            map.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        map
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Filters' edits to wire-form request fields: what is written upstream, what a map built
+    /// from them holds and what lookups see agree, and untouched lines keep the client's
+    /// spelling.
+    #[test]
+    fn edits_to_wire_form_fields_apply_alike_written_mapped_and_looked_up() {
+        let block = bytes::Bytes::from_static(
+            b"Host: a\r\nX-Keep:  spaced \r\nx-gone: 1\r\nX-Set: old\r\nx-set: older\r\nx-multi: 1\r\n",
+        );
+        let mut f = RawRequestFields::new(block, false);
+        let name = |n: &'static str| HeaderName::from_static(n);
+        let value = HeaderValue::from_static;
+        f.append(name("x-gone"), value("appended, then removed"));
+        f.remove(&name("x-gone"));
+        f.set(name("x-set"), value("new"));
+        f.append(name("x-multi"), value("2"));
+        f.set(name("x-fresh"), value("a"));
+        f.set(name("x-fresh"), value("b"));
+
+        let mut wire = Vec::new();
+        f.write(&mut wire);
+        assert_eq!(
+            String::from_utf8(wire.clone()).unwrap(),
+            "Host: a\r\nX-Keep:  spaced \r\nx-multi: 1\r\nx-set: new\r\nx-multi: 2\r\nx-fresh: b\r\n"
+        );
+        assert!(f.len_hint() >= wire.len());
+
+        let map = f.to_map();
+        assert_eq!(map.len(), 6); // values, not names
+        assert_eq!(map["x-keep"], "spaced");
+        assert!(!map.contains_key("x-gone"));
+        assert_eq!(map.get_all("x-set").iter().collect::<Vec<_>>(), ["new"]);
+        assert_eq!(
+            map.get_all("x-multi").iter().collect::<Vec<_>>(),
+            ["1", "2"]
+        );
+        assert_eq!(map["x-fresh"], "b");
+
+        assert_eq!(f.get("X-SET"), Some(&b"new"[..]));
+        assert_eq!(f.get("x-gone"), None);
+        assert_eq!(f.get("x-keep"), Some(&b"spaced"[..]));
+        assert_eq!(f.get_all("X-Multi").collect::<Vec<_>>(), [b"1", b"2"]);
+        // Without edits the block goes out as it came.
+        let plain = RawRequestFields::new(bytes::Bytes::from_static(b"A:b\r\n"), false);
+        let mut wire = Vec::new();
+        plain.write(&mut wire);
+        assert_eq!(wire, b"A:b\r\n");
+    }
+}
