@@ -669,16 +669,48 @@ impl HeaderEdits {
         self.touches_scan
     }
 
-    pub(crate) fn apply(&self, headers: &mut HeaderMap) {
+    pub(crate) fn apply(&self, headers: &mut impl EditFields) {
         for n in &self.remove {
-            headers.remove(n);
+            headers.remove_field(n);
         }
         for (n, v) in &self.set {
-            headers.insert(n.clone(), v.clone());
+            headers.set_field(n.clone(), v.clone());
         }
         for (n, v) in &self.add {
-            headers.append(n.clone(), v.clone());
+            headers.append_field(n.clone(), v.clone());
         }
+    }
+}
+
+/// Fields [`HeaderEdits`] apply to: a map, or wire-form request fields (only edits whose
+/// names [`RawRequestFields::may_edit`]).
+pub(crate) trait EditFields {
+    fn remove_field(&mut self, name: &HeaderName);
+    fn set_field(&mut self, name: HeaderName, value: HeaderValue);
+    fn append_field(&mut self, name: HeaderName, value: HeaderValue);
+}
+
+impl EditFields for HeaderMap {
+    fn remove_field(&mut self, name: &HeaderName) {
+        self.remove(name);
+    }
+    fn set_field(&mut self, name: HeaderName, value: HeaderValue) {
+        self.insert(name, value);
+    }
+    fn append_field(&mut self, name: HeaderName, value: HeaderValue) {
+        self.append(name, value);
+    }
+}
+
+impl EditFields for RawRequestFields {
+    fn remove_field(&mut self, name: &HeaderName) {
+        self.remove(name);
+    }
+    fn set_field(&mut self, name: HeaderName, value: HeaderValue) {
+        self.set(name, value);
+    }
+    fn append_field(&mut self, name: HeaderName, value: HeaderValue) {
+        self.append(name, value);
     }
 }
 

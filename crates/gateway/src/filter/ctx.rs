@@ -158,17 +158,6 @@ static NO_META: std::sync::LazyLock<HashMap<String, String>> =
 /// What [`FilterCtx::request_headers`] reads once the headers went upstream without a copy.
 static NO_HEADERS: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
 
-/// Put `map` in `dst`, which holds the empty placeholder a `mem::take` left there. A map
-/// with no capacity owns no memory (`HeaderMap::new` does not allocate, and nothing was
-/// inserted), so the placeholder is forgotten rather than dropped: its drop glue costs ~60
-/// instructions for nothing. Anything else in `dst` is dropped as usual.
-pub(crate) fn put_back_headers(dst: &mut HeaderMap, map: HeaderMap) {
-    let old = std::mem::replace(dst, map);
-    if old.capacity() == 0 {
-        std::mem::forget(old);
-    }
-}
-
 impl FilterCtx {
     /// A context for the request head `parts` with its fields moved in: `wire`'s when it
     /// holds them in wire form, else the map, an empty one left in its place (they go back
@@ -273,16 +262,13 @@ impl FilterCtx {
     /// The first value of the request field `name` (any case), without the whole map
     /// [`Self::request_headers`] may build.
     pub fn request_header(&self, name: &str) -> Option<&[u8]> {
-        match self.headers.as_ref()? {
-            RequestFields::Map(m) => m.get(name).map(HeaderValue::as_bytes),
-            RequestFields::Wire(f, _) => f.get(name),
-        }
+        self.request_header_values(name).next()
     }
     /// Every value of the request field `name` (any case), in order.
-    pub fn request_header_values<'a>(
+    pub fn request_header_values<'a, 'n>(
         &'a self,
-        name: &'a str,
-    ) -> impl Iterator<Item = &'a [u8]> + 'a {
+        name: &'n str,
+    ) -> impl Iterator<Item = &'a [u8]> + use<'a, 'n> {
         let (map, wire) = match &self.headers {
             Some(RequestFields::Map(m)) => (Some(m), None),
             Some(RequestFields::Wire(f, _)) => (None, Some(f)),
@@ -348,15 +334,7 @@ impl FilterCtx {
         match fields {
             RequestFields::Wire(w, view) if !edits.affects_head_scan() => {
                 view.take();
-                for n in &edits.remove {
-                    w.remove(n);
-                }
-                for (n, v) in &edits.set {
-                    w.set(n.clone(), v.clone());
-                }
-                for (n, v) in &edits.add {
-                    w.append(n.clone(), v.clone());
-                }
+                edits.apply(w);
             }
             _ => edits.apply(fields.map_mut()),
         }
@@ -558,10 +536,10 @@ mod tests {
         let mut dst = map("1");
         let taken = std::mem::take(&mut dst);
         assert_eq!(dst.capacity(), 0);
-        put_back_headers(&mut dst, taken);
+        crate::headers::replace_map(&mut dst, taken);
         assert_eq!(dst["x-a"], "1");
         // A map with contents in `dst` is replaced (and dropped) all the same.
-        put_back_headers(&mut dst, map("2"));
+        crate::headers::replace_map(&mut dst, map("2"));
         assert_eq!(dst["x-a"], "2");
         assert_eq!(dst.len(), 1);
     }

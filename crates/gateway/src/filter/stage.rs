@@ -317,7 +317,7 @@ impl FilterChain {
             ctx.headers.take()
         };
         match fields {
-            Some(RequestFields::Map(h)) => super::ctx::put_back_headers(dst, h),
+            Some(RequestFields::Map(h)) => crate::headers::replace_map(dst, h),
             Some(RequestFields::Wire(f, _)) => *wire = Some(f),
             None => {}
         }
@@ -394,7 +394,7 @@ impl FilterChain {
         // wire-form head still here goes back as it is.
         if ctx.response_headers.is_some() {
             if let Some(h) = ctx.response_headers.take() {
-                super::ctx::put_back_headers(headers, h);
+                crate::headers::replace_map(headers, h);
             }
         }
         if ctx.raw_response.is_some() {

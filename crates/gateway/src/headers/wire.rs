@@ -86,16 +86,14 @@ impl RawRequestFields {
 
     /// The value of the first field called `name` (any case).
     pub(crate) fn get(&self, name: &str) -> Option<&[u8]> {
-        let is = |n: &[u8]| n.eq_ignore_ascii_case(name.as_bytes());
-        let own = self.kept_lines().find(|(n, _)| is(n)).map(|(_, v)| v);
-        own.or_else(|| {
-            let (_, v) = self.appended().find(|(n, _)| is(n.as_str().as_bytes()))?;
-            Some(v.as_bytes())
-        })
+        self.get_all(name).next()
     }
 
     /// Every value of the fields called `name` (any case), in order.
-    pub(crate) fn get_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+    pub(crate) fn get_all<'a, 'n>(
+        &'a self,
+        name: &'n str,
+    ) -> impl Iterator<Item = &'a [u8]> + use<'a, 'n> {
         let is = move |n: &[u8]| n.eq_ignore_ascii_case(name.as_bytes());
         let own = self
             .kept_lines()
