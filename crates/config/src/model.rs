@@ -234,6 +234,9 @@ pub struct ListenerConfig {
     pub header_read_timeout: Duration,
     /// How long an idle keep-alive client connection is kept.
     pub idle_timeout: Duration,
+    /// How long a response write may make no progress (a client that stops reading) before
+    /// the connection is reset (nginx's `send_timeout`).
+    pub send_timeout: Duration,
     /// Longest request line (method, target, version) → 414 past it.
     pub max_request_line: ByteSize,
     /// Largest request head in bytes → 431 past it.
@@ -279,6 +282,7 @@ impl Default for ListenerConfig {
             max_connections: 65_536,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(60),
             max_request_line: ByteSize(8 * 1024),
             max_header_bytes: ByteSize(64 * 1024),
             max_headers: 100,

@@ -174,6 +174,7 @@ fn check_listeners(config: &Config, p: &mut Problems) {
 fn check_listener(l: &ListenerConfig, at: &KeyPath, p: &mut Problems) {
     p.positive(at.key("header_read_timeout"), l.header_read_timeout);
     p.positive(at.key("idle_timeout"), l.idle_timeout);
+    p.positive(at.key("send_timeout"), l.send_timeout);
     for (key, value) in [
         ("max_connections", l.max_connections as u64),
         ("max_request_line", l.max_request_line.get()),

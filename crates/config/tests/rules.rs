@@ -106,6 +106,12 @@ fn listener_fields() {
         "greater than zero",
     );
     one(
+        &format!("{l}send_timeout = \"0s\"\n"),
+        "listeners[1].send_timeout",
+        15,
+        "greater than zero",
+    );
+    one(
         &format!("{l}max_headers = 0\n"),
         "listeners[1].max_headers",
         15,

@@ -28,6 +28,7 @@ pub struct Metrics {
     downstream_open: IntGaugeVec,
     downstream_accepted: IntCounterVec,
     downstream_rejected: IntCounterVec,
+    downstream_send_timeouts: IntCounterVec,
     tls_handshake_failures: IntCounterVec,
     proxy_protocol_rejected: IntCounterVec,
     pub(crate) config_version: IntGauge,
@@ -120,6 +121,8 @@ pub(crate) struct ListenerMetrics {
     pub(crate) open: IntGauge,
     pub(crate) accepted: IntCounter,
     pub(crate) rejected: IntCounter,
+    /// Connections reset because a response write made no progress for `send_timeout`.
+    pub(crate) send_timeouts: IntCounter,
     pub(crate) tls_handshake_failures: IntCounter,
     /// Connections closed at the PROXY protocol header, by reason.
     pub(crate) proxy_malformed: IntCounter,
@@ -263,6 +266,12 @@ impl Metrics {
                 &r,
                 "downstream_rejected_total",
                 "Client connections closed at once because the listener was at max_connections",
+                &["listener"],
+            ),
+            downstream_send_timeouts: counter_vec(
+                &r,
+                "downstream_send_timeouts_total",
+                "Client connections reset because a response write made no progress for send_timeout",
                 &["listener"],
             ),
             tls_handshake_failures: counter_vec(
@@ -431,6 +440,7 @@ impl Metrics {
             open: self.downstream_open.with_label_values(&[name]),
             accepted: self.downstream_accepted.with_label_values(&[name]),
             rejected: self.downstream_rejected.with_label_values(&[name]),
+            send_timeouts: self.downstream_send_timeouts.with_label_values(&[name]),
             tls_handshake_failures: self.tls_handshake_failures.with_label_values(&[name]),
             proxy_malformed: self
                 .proxy_protocol_rejected

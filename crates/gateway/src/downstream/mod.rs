@@ -7,7 +7,9 @@
 //! and whenever no request is in flight, the client must finish a request head within
 //! `header_read_timeout` of its first byte (slowloris) and must not sit idle past
 //! `idle_timeout`: [`ConnState`] keeps the deadline, which the HTTP/1.1 server reads
-//! directly and [`TimedIo`] enforces under hyper's HTTP/2 server.
+//! directly and [`TimedIo`] enforces under hyper's HTTP/2 server. A response write that
+//! makes no progress for `send_timeout` (a client that stopped reading) resets the
+//! connection: `h1`'s writer and [`SendClock`] under HTTP/2.
 
 pub(crate) mod h1;
 
@@ -41,6 +43,8 @@ pub(crate) struct ListenerCtx {
     pub(crate) limits: HeadLimits,
     pub(crate) header_read_timeout: Duration,
     pub(crate) idle_timeout: Duration,
+    /// How long a response write may make no progress before the connection is reset.
+    pub(crate) send_timeout: Duration,
     pub(crate) max_connections: usize,
     pub(crate) open: AtomicUsize,
     pub(crate) trusted: Vec<ipnet::IpNet>,
@@ -78,6 +82,7 @@ impl ListenerCtx {
             },
             header_read_timeout: cfg.header_read_timeout.get(),
             idle_timeout: cfg.idle_timeout.get(),
+            send_timeout: cfg.send_timeout.get(),
             max_connections: cfg.max_connections,
             open: AtomicUsize::new(0),
             trusted,
@@ -219,6 +224,62 @@ pub(crate) struct TimedIo<S> {
     inner: S,
     state: Arc<ConnState>,
     sleep: Pin<Box<Sleep>>,
+    /// The send timeout's clock while a write is stalled (made when first needed).
+    send: SendClock,
+}
+
+/// The send timeout under hyper's HTTP/2 server: a write that stays pending (the client
+/// reads nothing) for `timeout` fails the connection; any write that moves bytes stops
+/// the clock.
+pub(crate) struct SendClock {
+    timeout: Duration,
+    timeouts: prometheus::IntCounter,
+    sleep: Option<Pin<Box<Sleep>>>,
+    stalled: bool,
+}
+
+impl SendClock {
+    fn new(listener: &ListenerCtx) -> Self {
+        SendClock {
+            timeout: listener.send_timeout,
+            timeouts: listener.metrics.send_timeouts.clone(),
+            sleep: None,
+            stalled: false,
+        }
+    }
+
+    /// Pass a write's outcome through: progress stops the clock, a pending write starts it
+    /// (or checks it), and a stall past the timeout becomes an error.
+    fn check<T>(
+        &mut self,
+        polled: Poll<io::Result<T>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = false;
+            return polled;
+        }
+        if !self.stalled {
+            self.stalled = true;
+            let at = Instant::now() + self.timeout;
+            match &mut self.sleep {
+                Some(s) => s.as_mut().reset(at),
+                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
+        }
+        let fired = self
+            .sleep
+            .as_mut()
+            .is_some_and(|s| s.as_mut().poll(cx).is_ready());
+        if !fired {
+            return Poll::Pending;
+        }
+        self.timeouts.inc();
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the client read nothing for send_timeout",
+        )))
+    }
 }
 
 impl<S: Read + Unpin> Read for TimedIo<S> {
@@ -275,10 +336,14 @@ impl<S: Write + Unpin> Write for TimedIo<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.send.check(polled, cx)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_flush(cx);
+        this.send.check(polled, cx)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
@@ -291,7 +356,9 @@ impl<S: Write + Unpin> Write for TimedIo<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.send.check(polled, cx)
     }
 }
 
@@ -581,6 +648,7 @@ async fn serve_io(
         inner: TokioIo::new(stream),
         sleep: Box::pin(tokio::time::sleep_until(state.at(state.deadline()))),
         state,
+        send: SendClock::new(&listener),
     };
     let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let req = req.map(crate::body::ClientBody::H2);

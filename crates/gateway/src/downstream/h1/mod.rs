@@ -208,7 +208,8 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
                     keep_alive: false,
                     accepts_trailers: false,
                 };
-                break write_response(&conn, &mut out, resp, &facts, false, 0).await;
+                let mut w = Writer::new(&cx.listener, &mut timer, 0);
+                break write_response(&conn, &mut out, resp, &facts, false, &mut w).await;
             }
         };
         let facts = RequestFacts {
@@ -231,7 +232,8 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             break Ended::Abort;
         };
         let draining = cx.worker.drain.is_draining();
-        match write_response(&conn, &mut out, resp, &facts, !draining, limits.max_head()).await {
+        let mut w = Writer::new(&cx.listener, &mut timer, limits.max_head());
+        match write_response(&conn, &mut out, resp, &facts, !draining, &mut w).await {
             Ended::KeepAlive => {
                 let mut c = conn.borrow_mut();
                 if c.rbuf.is_empty() && c.rbuf.capacity() > MAX_IDLE_BUFFER {
@@ -350,6 +352,45 @@ where
     .await
 }
 
+/// What writing a response needs of its connection besides the socket: the send timeout
+/// (on the connection's timer) and how much a waiting response lets the client send ahead.
+struct Writer<'a> {
+    listener: &'a super::ListenerCtx,
+    timer: &'a mut Timer,
+    /// Bytes the client may send ahead while the response waits for its body.
+    watch_cap: usize,
+    /// A write that could not go on: how much was left to write, and since when.
+    stalled: Option<(usize, Instant)>,
+}
+
+impl<'a> Writer<'a> {
+    fn new(listener: &'a super::ListenerCtx, timer: &'a mut Timer, watch_cap: usize) -> Self {
+        Writer {
+            listener,
+            timer,
+            watch_cap,
+            stalled: None,
+        }
+    }
+
+    /// A write is pending with `left` bytes still queued: whether the client has let it
+    /// make no progress for the listener's `send_timeout` (the clock starts at the first
+    /// stall and again whenever bytes went out since). Costs nothing while writes complete.
+    fn timed_out(&mut self, left: usize, task: &mut Context<'_>) -> bool {
+        let since = match self.stalled {
+            Some((l, since)) if l == left => since,
+            _ => {
+                let now = Instant::now();
+                self.stalled = Some((left, now));
+                now
+            }
+        };
+        self.timer
+            .poll_deadline(since + self.listener.send_timeout, task)
+            .is_ready()
+    }
+}
+
 /// Write a response and its body. `keep_alive`: the server would keep the connection (it
 /// is not draining).
 async fn write_response(
@@ -358,7 +399,7 @@ async fn write_response(
     resp: ClientResponse,
     req: &RequestFacts,
     keep_alive: bool,
-    watch_cap: usize,
+    w: &mut Writer<'_>,
 ) -> Ended {
     let (parts, mut body) = (*resp).into_parts();
     let raw = match &mut body {
@@ -452,18 +493,34 @@ async fn write_response(
                 }
             }
             let mut c = conn.borrow_mut();
-            if let Err(e) = ready!(c.poll_continue(task)) {
-                return Poll::Ready(Err(e));
-            }
-            if !out.is_empty() {
-                ready!(out.poll_flush(&mut c.io, task))?;
-                continue;
+            let queued = !out.is_empty();
+            let written = match c.poll_continue(task) {
+                Poll::Ready(Ok(())) if queued => out.poll_flush(&mut c.io, task),
+                other => other,
+            };
+            match written {
+                Poll::Ready(Ok(())) if queued => {
+                    w.stalled = None;
+                    continue;
+                }
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    if w.timed_out(out.len() + c.continue_left, task) {
+                        w.listener.metrics.send_timeouts.inc();
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the client read nothing for send_timeout",
+                        )));
+                    }
+                    return Poll::Pending;
+                }
             }
             if body.is_none() {
                 return Poll::Ready(Ok(()));
             }
             // Waiting for the body: notice a client that goes away meanwhile.
-            if c.poll_watch(task, watch_cap) {
+            if c.poll_watch(task, w.watch_cap) {
                 return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
             }
             return Poll::Pending;

@@ -240,6 +240,11 @@ impl Outbox {
         self.head_at == self.head.len() && self.data.is_empty() && self.tail.is_empty()
     }
 
+    /// Bytes queued and not yet written.
+    pub(super) fn len(&self) -> usize {
+        self.head.len() - self.head_at + self.data.len() + self.tail.len()
+    }
+
     /// Whether a body frame may be queued (none is waiting).
     pub(super) fn has_room(&self) -> bool {
         self.data.is_empty() && self.tail.is_empty()
