@@ -25,38 +25,38 @@ async fn small_window_client(addr: std::net::SocketAddr) -> TcpStream {
     socket.connect(addr).await.unwrap()
 }
 
+/// A gateway with these listener settings in front of the stub.
+fn gateway(listener_extra: &str) -> (TestGateway, StubHandle) {
+    let s = stub();
+    let g = start_gateway(&config_text(s.local_addr(), listener_extra, ""));
+    (g, s)
+}
+
+/// Wait (bounded) until the gateway's metric `name` reads `value`; panics if it never does.
+async fn expect_metric(g: &TestGateway, name: &str, value: f64) {
+    let seen = eventually(Duration::from_secs(10), || {
+        metric(&g.gateway().metrics_text(), name) == value
+    })
+    .await;
+    assert!(seen, "{name} never became {value}");
+}
+
 /// Far more than the kernel buffers between the origin and the client can hold.
 const LARGE: usize = 48 << 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_is_reset_after_the_send_timeout() {
-    let s = stub();
-    let g = start_gateway(&config_text(
-        s.local_addr(),
-        "send_timeout = \"300ms\"\nidle_timeout = \"30s\"",
-        "",
-    ));
+    let (g, _s) = gateway("send_timeout = \"300ms\"\nidle_timeout = \"30s\"");
     let mut c = small_window_client(g.addr).await;
     let req = format!("GET /?length={LARGE} HTTP/1.1\r\nHost: t\r\n\r\n");
     c.write_all(req.as_bytes()).await.unwrap();
     // Read nothing: the gateway gives up on the response within the send timeout.
-    let counted = eventually(Duration::from_secs(10), || {
-        metric(&g.gateway().metrics_text(), SEND_TIMEOUTS) == 1.0
-    })
-    .await;
-    assert!(counted, "{SEND_TIMEOUTS} never became 1");
+    expect_metric(&g, SEND_TIMEOUTS, 1.0).await;
     // The connection ends (reset) without a response that looks complete.
     let (got, closed) = read_until_close(&mut c, Duration::from_secs(10)).await;
     assert!(closed, "the stalled connection stayed open");
     assert!(got.len() < LARGE, "the whole body arrived: {}", got.len());
-    assert!(
-        eventually(Duration::from_secs(5), || metric(
-            &g.gateway().metrics_text(),
-            OPEN
-        ) == 0.0)
-        .await,
-        "the client connection is still counted open"
-    );
+    expect_metric(&g, OPEN, 0.0).await;
     // The worker goes on serving.
     let r = get(g.addr, "/?length=100").await;
     assert_eq!(r.status, 200);
@@ -64,12 +64,7 @@ async fn a_client_that_stops_reading_is_reset_after_the_send_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_client_that_keeps_reading_gets_the_whole_body() {
-    let s = stub();
-    let g = start_gateway(&config_text(
-        s.local_addr(),
-        "send_timeout = \"500ms\"\nidle_timeout = \"30s\"",
-        "",
-    ));
+    let (g, _s) = gateway("send_timeout = \"500ms\"\nidle_timeout = \"30s\"");
     let length = 4 << 20;
     let mut c = small_window_client(g.addr).await;
     let req = format!("GET /?length={length} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
@@ -137,12 +132,7 @@ impl AsyncWrite for StopReading {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_client_that_stops_reading_is_dropped_after_the_send_timeout() {
-    let s = stub();
-    let g = start_gateway(&config_text(
-        s.local_addr(),
-        "protocol = \"h2c\"\nsend_timeout = \"300ms\"\nidle_timeout = \"30s\"",
-        "",
-    ));
+    let (g, _s) = gateway("protocol = \"h2c\"\nsend_timeout = \"300ms\"\nidle_timeout = \"30s\"");
     let stop = Arc::new(AtomicBool::new(false));
     let io = StopReading {
         inner: small_window_client(g.addr).await,
@@ -163,18 +153,7 @@ async fn an_h2_client_that_stops_reading_is_dropped_after_the_send_timeout() {
     let resp = sender.send_request(req).await.expect("h2 response head");
     assert_eq!(resp.status(), 200);
     stop.store(true, Ordering::Release);
-    let counted = eventually(Duration::from_secs(10), || {
-        metric(&g.gateway().metrics_text(), SEND_TIMEOUTS) == 1.0
-    })
-    .await;
-    assert!(counted, "{SEND_TIMEOUTS} never became 1");
-    assert!(
-        eventually(Duration::from_secs(5), || metric(
-            &g.gateway().metrics_text(),
-            OPEN
-        ) == 0.0)
-        .await,
-        "the client connection is still counted open"
-    );
+    expect_metric(&g, SEND_TIMEOUTS, 1.0).await;
+    expect_metric(&g, OPEN, 0.0).await;
     drop(resp.into_body().collect());
 }
