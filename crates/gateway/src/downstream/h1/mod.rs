@@ -126,7 +126,10 @@ struct Timer {
     sleep: Pin<Box<Sleep>>,
     armed: Instant,
     /// The sleep has this task's waker and has not fired: polling it again changes nothing
-    /// (the connection's task is the only one that polls it).
+    /// (the connection's task is the only one that polls it). Not set by a poll made with
+    /// the task's coop budget spent: tokio's `Sleep` then registers nothing (it has the task
+    /// polled again instead), and a deadline checked only through this flag would be missed
+    /// until some other wake-up.
     registered: bool,
 }
 
@@ -146,13 +149,14 @@ impl Timer {
         if self.registered && !self.sleep.is_elapsed() {
             return Poll::Pending;
         }
+        let budget = tokio::task::coop::has_budget_remaining();
         while self.sleep.as_mut().poll(cx).is_ready() {
             if self.armed >= deadline {
                 return Poll::Ready(());
             }
             self.rearm(deadline);
         }
-        self.registered = true;
+        self.registered = budget;
         Poll::Pending
     }
 
@@ -592,4 +596,40 @@ async fn lingering_close(mut conn: ConnIo) {
         }
     };
     let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Spend the task's coop budget, as a long write loop does.
+    fn spend_budget(cx: &mut Context<'_>) {
+        while let Poll::Ready(r) = tokio::task::coop::poll_proceed(cx) {
+            r.made_progress();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_first_polled_with_the_budget_spent_still_fires() {
+        let start = Instant::now();
+        let mut timer = Timer::new(start + Duration::from_secs(10));
+        let first = start + Duration::from_millis(300);
+        // Polled with no budget left: tokio's sleep registers nothing (it has the task
+        // polled again instead).
+        poll_fn(|cx| {
+            spend_budget(cx);
+            assert!(timer.poll_deadline(first, cx).is_pending());
+            Poll::Ready(())
+        })
+        .await;
+        // Polled again for a slightly later deadline: it must still wake the task.
+        let later = first + Duration::from_millis(1);
+        let fired = tokio::time::timeout(
+            Duration::from_secs(5),
+            poll_fn(|cx| timer.poll_deadline(later, cx)),
+        )
+        .await;
+        assert!(fired.is_ok(), "the timer never woke its task");
+        assert_eq!(Instant::now(), later);
+    }
 }
