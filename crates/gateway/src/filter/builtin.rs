@@ -39,9 +39,11 @@ pub(super) fn compile(
                 set: f.set.clone(),
                 remove: f.remove.clone(),
             })?;
+            let response_side = matches!(f.stage, FilterStage::Post);
             one(Arc::new(Headers {
+                lines: appended_lines(&edits, response_side),
                 edits,
-                response_side: matches!(f.stage, FilterStage::Post),
+                response_side,
             }))
         }
         FilterType::Redirect => {
@@ -167,6 +169,24 @@ pub(super) fn deny(ctx: &mut FilterCtx, status: StatusCode, mut headers: HeaderM
 struct Headers {
     edits: HeaderEdits,
     response_side: bool,
+    /// A post filter that only appends fields a wire-form head may take: each field's
+    /// `name: value\r\n` line, written once here (in `edits.add`'s order).
+    lines: Option<Vec<Box<[u8]>>>,
+}
+
+/// The `name: value\r\n` lines of a response-side `headers` filter that only appends fields
+/// [`crate::headers::RawHead::may_append`] allows (`None` otherwise).
+fn appended_lines(edits: &HeaderEdits, response_side: bool) -> Option<Vec<Box<[u8]>>> {
+    let appends_only = response_side && edits.remove.is_empty() && edits.set.is_empty();
+    if !appends_only || !edits.add.iter().all(|(n, _)| crate::headers::RawHead::may_append(n)) {
+        return None;
+    }
+    let line = |(n, v): &(HeaderName, HeaderValue)| {
+        let mut line = Vec::with_capacity(n.as_str().len() + v.len() + 4);
+        crate::headers::put_field(&mut line, n.as_str().as_bytes(), v.as_bytes());
+        line.into_boxed_slice()
+    };
+    Some(edits.add.iter().map(line).collect())
 }
 
 impl Filter for Headers {
@@ -177,7 +197,11 @@ impl Filter for Headers {
         false
     }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
-        if self.response_side {
+        if let Some(lines) = &self.lines {
+            for ((n, v), line) in self.edits.add.iter().zip(lines) {
+                ctx.append_response_line(n, v, line);
+            }
+        } else if self.response_side {
             let e = &self.edits;
             if e.remove.is_empty() && e.set.is_empty() {
                 // Only appends: the origin's head may stay in wire form.

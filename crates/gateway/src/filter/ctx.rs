@@ -82,7 +82,7 @@ pub struct CtxState {
     /// of a map; reads see `raw_view`, a map built from it on the first read. Appending keeps
     /// it; any other change replaces it with the map in `response_headers`.
     pub(super) raw_response: Option<crate::headers::RawHead>,
-    pub(super) raw_view: std::cell::OnceCell<HeaderMap>,
+    pub(super) raw_view: View,
     extras: Option<Box<Extras>>,
 }
 
@@ -94,14 +94,18 @@ pub(crate) enum RequestFields {
     /// through [`RawRequestFields`]' edits while no filter needs more; `view`: the map
     /// [`FilterCtx::request_headers`] built for a filter that reads them whole, dropped on
     /// a change.
-    Wire(RawRequestFields, std::cell::OnceCell<HeaderMap>),
+    Wire(RawRequestFields, View),
 }
+
+/// A map built from a wire-form head on its first read; boxed, so that the context and the
+/// request fields it moves in and out stay small (few requests build one).
+pub(crate) type View = std::cell::OnceCell<Box<HeaderMap>>;
 
 impl RequestFields {
     /// As a map: the wire form turned into one (its `view` if built).
     fn map_mut(&mut self) -> &mut HeaderMap {
         if let RequestFields::Wire(fields, view) = self {
-            let map = view.take().unwrap_or_else(|| fields.to_map());
+            let map = view.take().map_or_else(|| fields.to_map(), |m| *m);
             *self = RequestFields::Map(map);
         }
         match self {
@@ -256,7 +260,9 @@ impl FilterCtx {
         match &self.headers {
             None => &NO_HEADERS,
             Some(RequestFields::Map(m)) => m,
-            Some(RequestFields::Wire(fields, view)) => view.get_or_init(|| fields.to_map()),
+            Some(RequestFields::Wire(fields, view)) => {
+                view.get_or_init(|| Box::new(fields.to_map()))
+            }
         }
     }
     /// The first value of the request field `name` (any case), without the whole map
@@ -438,7 +444,7 @@ impl FilterCtx {
     pub fn response_headers(&self) -> Option<&HeaderMap> {
         self.response_status?;
         match &self.raw_response {
-            Some(raw) => Some(self.raw_view.get_or_init(|| raw.to_map())),
+            Some(raw) => Some(self.raw_view.get_or_init(|| Box::new(raw.to_map()))),
             None => self.response_headers.as_ref(),
         }
     }
@@ -446,7 +452,7 @@ impl FilterCtx {
         self.response_status?;
         let s = &mut *self.0;
         if let Some(raw) = s.raw_response.take() {
-            s.response_headers = Some(s.raw_view.take().unwrap_or_else(|| raw.to_map()));
+            s.response_headers = Some(s.raw_view.take().map_or_else(|| raw.to_map(), |m| *m));
         }
         Some(s.response_headers.get_or_insert_with(HeaderMap::new))
     }
@@ -472,6 +478,33 @@ impl FilterCtx {
         match (s.raw_response.as_mut(), s.response_headers.as_mut()) {
             (Some(raw), _) => {
                 raw.push(name.as_str().as_bytes(), value.as_bytes());
+                if let Some(view) = s.raw_view.get_mut() {
+                    view.append(name.clone(), value.clone());
+                }
+            }
+            (None, Some(map)) => {
+                map.append(name.clone(), value.clone());
+            }
+            (None, None) => {}
+        }
+    }
+
+    /// [`Self::append_response_field`] with the field's `name: value\r\n` line written ahead
+    /// of time (a `headers` filter's compiled `add`), for a name
+    /// [`crate::headers::RawHead::may_append`] allows: one copy into a wire-form head.
+    pub(crate) fn append_response_line(
+        &mut self,
+        name: &HeaderName,
+        value: &HeaderValue,
+        line: &[u8],
+    ) {
+        let s = &mut *self.0;
+        if s.response_status.is_none() {
+            return;
+        }
+        match (s.raw_response.as_mut(), s.response_headers.as_mut()) {
+            (Some(raw), _) => {
+                raw.push_line(line);
                 if let Some(view) = s.raw_view.get_mut() {
                     view.append(name.clone(), value.clone());
                 }

@@ -84,6 +84,20 @@ impl FilterChain {
             if ctx.local.is_some() && matches!(e.stage, FilterStage::Pre | FilterStage::Route) {
                 break; // answered: the rest of pre/route is skipped
             }
+            if e.plain && !ctx.timed {
+                // Nothing to decide and no clock to read: count it and run it.
+                e.metrics.invocations.inc();
+                let ran = match run_now(e, ctx) {
+                    Ok(Ok(())) => continue,
+                    outcome => self.finish(e, ctx, outcome, None),
+                };
+                if let Err(f) = ran {
+                    if e.stage != FilterStage::Error {
+                        return Err(f);
+                    }
+                }
+                continue;
+            }
             if !e.synchronous {
                 return Ok(Some(at));
             }
@@ -507,25 +521,28 @@ fn start(e: &Entry, ctx: &FilterCtx) -> Option<Instant> {
 
 /// `run` of a synchronous filter, a panic caught. A future it returns anyway is polled
 /// once and must be finished then: the filter fails otherwise.
+/// One `catch_unwind` covers `run` and the one poll of a future it returns anyway.
+#[inline(always)]
 fn run_now(e: &Entry, ctx: &mut FilterCtx) -> Outcome {
     let c = &mut *ctx;
-    match std::panic::catch_unwind(AssertUnwindSafe(move || {
+    std::panic::catch_unwind(AssertUnwindSafe(move || {
         let c = c; // moved in: the closure is FnOnce, so the future may borrow it
-        e.filter.run(c)
-    })) {
-        Ok(FilterFuture(Run::Ready(r))) => Ok(r.unwrap_or_else(polled_twice)),
-        Ok(f) => {
-            let waker = std::task::Waker::noop();
-            let polled = std::pin::pin!(AssertUnwindSafe(f).catch_unwind())
-                .poll(&mut std::task::Context::from_waker(waker));
-            match polled {
-                std::task::Poll::Ready(outcome) => outcome,
-                std::task::Poll::Pending => Ok(Err(FilterError(
-                    "a filter declared synchronous did not finish its run at once".into(),
-                ))),
-            }
+        match e.filter.run(c) {
+            FilterFuture(Run::Ready(r)) => r.unwrap_or_else(polled_twice),
+            f => poll_once(f),
         }
-        Err(p) => Err(p),
+    }))
+}
+
+/// A future from a filter declared synchronous: polled once, it must be finished.
+#[cold]
+fn poll_once(f: FilterFuture<'_>) -> Result<(), FilterError> {
+    let waker = std::task::Waker::noop();
+    match std::pin::pin!(f).poll(&mut std::task::Context::from_waker(waker)) {
+        std::task::Poll::Ready(r) => r,
+        std::task::Poll::Pending => Err(FilterError(
+            "a filter declared synchronous did not finish its run at once".into(),
+        )),
     }
 }
 
