@@ -8,7 +8,7 @@ use http::{Method, Version};
 use crate::error::{Error, Kind};
 
 mod wire;
-pub(crate) use wire::{RawHead, RawRequestFields};
+pub(crate) use wire::{CompiledField, RawHead, RawRequestFields};
 
 /// Per-connection facts computed once, used by every request on the connection.
 pub(crate) struct ClientFacts {
@@ -630,6 +630,9 @@ pub(crate) struct HeaderEdits {
     pub add: Vec<(HeaderName, HeaderValue)>,
     /// Some edited name is one [`HeadScan`] looks at (computed once, at compile time).
     touches_scan: bool,
+    /// `set` and `add` built for wire-form request fields ([`Self::apply_wire`]).
+    wire_set: Vec<std::sync::Arc<CompiledField>>,
+    wire_add: Vec<std::sync::Arc<CompiledField>>,
 }
 
 impl HeaderEdits {
@@ -650,7 +653,13 @@ impl HeaderEdits {
             set: cfg.set.iter().map(pair).collect::<Result<_, _>>()?,
             add: cfg.add.iter().map(pair).collect::<Result<_, _>>()?,
             touches_scan: false,
+            wire_set: Vec::new(),
+            wire_add: Vec::new(),
         };
+        let compiled = |l: &[(HeaderName, HeaderValue)]| {
+            l.iter().map(|(n, v)| CompiledField::new(n, v)).collect()
+        };
+        (edits.wire_set, edits.wire_add) = (compiled(&edits.set), compiled(&edits.add));
         edits.touches_scan = edits
             .remove
             .iter()
@@ -669,48 +678,30 @@ impl HeaderEdits {
         self.touches_scan
     }
 
-    pub(crate) fn apply(&self, headers: &mut impl EditFields) {
+    pub(crate) fn apply(&self, headers: &mut HeaderMap) {
         for n in &self.remove {
-            headers.remove_field(n);
+            headers.remove(n);
         }
         for (n, v) in &self.set {
-            headers.set_field(n.clone(), v.clone());
+            headers.insert(n.clone(), v.clone());
         }
         for (n, v) in &self.add {
-            headers.append_field(n.clone(), v.clone());
+            headers.append(n.clone(), v.clone());
         }
     }
-}
 
-/// Fields [`HeaderEdits`] apply to: a map, or wire-form request fields (only edits whose
-/// names [`RawRequestFields::may_edit`]).
-pub(crate) trait EditFields {
-    fn remove_field(&mut self, name: &HeaderName);
-    fn set_field(&mut self, name: HeaderName, value: HeaderValue);
-    fn append_field(&mut self, name: HeaderName, value: HeaderValue);
-}
-
-impl EditFields for HeaderMap {
-    fn remove_field(&mut self, name: &HeaderName) {
-        self.remove(name);
-    }
-    fn set_field(&mut self, name: HeaderName, value: HeaderValue) {
-        self.insert(name, value);
-    }
-    fn append_field(&mut self, name: HeaderName, value: HeaderValue) {
-        self.append(name, value);
-    }
-}
-
-impl EditFields for RawRequestFields {
-    fn remove_field(&mut self, name: &HeaderName) {
-        self.remove(name);
-    }
-    fn set_field(&mut self, name: HeaderName, value: HeaderValue) {
-        self.set(name, value);
-    }
-    fn append_field(&mut self, name: HeaderName, value: HeaderValue) {
-        self.append(name, value);
+    /// [`Self::apply`] to wire-form request fields (edits that do not
+    /// [`Self::affects_head_scan`]): the set and added fields are shared, not copied.
+    pub(crate) fn apply_wire(&self, fields: &mut RawRequestFields) {
+        for n in &self.remove {
+            fields.remove(n);
+        }
+        for f in &self.wire_set {
+            fields.set_compiled(f);
+        }
+        for f in &self.wire_add {
+            fields.append_compiled(f);
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! in them with `memchr`; a `HeaderMap` is built only when something needs one.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::sync::Arc;
 
 use super::{affects_head_scan, put_field};
 #[cfg(doc)]
@@ -28,14 +29,62 @@ pub(crate) struct RawRequestFields {
     edits: Vec<FieldEdit>,
 }
 
-/// A change to a [`RawRequestFields`]: the client's fields called `name` are dropped
-/// (`replaces`: the client sent one), and `name: value` follows the block. Never a name
-/// [`HeadScan`] looks at.
+/// A change to a [`RawRequestFields`]: the client's fields called by the edit's name are
+/// dropped (`replaces`: the client sent one), and the edit's field, if any, follows the
+/// block. Never a name [`HeadScan`] looks at.
 #[derive(Debug, Clone)]
 struct FieldEdit {
-    name: HeaderName,
-    value: Option<HeaderValue>,
+    field: EditField,
     replaces: bool,
+}
+
+#[derive(Debug, Clone)]
+enum EditField {
+    /// A name and its value, or `None` for a removal (a filter's call).
+    Owned(HeaderName, Option<HeaderValue>),
+    /// A field of a filter's configuration, shared: no name or value copied per request.
+    Compiled(Arc<CompiledField>),
+}
+
+impl FieldEdit {
+    fn name(&self) -> &HeaderName {
+        match &self.field {
+            EditField::Owned(n, _) => n,
+            EditField::Compiled(f) => &f.name,
+        }
+    }
+    fn value(&self) -> Option<&HeaderValue> {
+        match &self.field {
+            EditField::Owned(_, v) => v.as_ref(),
+            EditField::Compiled(f) => Some(&f.value),
+        }
+    }
+}
+
+/// A field a configured edit sets or adds, built when the config is loaded: its name and
+/// value, validated then, and its `name: value\r\n` line, written upstream as it is.
+#[derive(Debug)]
+pub(crate) struct CompiledField {
+    pub(crate) name: HeaderName,
+    pub(crate) value: HeaderValue,
+    line: Box<[u8]>,
+}
+
+impl CompiledField {
+    pub(crate) fn new(name: &HeaderName, value: &HeaderValue) -> Arc<CompiledField> {
+        let mut line = Vec::with_capacity(name.as_str().len() + value.len() + 4);
+        put_field(&mut line, name.as_str().as_bytes(), value.as_bytes());
+        Arc::new(CompiledField {
+            name: name.clone(),
+            value: value.clone(),
+            line: line.into_boxed_slice(),
+        })
+    }
+
+    /// `name: value\r\n`.
+    pub(crate) fn line(&self) -> &[u8] {
+        &self.line
+    }
 }
 
 impl RawRequestFields {
@@ -52,7 +101,7 @@ impl RawRequestFields {
     fn removes(&self, name: &[u8]) -> bool {
         self.edits
             .iter()
-            .any(|e| e.replaces && e.name.as_str().as_bytes().eq_ignore_ascii_case(name))
+            .any(|e| e.replaces && e.name().as_str().as_bytes().eq_ignore_ascii_case(name))
     }
 
     /// The client's lines not removed by an edit.
@@ -63,7 +112,7 @@ impl RawRequestFields {
 
     /// The fields the edits add, in order.
     fn appended(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        (self.edits.iter()).filter_map(|e| Some((&e.name, e.value.as_ref()?)))
+        (self.edits.iter()).filter_map(|e| Some((e.name(), e.value()?)))
     }
 
     /// The fields as a map, values sharing the block's memory.
@@ -119,14 +168,32 @@ impl RawRequestFields {
 
     /// Replace every field called `name` with `name: value` (a [`Self::may_edit`] name).
     pub(crate) fn set(&mut self, name: HeaderName, value: HeaderValue) {
-        self.replace(name, Some(value));
+        let replaces = self.drop_named(&name);
+        let field = EditField::Owned(name, Some(value));
+        self.push_edit(FieldEdit { field, replaces });
+    }
+
+    /// [`Self::set`] with a configured field (shared, not copied).
+    pub(crate) fn set_compiled(&mut self, f: &Arc<CompiledField>) {
+        let replaces = self.drop_named(&f.name);
+        let field = EditField::Compiled(f.clone());
+        self.push_edit(FieldEdit { field, replaces });
     }
 
     /// Add the field `name: value` (a [`Self::may_edit`] name).
     pub(crate) fn append(&mut self, name: HeaderName, value: HeaderValue) {
+        let field = EditField::Owned(name, Some(value));
         self.push_edit(FieldEdit {
-            name,
-            value: Some(value),
+            field,
+            replaces: false,
+        });
+    }
+
+    /// [`Self::append`] with a configured field (shared, not copied).
+    pub(crate) fn append_compiled(&mut self, f: &Arc<CompiledField>) {
+        let field = EditField::Compiled(f.clone());
+        self.push_edit(FieldEdit {
+            field,
             replaces: false,
         });
     }
@@ -135,31 +202,32 @@ impl RawRequestFields {
     /// path costs about twice the allocation itself).
     fn push_edit(&mut self, edit: FieldEdit) {
         if self.edits.capacity() == 0 {
-            self.edits = Vec::with_capacity(2);
+            // The empty vector owns nothing: forgetting it skips its drop call.
+            std::mem::forget(std::mem::replace(&mut self.edits, Vec::with_capacity(2)));
         }
         self.edits.push(edit);
     }
 
     /// Remove every field called `name` (a [`Self::may_edit`] name).
     pub(crate) fn remove(&mut self, name: &HeaderName) {
-        self.replace(name.clone(), None);
-    }
-
-    /// Drop every field called `name` (the client's and earlier edits'), then add `value`.
-    /// Only a name the client sent is marked to be dropped from the block: the usual set of a
-    /// field of the gateway's own leaves the block to be written in one piece.
-    fn replace(&mut self, name: HeaderName, value: Option<HeaderValue>) {
-        if !self.edits.is_empty() {
-            self.edits.retain(|e| e.name != name);
-        }
-        let replaces = has_field(&self.block, name.as_str().as_bytes());
-        if replaces || value.is_some() {
+        if self.drop_named(name) {
+            let field = EditField::Owned(name.clone(), None);
             self.push_edit(FieldEdit {
-                name,
-                value,
-                replaces,
+                field,
+                replaces: true,
             });
         }
+    }
+
+    /// Drop the earlier edits of `name`; whether the client sent a field called `name`
+    /// (the edit that follows then drops it from the block). Only a name the client sent is
+    /// marked so: the usual set of a field of the gateway's own leaves the block to be
+    /// written in one piece.
+    fn drop_named(&mut self, name: &HeaderName) -> bool {
+        if !self.edits.is_empty() {
+            self.edits.retain(|e| e.name() != name);
+        }
+        has_field(&self.block, name.as_str().as_bytes())
     }
 
     /// Write the fields as `name: value\r\n` lines: the client's as it sent them, without
@@ -175,8 +243,12 @@ impl RawRequestFields {
         } else {
             dst.extend_from_slice(&self.block);
         }
-        for (n, v) in self.appended() {
-            put_field(dst, n.as_str().as_bytes(), v.as_bytes());
+        for e in &self.edits {
+            match &e.field {
+                EditField::Compiled(f) => dst.extend_from_slice(f.line()),
+                EditField::Owned(n, Some(v)) => put_field(dst, n.as_str().as_bytes(), v.as_bytes()),
+                EditField::Owned(_, None) => {}
+            }
         }
     }
 
