@@ -205,8 +205,17 @@ impl FilterCtx {
         route: Arc<str>,
         request_id: &HeaderName,
     ) -> FilterCtx {
-        // Allocated (or the spare taken) before the state is built, so the state is written
-        // in place rather than built on the stack and copied in.
+        // Every value that takes a call is made first, so that the state is then written
+        // straight into its allocation (the spare, else a new one), not built on the stack
+        // and copied in.
+        let timed = super::stage::sample_timing();
+        let method = parts.method.clone();
+        let target = parts.uri.path_and_query().cloned();
+        let headers = Some(match wire.take() {
+            Some(fields) => RequestFields::Wire(fields, Default::default()),
+            None => RequestFields::Map(std::mem::take(&mut parts.headers)),
+        });
+        let tls = tls.map(|t| t.client_identity.clone());
         let state = (SPARE.try_with(Cell::take).ok().flatten()).unwrap_or_else(Box::new_uninit);
         FilterCtx(ManuallyDrop::new(Box::write(
             state,
@@ -215,15 +224,12 @@ impl FilterCtx {
                 head_touched: false,
                 may_set_request_id: false,
                 request_id_len: request_id.as_str().len(),
-                timed: super::stage::sample_timing(),
-                method: parts.method.clone(),
-                target: parts.uri.path_and_query().cloned(),
-                headers: Some(match wire.take() {
-                    Some(fields) => RequestFields::Wire(fields, Default::default()),
-                    None => RequestFields::Map(std::mem::take(&mut parts.headers)),
-                }),
+                timed,
+                method,
+                target,
+                headers,
                 client,
-                tls: tls.map(|t| t.client_identity.clone()),
+                tls,
                 route,
                 cluster: None,
                 local: None,

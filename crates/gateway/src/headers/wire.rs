@@ -265,20 +265,21 @@ fn wire_lines(block: &[u8]) -> WireLines<'_> {
     WireLines { rest: block }
 }
 
-/// Whether a wire-form field block has a field called `name` (any case). Only line starts
-/// are compared: the server's parse left no whitespace before a colon.
+/// Whether a wire-form field block has a field called `name` (any case). One pass over the
+/// block for the name's first letter (either case), each hit checked for a line start, the
+/// rest of the name and a colon: cheaper than a search per line, since a line start is
+/// always after a `\n` (values hold no line breaks) and the server's parse left no
+/// whitespace before a colon.
 fn has_field(block: &[u8], name: &[u8]) -> bool {
-    let mut rest = block;
-    while rest.len() > name.len() {
-        if rest[name.len()] == b':' && rest[..name.len()].eq_ignore_ascii_case(name) {
-            return true;
-        }
-        match memchr::memchr(b'\n', rest) {
-            Some(i) => rest = &rest[i + 1..],
-            None => break,
-        }
-    }
-    false
+    let Some(&first) = name.first() else {
+        return false;
+    };
+    let (lower, upper) = (first.to_ascii_lowercase(), first.to_ascii_uppercase());
+    memchr::memchr2_iter(lower, upper, block).any(|i| {
+        (i == 0 || block[i - 1] == b'\n')
+            && block.get(i + name.len()) == Some(&b':')
+            && block[i..i + name.len()].eq_ignore_ascii_case(name)
+    })
 }
 
 /// The iterator of [`wire_lines`]: line ends and colons found with `memchr` (a byte-by-byte
@@ -420,6 +421,16 @@ mod tests {
         assert_eq!(f.get("x-gone"), None);
         assert_eq!(f.get("x-keep"), Some(&b"spaced"[..]));
         assert_eq!(f.get_all("X-Multi").collect::<Vec<_>>(), [b"1", b"2"]);
+        // A field is found by its name at a line start, in any case, never inside a value or
+        // as a prefix of a longer name.
+        let block = b"Host: a\r\nX-Forwarded: x-in: 1\r\nx-inn: 2\r\nAx-In: 3\r\nX-IN:4\r\n";
+        assert!(has_field(block, b"x-in"));
+        assert!(has_field(block, b"host"));
+        assert!(has_field(block, b"x-inn"));
+        assert!(!has_field(&block[..block.len() - 8], b"x-in"));
+        assert!(!has_field(block, b"x-i"));
+        assert!(!has_field(b"", b"x-in"));
+        assert!(!has_field(b"x-in", b"x-in"));
         // Without edits the block goes out as it came.
         let plain = RawRequestFields::new(bytes::Bytes::from_static(b"A:b\r\n"), false);
         let mut wire = Vec::new();
