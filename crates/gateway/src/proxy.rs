@@ -678,7 +678,7 @@ async fn finish_response(
         {
             // The origin's body is dropped unread, and its connection with it.
             info.local = Some("local_filter_error");
-            return Ok(Box::new(resp));
+            return Ok(resp);
         }
         if let Some(b) = ctx.take_response_body() {
             crate::filter::set_body_length(&mut rparts.headers, b.len());

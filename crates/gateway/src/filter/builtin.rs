@@ -527,6 +527,24 @@ struct Reroute {
     host: Option<HeaderValue>,
 }
 
+impl Reroute {
+    /// The upstream path (the request's query kept) and Host, when configured: out of line,
+    /// so that choosing a cluster alone stays a small function.
+    #[inline(never)]
+    fn set_target(&self, ctx: &mut FilterCtx) {
+        if let Some(p) = &self.path {
+            let target = match ctx.query() {
+                Some(q) => format!("{p}?{q}"),
+                None => p.clone(),
+            };
+            ctx.set_upstream_path(target);
+        }
+        if let Some(h) = &self.host {
+            ctx.set_upstream_host(h.clone());
+        }
+    }
+}
+
 impl Filter for Reroute {
     fn synchronous(&self) -> bool {
         true
@@ -538,15 +556,8 @@ impl Filter for Reroute {
         if let Some(c) = &self.cluster {
             ctx.choose_cluster(c.clone());
         }
-        if let Some(p) = &self.path {
-            let target = match ctx.query() {
-                Some(q) => format!("{p}?{q}"),
-                None => p.clone(),
-            };
-            ctx.set_upstream_path(target);
-        }
-        if let Some(h) = &self.host {
-            ctx.set_upstream_host(h.clone());
+        if self.path.is_some() || self.host.is_some() {
+            self.set_target(ctx);
         }
         done(Ok(()))
     }

@@ -338,8 +338,9 @@ impl FilterChain {
     }
 
     /// Run `post` over a proxied response head. `Err(response)`: a post filter failed and
-    /// this (error-stage or 500) response replaces the origin's. Ready at once when every
-    /// post filter ran synchronously and none failed.
+    /// this (error-stage or 500) response replaces the origin's (boxed: the stage's result
+    /// stays two words, and moves as such). Ready at once when every post filter ran
+    /// synchronously and none failed.
     /// `raw`: the origin's head in wire form, when kept so (`headers` is then empty); it
     /// comes back as it is, with fields appended, or as `None` with the fields in `headers`.
     pub(crate) fn outbound<'a>(
@@ -349,7 +350,7 @@ impl FilterChain {
         headers: &'a mut HeaderMap,
         raw: &'a mut Option<crate::headers::RawHead>,
         failed: impl Fn() -> Response<ResponseBody> + 'a,
-    ) -> Staged<'a, Result<(), Response<ResponseBody>>> {
+    ) -> Staged<'a, Result<(), Box<Response<ResponseBody>>>> {
         let post = self.stage(FilterStage::Post);
         if post.is_empty() {
             Self::stamp_debug(ctx, headers, raw);
@@ -386,7 +387,7 @@ impl FilterChain {
                     self.fail(ctx, f).await;
                     let mut r = Self::assemble(ctx, &failed).0;
                     Self::stamp_debug(ctx, r.headers_mut(), &mut None);
-                    Err(r)
+                    Err(Box::new(r))
                 }
             }
         })
@@ -443,7 +444,7 @@ impl FilterChain {
                 parts.status = status;
                 (Response::from_parts(parts, body), was_failure)
             }
-            Err(resp) => (resp, true),
+            Err(resp) => (*resp, true),
         }
     }
 
@@ -490,7 +491,7 @@ impl FilterChain {
                 parts.status = status;
                 Response::from_parts(parts, body)
             }
-            Err(r) => r,
+            Err(r) => *r,
         }
     }
 

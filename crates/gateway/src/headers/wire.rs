@@ -254,7 +254,11 @@ impl RawRequestFields {
 
     /// The length of what [`Self::write`] writes, about (for reserving).
     pub(super) fn len_hint(&self) -> usize {
-        let added = self.appended().map(|(n, v)| n.as_str().len() + v.len() + 4);
+        let added = self.edits.iter().map(|e| match &e.field {
+            EditField::Compiled(f) => f.line().len(),
+            EditField::Owned(n, Some(v)) => n.as_str().len() + v.len() + 4,
+            EditField::Owned(_, None) => 0,
+        });
         self.block.len() + added.sum::<usize>()
     }
 }
