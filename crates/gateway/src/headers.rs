@@ -163,7 +163,8 @@ pub(crate) fn find<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a Header
 /// Does adding, changing or removing the field `name` change what [`HeadScan`] finds
 /// (beyond its byte count)?
 pub(crate) fn affects_head_scan(name: &HeaderName) -> bool {
-    HeadScan::default().note(name)
+    // Only these lengths name a scanned field (see `HeadScan::note_name`).
+    matches!(name.as_str().len(), 2 | 4 | 6 | 7 | 9 | 10 | 14..=17) && HeadScan::default().note(name)
 }
 
 /// Validate what hyper's parser accepted but a gateway must not forward.
@@ -633,6 +634,8 @@ pub(crate) struct HeaderEdits {
     /// `set` and `add` built for wire-form request fields ([`Self::apply_wire`]).
     wire_set: Vec<std::sync::Arc<CompiledField>>,
     wire_add: Vec<std::sync::Arc<CompiledField>>,
+    /// Bit `n` (`n` < 63): a set or added name is `n` bytes long; bit 63: one is longer.
+    set_name_lens: u64,
 }
 
 impl HeaderEdits {
@@ -655,11 +658,15 @@ impl HeaderEdits {
             touches_scan: false,
             wire_set: Vec::new(),
             wire_add: Vec::new(),
+            set_name_lens: 0,
         };
         let compiled = |l: &[(HeaderName, HeaderValue)]| {
             l.iter().map(|(n, v)| CompiledField::new(n, v)).collect()
         };
         (edits.wire_set, edits.wire_add) = (compiled(&edits.set), compiled(&edits.add));
+        for (n, _) in edits.set.iter().chain(&edits.add) {
+            edits.set_name_lens |= 1 << n.as_str().len().min(63);
+        }
         edits.touches_scan = edits
             .remove
             .iter()
@@ -671,6 +678,16 @@ impl HeaderEdits {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
+    }
+
+    /// Whether a set or added name is `len` bytes long (a cheap "may it set this field?").
+    pub(crate) fn sets_name_of_len(&self, len: usize) -> bool {
+        self.set_name_lens & (1 << len.min(63)) != 0
+    }
+
+    /// The added fields, compiled (with their wire lines).
+    pub(crate) fn compiled_adds(&self) -> &[std::sync::Arc<CompiledField>] {
+        &self.wire_add
     }
 
     /// Whether applying these edits can change what [`HeadScan`] finds.

@@ -41,7 +41,7 @@ pub(super) fn compile(
             })?;
             let response_side = matches!(f.stage, FilterStage::Post);
             one(Arc::new(Headers {
-                lines: appended_lines(&edits, response_side),
+                appends_lines: appends_lines(&edits, response_side),
                 edits,
                 response_side,
             }))
@@ -169,24 +169,18 @@ pub(super) fn deny(ctx: &mut FilterCtx, status: StatusCode, mut headers: HeaderM
 struct Headers {
     edits: HeaderEdits,
     response_side: bool,
-    /// A post filter that only appends fields a wire-form head may take: each field's
-    /// `name: value\r\n` line, written once here (in `edits.add`'s order).
-    lines: Option<Vec<Box<[u8]>>>,
+    /// A post filter that only appends fields a wire-form head may take: it appends their
+    /// compiled `name: value\r\n` lines ([`HeaderEdits::compiled_adds`]).
+    appends_lines: bool,
 }
 
-/// The `name: value\r\n` lines of a response-side `headers` filter that only appends fields
-/// [`crate::headers::RawHead::may_append`] allows (`None` otherwise).
-fn appended_lines(edits: &HeaderEdits, response_side: bool) -> Option<Vec<Box<[u8]>>> {
-    let appends_only = response_side && edits.remove.is_empty() && edits.set.is_empty();
-    if !appends_only || !edits.add.iter().all(|(n, _)| crate::headers::RawHead::may_append(n)) {
-        return None;
-    }
-    let line = |(n, v): &(HeaderName, HeaderValue)| {
-        let mut line = Vec::with_capacity(n.as_str().len() + v.len() + 4);
-        crate::headers::put_field(&mut line, n.as_str().as_bytes(), v.as_bytes());
-        line.into_boxed_slice()
-    };
-    Some(edits.add.iter().map(line).collect())
+/// Whether a `headers` filter is a response-side one that only appends fields
+/// [`crate::headers::RawHead::may_append`] allows.
+fn appends_lines(edits: &HeaderEdits, response_side: bool) -> bool {
+    response_side
+        && edits.remove.is_empty()
+        && edits.set.is_empty()
+        && edits.add.iter().all(|(n, _)| crate::headers::RawHead::may_append(n))
 }
 
 impl Filter for Headers {
@@ -197,9 +191,9 @@ impl Filter for Headers {
         false
     }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
-        if let Some(lines) = &self.lines {
-            for ((n, v), line) in self.edits.add.iter().zip(lines) {
-                ctx.append_response_line(n, v, line);
+        if self.appends_lines {
+            for f in self.edits.compiled_adds() {
+                ctx.append_response_line(f);
             }
         } else if self.response_side {
             let e = &self.edits;

@@ -144,10 +144,12 @@ impl RequestFields {
         }
     }
 
-    /// The wire form, to change the field `name` in place, if it is one and `name` allows.
-    fn wire_for(&mut self, name: &HeaderName) -> Option<&mut RawRequestFields> {
+    /// The wire form, to change a field in place, if it is one and the field is not one the
+    /// head scan looks at (`scanned`: [`crate::headers::affects_head_scan`] of its name, as
+    /// [`RawRequestFields::may_edit`] requires).
+    fn wire_for(&mut self, scanned: bool) -> Option<&mut RawRequestFields> {
         match self {
-            RequestFields::Wire(fields, view) if RawRequestFields::may_edit(name) => {
+            RequestFields::Wire(fields, view) if !scanned => {
                 view.take();
                 Some(fields)
             }
@@ -334,10 +336,11 @@ impl FilterCtx {
             .get_or_insert_with(|| RequestFields::Map(HeaderMap::new()))
     }
     pub fn set_request_header(&mut self, name: HeaderName, value: HeaderValue) {
-        self.head_touched |= crate::headers::affects_head_scan(&name);
+        let scanned = crate::headers::affects_head_scan(&name);
+        self.head_touched |= scanned;
         self.may_set_request_id |= name.as_str().len() == self.request_id_len;
         let fields = self.fields();
-        match fields.wire_for(&name) {
+        match fields.wire_for(scanned) {
             Some(w) => w.set(name, value),
             None => {
                 fields.map_mut().insert(name, value);
@@ -345,10 +348,11 @@ impl FilterCtx {
         }
     }
     pub fn append_request_header(&mut self, name: HeaderName, value: HeaderValue) {
-        self.head_touched |= crate::headers::affects_head_scan(&name);
+        let scanned = crate::headers::affects_head_scan(&name);
+        self.head_touched |= scanned;
         self.may_set_request_id |= name.as_str().len() == self.request_id_len;
         let fields = self.fields();
-        match fields.wire_for(&name) {
+        match fields.wire_for(scanned) {
             Some(w) => w.append(name, value),
             None => {
                 fields.map_mut().append(name, value);
@@ -356,9 +360,10 @@ impl FilterCtx {
         }
     }
     pub fn remove_request_header(&mut self, name: &HeaderName) {
-        self.head_touched |= crate::headers::affects_head_scan(name);
+        let scanned = crate::headers::affects_head_scan(name);
+        self.head_touched |= scanned;
         if let Some(fields) = self.headers.as_mut() {
-            match fields.wire_for(name) {
+            match fields.wire_for(scanned) {
                 Some(w) => w.remove(name),
                 None => {
                     fields.map_mut().remove(name);
@@ -369,9 +374,7 @@ impl FilterCtx {
     /// Apply compiled header edits to the request.
     pub(crate) fn edit_request_headers(&mut self, edits: &crate::headers::HeaderEdits) {
         self.head_touched |= edits.affects_head_scan();
-        let len = self.request_id_len;
-        self.may_set_request_id |=
-            (edits.set.iter().chain(&edits.add)).any(|(n, _)| n.as_str().len() == len);
+        self.may_set_request_id |= edits.sets_name_of_len(self.request_id_len);
         let fields = self.fields();
         match fields {
             RequestFields::Wire(w, view) if !edits.affects_head_scan() => {
@@ -528,25 +531,20 @@ impl FilterCtx {
     /// [`Self::append_response_field`] with the field's `name: value\r\n` line written ahead
     /// of time (a `headers` filter's compiled `add`), for a name
     /// [`crate::headers::RawHead::may_append`] allows: one copy into a wire-form head.
-    pub(crate) fn append_response_line(
-        &mut self,
-        name: &HeaderName,
-        value: &HeaderValue,
-        line: &[u8],
-    ) {
+    pub(crate) fn append_response_line(&mut self, f: &crate::headers::CompiledField) {
         let s: &mut CtxState = &mut self.0;
         if s.response_status.is_none() {
             return;
         }
         match (s.raw_response.as_mut(), s.response_headers.as_mut()) {
             (Some(raw), _) => {
-                raw.push_line(line);
+                raw.push_line(f.line());
                 if let Some(view) = s.raw_view.get_mut() {
-                    view.append(name.clone(), value.clone());
+                    view.append(f.name.clone(), f.value.clone());
                 }
             }
             (None, Some(map)) => {
-                map.append(name.clone(), value.clone());
+                map.append(f.name.clone(), f.value.clone());
             }
             (None, None) => {}
         }

@@ -20,6 +20,7 @@ pub(crate) use body::{
     set_length as set_body_length,
 };
 pub(crate) use ctx::ClusterChoice;
+pub(crate) use stage::{staged, Staged};
 pub use ctx::{CtxState, FilterCtx};
 pub(crate) use source::collect as collect_sources;
 pub use source::{FilterSource, Reloader};

@@ -23,10 +23,10 @@ use super::{
 };
 use crate::body::ResponseBody;
 
-/// A stage's outcome as a future: ready at once when every filter of the stage ran
-/// synchronously (no future made), else a boxed future that finishes the stage.
+/// A stage's outcome: there at once when every filter of the stage ran synchronously (no
+/// future made), else a boxed future that finishes the stage. Taken with [`staged!`].
 pub(crate) enum Staged<'a, T> {
-    Ready(Option<T>),
+    Ready(T),
     Pending(std::pin::Pin<Box<dyn Future<Output = T> + 'a>>),
 }
 
@@ -36,17 +36,18 @@ impl<'a, T> Staged<'a, T> {
     }
 }
 
-impl<T: Unpin> Future for Staged<'_, T> {
-    type Output = T;
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
-        match self.get_mut() {
-            Staged::Ready(v) => {
-                std::task::Poll::Ready(v.take().expect("stage polled after completion"))
-            }
-            Staged::Pending(f) => f.as_mut().poll(cx),
+/// The outcome of a [`Staged`], in an `async` context: a ready one taken as it is (not polled
+/// as a future, nothing of it left to drop), a pending one awaited.
+macro_rules! staged {
+    ($e:expr) => {{
+        let staged = $e; // bound first: the borrows it holds end with it
+        match staged {
+            $crate::filter::Staged::Ready(v) => v,
+            $crate::filter::Staged::Pending(f) => f.await,
         }
-    }
+    }};
 }
+pub(crate) use staged;
 
 /// A filter's result, or the payload of its panic.
 type Outcome = Result<Result<(), FilterError>, Box<dyn std::any::Any + Send>>;
@@ -301,7 +302,7 @@ impl FilterChain {
     pub(crate) fn inbound<'a>(&'a self, ctx: &'a mut FilterCtx) -> Staged<'a, bool> {
         let entries = self.pre_and_route();
         match self.run_sync(entries, 0, ctx) {
-            Ok(None) => Staged::Ready(Some(ctx.local.is_none())),
+            Ok(None) => Staged::Ready(ctx.local.is_none()),
             Ok(Some(at)) => Staged::boxed(async move {
                 if let Err(f) = self.run_from(entries, at, ctx).await {
                     self.fail(ctx, f).await;
@@ -354,7 +355,7 @@ impl FilterChain {
         let post = self.stage(FilterStage::Post);
         if post.is_empty() {
             Self::stamp_debug(ctx, headers, raw);
-            return Staged::Ready(Some(Ok(())));
+            return Staged::Ready(Ok(()));
         }
         // The fields move in as they are: the wire-form head, else the map.
         ctx.response_status = Some(*status);
@@ -366,7 +367,7 @@ impl FilterChain {
         let next = match self.run_sync(post, 0, ctx) {
             Ok(None) => {
                 Self::head_back(ctx, status, headers, raw);
-                return Staged::Ready(Some(Ok(())));
+                return Staged::Ready(Ok(()));
             }
             Ok(Some(at)) => Ok(at),
             Err(f) => Err(f),
@@ -436,10 +437,9 @@ impl FilterChain {
                 .insert(request_id.0.clone(), request_id.1.clone());
         }
         let mut status = parts.status;
-        match self
-            .outbound(ctx, &mut status, &mut parts.headers, &mut None, &failed)
-            .await
-        {
+        let mut no_raw = None;
+        let headers = &mut parts.headers;
+        match staged!(self.outbound(ctx, &mut status, headers, &mut no_raw, &failed)) {
             Ok(()) => {
                 parts.status = status;
                 (Response::from_parts(parts, body), was_failure)
@@ -483,10 +483,9 @@ impl FilterChain {
             }
         }
         let mut status = parts.status;
-        match self
-            .outbound(ctx, &mut status, &mut parts.headers, &mut None, failed)
-            .await
-        {
+        let mut no_raw = None;
+        let headers = &mut parts.headers;
+        match staged!(self.outbound(ctx, &mut status, headers, &mut no_raw, failed)) {
             Ok(()) => {
                 parts.status = status;
                 Response::from_parts(parts, body)

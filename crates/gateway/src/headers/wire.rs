@@ -201,6 +201,7 @@ impl RawRequestFields {
     /// Add an edit; the first one allocates room for two directly (`Vec::push`'s growth
     /// path costs about twice the allocation itself).
     fn push_edit(&mut self, edit: FieldEdit) {
+        debug_assert!(Self::may_edit(edit.name()), "{:?} is scanned", edit.name());
         if self.edits.capacity() == 0 {
             // The empty vector owns nothing: forgetting it skips its drop call.
             std::mem::forget(std::mem::replace(&mut self.edits, Vec::with_capacity(2)));
