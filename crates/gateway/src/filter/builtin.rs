@@ -180,7 +180,10 @@ fn appends_lines(edits: &HeaderEdits, response_side: bool) -> bool {
     response_side
         && edits.remove.is_empty()
         && edits.set.is_empty()
-        && edits.add.iter().all(|(n, _)| crate::headers::RawHead::may_append(n))
+        && edits
+            .add
+            .iter()
+            .all(|(n, _)| crate::headers::RawHead::may_append(n))
 }
 
 impl Filter for Headers {

@@ -601,7 +601,10 @@ mod tests {
         headers.insert("x-old", HeaderValue::from_static("1"));
         let mut first = FilterCtx::for_test(Method::POST, "/old?q=1", headers, client);
         first.meta_mut().insert("k".into(), "v".into());
-        first.set_request_header(HeaderName::from_static("x-set"), HeaderValue::from_static("1"));
+        first.set_request_header(
+            HeaderName::from_static("x-set"),
+            HeaderValue::from_static("1"),
+        );
         first.set_cluster("elsewhere");
         first.set_upstream_path("/there");
         first.respond(StatusCode::FORBIDDEN, HeaderMap::new(), "no");
@@ -611,7 +614,10 @@ mod tests {
         drop(first);
 
         let mut second = FilterCtx::for_test(Method::GET, "/new", HeaderMap::new(), client);
-        assert_eq!(&**second.0 as *const CtxState, old, "the allocation is reused");
+        assert_eq!(
+            &**second.0 as *const CtxState, old,
+            "the allocation is reused"
+        );
         assert_eq!(second.stage(), FilterStage::Pre);
         assert_eq!(second.method(), Method::GET);
         assert_eq!((second.path(), second.query()), ("/new", None));
@@ -628,7 +634,10 @@ mod tests {
         assert!(!second.head_touched() && !second.may_have_set_request_id());
         // Two live contexts: the second one gets an allocation of its own.
         let third = FilterCtx::for_test(Method::GET, "/", HeaderMap::new(), client);
-        assert_ne!(&**third.0 as *const CtxState, &**second.0 as *const CtxState);
+        assert_ne!(
+            &**third.0 as *const CtxState,
+            &**second.0 as *const CtxState
+        );
     }
 
     #[test]

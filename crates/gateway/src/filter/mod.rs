@@ -20,10 +20,10 @@ pub(crate) use body::{
     set_length as set_body_length,
 };
 pub(crate) use ctx::ClusterChoice;
-pub(crate) use stage::{staged, Staged};
 pub use ctx::{CtxState, FilterCtx};
 pub(crate) use source::collect as collect_sources;
 pub use source::{FilterSource, Reloader};
+pub(crate) use stage::{staged, Staged};
 mod rate_limit_redis;
 
 use http::header::HeaderName;
