@@ -385,6 +385,53 @@ impl RawHead {
 mod tests {
     use super::*;
 
+    /// A configured field (shared, with its line built at load) edits the fields exactly as
+    /// the same name and value given by a filter's call: written, mapped and looked up.
+    #[test]
+    fn compiled_edits_apply_like_owned_ones() {
+        let block = bytes::Bytes::from_static(b"Host: a\r\nX-In: old\r\nx-keep: 1\r\n");
+        let name = |n: &'static str| HeaderName::from_static(n);
+        let value = HeaderValue::from_static;
+        let (mut owned, mut compiled) = (
+            RawRequestFields::new(block.clone(), false),
+            RawRequestFields::new(block, false),
+        );
+        owned.set(name("x-in"), value("1"));
+        owned.append(name("x-add"), value("2"));
+        owned.set(name("x-fresh"), value("3"));
+        owned.append(name("x-in"), value("4"));
+        for (set, n, v) in [
+            (true, "x-in", "1"),
+            (false, "x-add", "2"),
+            (true, "x-fresh", "3"),
+            (false, "x-in", "4"),
+        ] {
+            let f = CompiledField::new(&name(n), &value(v));
+            assert_eq!(f.line(), format!("{n}: {v}\r\n").as_bytes());
+            if set {
+                compiled.set_compiled(&f);
+            } else {
+                compiled.append_compiled(&f);
+            }
+        }
+        let written = |f: &RawRequestFields| {
+            let mut w = Vec::new();
+            f.write(&mut w);
+            assert!(f.len_hint() >= w.len());
+            String::from_utf8(w).unwrap()
+        };
+        assert_eq!(written(&compiled), written(&owned));
+        assert_eq!(
+            written(&compiled),
+            "Host: a\r\nx-keep: 1\r\nx-in: 1\r\nx-add: 2\r\nx-fresh: 3\r\nx-in: 4\r\n"
+        );
+        assert_eq!(compiled.to_map(), owned.to_map());
+        assert_eq!(compiled.get_all("X-IN").collect::<Vec<_>>(), [b"1", b"4"]);
+        // A later call replaces a configured field like any other.
+        compiled.set(name("x-add"), value("5"));
+        assert_eq!(compiled.get_all("x-add").collect::<Vec<_>>(), [b"5"]);
+    }
+
     /// Filters' edits to wire-form request fields: what is written upstream, what a map built
     /// from them holds and what lookups see agree, and untouched lines keep the client's
     /// spelling.
