@@ -24,7 +24,7 @@ use crate::body::{ClientBody, OriginBody, RequestBody, RequestBodyState, Respons
 use crate::downstream::h1::WireHead;
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind, Side};
-use crate::filter::{ClusterChoice, FilterCtx};
+use crate::filter::{staged, ClusterChoice, FilterCtx};
 use crate::headers::{self as hdr, parse_content_length};
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
@@ -335,7 +335,7 @@ async fn proxy(
                 .min(route.max_body_size);
             ctx.put_request_body(crate::filter::read_request_body(&mut body, cap).await?);
         }
-        if !snapshot.filters.inbound(&mut ctx).await {
+        if !staged!(snapshot.filters.inbound(&mut ctx)) {
             let id = (&listener.request_id_header, &rid);
             let (resp, failed) = snapshot
                 .filters
@@ -452,15 +452,13 @@ async fn proxy(
     // (`AddedFields`), else edited into the map (where configured edits can see them).
     let via = snapshot.stamps.via(parts.version);
     let rid_field = rid_added.then_some((&listener.request_id_header, &rid));
-    let added = route
-        .request_edits
-        .is_empty()
-        .then(|| {
-            let (fwd, host) = (listener.forwarded_header, host_value.as_ref());
-            hdr::AddedFields::for_request(&scan, &cx.client, host, fwd, via, rid_field)
-        })
-        .flatten()
-        .map(|a| a.with_client_fields(wire.as_ref()));
+    let added = if route.request_edits.is_empty() {
+        let (fwd, host) = (listener.forwarded_header, host_value.as_ref());
+        hdr::AddedFields::for_request(&scan, &cx.client, host, fwd, via, rid_field)
+            .map(|a| a.with_client_fields(wire.as_ref()))
+    } else {
+        None
+    };
     // Wire-form fields always have `AddedFields` to carry them (every reason it has none
     // built the map above).
     debug_assert!(wire.is_none() || added.is_some());
@@ -671,14 +669,13 @@ async fn finish_response(
         let id = (&listener.request_id_header, &rid);
         let failed = || filter_failed(snapshot, id);
         let (status, headers) = (&mut rparts.status, &mut rparts.headers);
-        if let Err(resp) = snapshot
+        if let Err(resp) = staged!(snapshot
             .filters
-            .outbound(ctx, status, headers, &mut raw, failed)
-            .await
+            .outbound(ctx, status, headers, &mut raw, failed))
         {
             // The origin's body is dropped unread, and its connection with it.
             info.local = Some("local_filter_error");
-            return Ok(Box::new(resp));
+            return Ok(resp);
         }
         if let Some(b) = ctx.take_response_body() {
             crate::filter::set_body_length(&mut rparts.headers, b.len());

@@ -39,9 +39,11 @@ pub(super) fn compile(
                 set: f.set.clone(),
                 remove: f.remove.clone(),
             })?;
+            let response_side = matches!(f.stage, FilterStage::Post);
             one(Arc::new(Headers {
+                appends_lines: appends_lines(&edits, response_side),
                 edits,
-                response_side: matches!(f.stage, FilterStage::Post),
+                response_side,
             }))
         }
         FilterType::Redirect => {
@@ -167,6 +169,21 @@ pub(super) fn deny(ctx: &mut FilterCtx, status: StatusCode, mut headers: HeaderM
 struct Headers {
     edits: HeaderEdits,
     response_side: bool,
+    /// A post filter that only appends fields a wire-form head may take: it appends their
+    /// compiled `name: value\r\n` lines ([`HeaderEdits::compiled_adds`]).
+    appends_lines: bool,
+}
+
+/// Whether a `headers` filter is a response-side one that only appends fields
+/// [`crate::headers::RawHead::may_append`] allows.
+fn appends_lines(edits: &HeaderEdits, response_side: bool) -> bool {
+    response_side
+        && edits.remove.is_empty()
+        && edits.set.is_empty()
+        && edits
+            .add
+            .iter()
+            .all(|(n, _)| crate::headers::RawHead::may_append(n))
 }
 
 impl Filter for Headers {
@@ -177,7 +194,11 @@ impl Filter for Headers {
         false
     }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
-        if self.response_side {
+        if self.appends_lines {
+            for f in self.edits.compiled_adds() {
+                ctx.append_response_line(f);
+            }
+        } else if self.response_side {
             let e = &self.edits;
             if e.remove.is_empty() && e.set.is_empty() {
                 // Only appends: the origin's head may stay in wire form.
@@ -503,6 +524,24 @@ struct Reroute {
     host: Option<HeaderValue>,
 }
 
+impl Reroute {
+    /// The upstream path (the request's query kept) and Host, when configured: out of line,
+    /// so that choosing a cluster alone stays a small function.
+    #[inline(never)]
+    fn set_target(&self, ctx: &mut FilterCtx) {
+        if let Some(p) = &self.path {
+            let target = match ctx.query() {
+                Some(q) => format!("{p}?{q}"),
+                None => p.clone(),
+            };
+            ctx.set_upstream_path(target);
+        }
+        if let Some(h) = &self.host {
+            ctx.set_upstream_host(h.clone());
+        }
+    }
+}
+
 impl Filter for Reroute {
     fn synchronous(&self) -> bool {
         true
@@ -514,15 +553,8 @@ impl Filter for Reroute {
         if let Some(c) = &self.cluster {
             ctx.choose_cluster(c.clone());
         }
-        if let Some(p) = &self.path {
-            let target = match ctx.query() {
-                Some(q) => format!("{p}?{q}"),
-                None => p.clone(),
-            };
-            ctx.set_upstream_path(target);
-        }
-        if let Some(h) = &self.host {
-            ctx.set_upstream_host(h.clone());
+        if self.path.is_some() || self.host.is_some() {
+            self.set_target(ctx);
         }
         done(Ok(()))
     }

@@ -23,6 +23,7 @@ pub(crate) use ctx::ClusterChoice;
 pub use ctx::{CtxState, FilterCtx};
 pub(crate) use source::collect as collect_sources;
 pub use source::{FilterSource, Reloader};
+pub(crate) use stage::{staged, Staged};
 mod rate_limit_redis;
 
 use http::header::HeaderName;
@@ -241,6 +242,9 @@ struct Entry {
     asks: bool,
     /// [`Filter::synchronous`], asked once.
     synchronous: bool,
+    /// Synchronous, matching every request, no `should_filter`: nothing to decide before
+    /// running it (the stage loop's short path).
+    plain: bool,
     order: i32,
     matcher: Matcher,
     filter: Arc<dyn Filter>,
@@ -305,12 +309,14 @@ impl FilterChain {
         for s in specs {
             let matcher =
                 Matcher::compile(&s.matches).map_err(|e| format!("filter {}: {e}", s.name))?;
+            let (asks, synchronous) = (s.filter.has_should_filter(), s.filter.synchronous());
             entries.push(Entry {
                 metrics: metrics.filter(&s.name),
                 name: s.name.as_str().into(),
                 stage: s.stage,
-                asks: s.filter.has_should_filter(),
-                synchronous: s.filter.synchronous(),
+                asks,
+                synchronous,
+                plain: synchronous && !asks && matcher.always,
                 order: s.order,
                 matcher,
                 filter: s.filter,

@@ -23,10 +23,10 @@ use super::{
 };
 use crate::body::ResponseBody;
 
-/// A stage's outcome as a future: ready at once when every filter of the stage ran
-/// synchronously (no future made), else a boxed future that finishes the stage.
+/// A stage's outcome: there at once when every filter of the stage ran synchronously (no
+/// future made), else a boxed future that finishes the stage. Taken with [`staged!`].
 pub(crate) enum Staged<'a, T> {
-    Ready(Option<T>),
+    Ready(T),
     Pending(std::pin::Pin<Box<dyn Future<Output = T> + 'a>>),
 }
 
@@ -36,17 +36,18 @@ impl<'a, T> Staged<'a, T> {
     }
 }
 
-impl<T: Unpin> Future for Staged<'_, T> {
-    type Output = T;
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
-        match self.get_mut() {
-            Staged::Ready(v) => {
-                std::task::Poll::Ready(v.take().expect("stage polled after completion"))
-            }
-            Staged::Pending(f) => f.as_mut().poll(cx),
+/// The outcome of a [`Staged`], in an `async` context: a ready one taken as it is (not polled
+/// as a future, nothing of it left to drop), a pending one awaited.
+macro_rules! staged {
+    ($e:expr) => {{
+        let staged = $e; // bound first: the borrows it holds end with it
+        match staged {
+            $crate::filter::Staged::Ready(v) => v,
+            $crate::filter::Staged::Pending(f) => f.await,
         }
-    }
+    }};
 }
+pub(crate) use staged;
 
 /// A filter's result, or the payload of its panic.
 type Outcome = Result<Result<(), FilterError>, Box<dyn std::any::Any + Send>>;
@@ -83,6 +84,20 @@ impl FilterChain {
             ctx.stage = e.stage;
             if ctx.local.is_some() && matches!(e.stage, FilterStage::Pre | FilterStage::Route) {
                 break; // answered: the rest of pre/route is skipped
+            }
+            if e.plain && !ctx.timed {
+                // Nothing to decide and no clock to read: count it and run it.
+                e.metrics.invocations.inc();
+                let ran = match run_now(e, ctx) {
+                    Ok(Ok(())) => continue,
+                    outcome => self.finish(e, ctx, outcome, None),
+                };
+                if let Err(f) = ran {
+                    if e.stage != FilterStage::Error {
+                        return Err(f);
+                    }
+                }
+                continue;
             }
             if !e.synchronous {
                 return Ok(Some(at));
@@ -287,7 +302,7 @@ impl FilterChain {
     pub(crate) fn inbound<'a>(&'a self, ctx: &'a mut FilterCtx) -> Staged<'a, bool> {
         let entries = self.pre_and_route();
         match self.run_sync(entries, 0, ctx) {
-            Ok(None) => Staged::Ready(Some(ctx.local.is_none())),
+            Ok(None) => Staged::Ready(ctx.local.is_none()),
             Ok(Some(at)) => Staged::boxed(async move {
                 if let Err(f) = self.run_from(entries, at, ctx).await {
                     self.fail(ctx, f).await;
@@ -324,8 +339,9 @@ impl FilterChain {
     }
 
     /// Run `post` over a proxied response head. `Err(response)`: a post filter failed and
-    /// this (error-stage or 500) response replaces the origin's. Ready at once when every
-    /// post filter ran synchronously and none failed.
+    /// this (error-stage or 500) response replaces the origin's (boxed: the stage's result
+    /// stays two words, and moves as such). Ready at once when every post filter ran
+    /// synchronously and none failed.
     /// `raw`: the origin's head in wire form, when kept so (`headers` is then empty); it
     /// comes back as it is, with fields appended, or as `None` with the fields in `headers`.
     pub(crate) fn outbound<'a>(
@@ -335,11 +351,11 @@ impl FilterChain {
         headers: &'a mut HeaderMap,
         raw: &'a mut Option<crate::headers::RawHead>,
         failed: impl Fn() -> Response<ResponseBody> + 'a,
-    ) -> Staged<'a, Result<(), Response<ResponseBody>>> {
+    ) -> Staged<'a, Result<(), Box<Response<ResponseBody>>>> {
         let post = self.stage(FilterStage::Post);
         if post.is_empty() {
             Self::stamp_debug(ctx, headers, raw);
-            return Staged::Ready(Some(Ok(())));
+            return Staged::Ready(Ok(()));
         }
         // The fields move in as they are: the wire-form head, else the map.
         ctx.response_status = Some(*status);
@@ -351,7 +367,7 @@ impl FilterChain {
         let next = match self.run_sync(post, 0, ctx) {
             Ok(None) => {
                 Self::head_back(ctx, status, headers, raw);
-                return Staged::Ready(Some(Ok(())));
+                return Staged::Ready(Ok(()));
             }
             Ok(Some(at)) => Ok(at),
             Err(f) => Err(f),
@@ -372,7 +388,7 @@ impl FilterChain {
                     self.fail(ctx, f).await;
                     let mut r = Self::assemble(ctx, &failed).0;
                     Self::stamp_debug(ctx, r.headers_mut(), &mut None);
-                    Err(r)
+                    Err(Box::new(r))
                 }
             }
         })
@@ -421,15 +437,14 @@ impl FilterChain {
                 .insert(request_id.0.clone(), request_id.1.clone());
         }
         let mut status = parts.status;
-        match self
-            .outbound(ctx, &mut status, &mut parts.headers, &mut None, &failed)
-            .await
-        {
+        let mut no_raw = None;
+        let headers = &mut parts.headers;
+        match staged!(self.outbound(ctx, &mut status, headers, &mut no_raw, &failed)) {
             Ok(()) => {
                 parts.status = status;
                 (Response::from_parts(parts, body), was_failure)
             }
-            Err(resp) => (resp, true),
+            Err(resp) => (*resp, true),
         }
     }
 
@@ -468,15 +483,14 @@ impl FilterChain {
             }
         }
         let mut status = parts.status;
-        match self
-            .outbound(ctx, &mut status, &mut parts.headers, &mut None, failed)
-            .await
-        {
+        let mut no_raw = None;
+        let headers = &mut parts.headers;
+        match staged!(self.outbound(ctx, &mut status, headers, &mut no_raw, failed)) {
             Ok(()) => {
                 parts.status = status;
                 Response::from_parts(parts, body)
             }
-            Err(r) => r,
+            Err(r) => *r,
         }
     }
 
@@ -507,25 +521,28 @@ fn start(e: &Entry, ctx: &FilterCtx) -> Option<Instant> {
 
 /// `run` of a synchronous filter, a panic caught. A future it returns anyway is polled
 /// once and must be finished then: the filter fails otherwise.
+/// One `catch_unwind` covers `run` and the one poll of a future it returns anyway.
+#[inline(always)]
 fn run_now(e: &Entry, ctx: &mut FilterCtx) -> Outcome {
     let c = &mut *ctx;
-    match std::panic::catch_unwind(AssertUnwindSafe(move || {
+    std::panic::catch_unwind(AssertUnwindSafe(move || {
         let c = c; // moved in: the closure is FnOnce, so the future may borrow it
-        e.filter.run(c)
-    })) {
-        Ok(FilterFuture(Run::Ready(r))) => Ok(r.unwrap_or_else(polled_twice)),
-        Ok(f) => {
-            let waker = std::task::Waker::noop();
-            let polled = std::pin::pin!(AssertUnwindSafe(f).catch_unwind())
-                .poll(&mut std::task::Context::from_waker(waker));
-            match polled {
-                std::task::Poll::Ready(outcome) => outcome,
-                std::task::Poll::Pending => Ok(Err(FilterError(
-                    "a filter declared synchronous did not finish its run at once".into(),
-                ))),
-            }
+        match e.filter.run(c) {
+            FilterFuture(Run::Ready(r)) => r.unwrap_or_else(polled_twice),
+            f => poll_once(f),
         }
-        Err(p) => Err(p),
+    }))
+}
+
+/// A future from a filter declared synchronous: polled once, it must be finished.
+#[cold]
+fn poll_once(f: FilterFuture<'_>) -> Result<(), FilterError> {
+    let waker = std::task::Waker::noop();
+    match std::pin::pin!(f).poll(&mut std::task::Context::from_waker(waker)) {
+        std::task::Poll::Ready(r) => r,
+        std::task::Poll::Pending => Err(FilterError(
+            "a filter declared synchronous did not finish its run at once".into(),
+        )),
     }
 }
 

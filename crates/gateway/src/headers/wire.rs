@@ -3,6 +3,7 @@
 //! in them with `memchr`; a `HeaderMap` is built only when something needs one.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::sync::Arc;
 
 use super::{affects_head_scan, put_field};
 #[cfg(doc)]
@@ -28,14 +29,62 @@ pub(crate) struct RawRequestFields {
     edits: Vec<FieldEdit>,
 }
 
-/// A change to a [`RawRequestFields`]: the client's fields called `name` are dropped
-/// (`replaces`: the client sent one), and `name: value` follows the block. Never a name
-/// [`HeadScan`] looks at.
+/// A change to a [`RawRequestFields`]: the client's fields called by the edit's name are
+/// dropped (`replaces`: the client sent one), and the edit's field, if any, follows the
+/// block. Never a name [`HeadScan`] looks at.
 #[derive(Debug, Clone)]
 struct FieldEdit {
-    name: HeaderName,
-    value: Option<HeaderValue>,
+    field: EditField,
     replaces: bool,
+}
+
+#[derive(Debug, Clone)]
+enum EditField {
+    /// A name and its value, or `None` for a removal (a filter's call).
+    Owned(HeaderName, Option<HeaderValue>),
+    /// A field of a filter's configuration, shared: no name or value copied per request.
+    Compiled(Arc<CompiledField>),
+}
+
+impl FieldEdit {
+    fn name(&self) -> &HeaderName {
+        match &self.field {
+            EditField::Owned(n, _) => n,
+            EditField::Compiled(f) => &f.name,
+        }
+    }
+    fn value(&self) -> Option<&HeaderValue> {
+        match &self.field {
+            EditField::Owned(_, v) => v.as_ref(),
+            EditField::Compiled(f) => Some(&f.value),
+        }
+    }
+}
+
+/// A field a configured edit sets or adds, built when the config is loaded: its name and
+/// value, validated then, and its `name: value\r\n` line, written upstream as it is.
+#[derive(Debug)]
+pub(crate) struct CompiledField {
+    pub(crate) name: HeaderName,
+    pub(crate) value: HeaderValue,
+    line: Box<[u8]>,
+}
+
+impl CompiledField {
+    pub(crate) fn new(name: &HeaderName, value: &HeaderValue) -> Arc<CompiledField> {
+        let mut line = Vec::with_capacity(name.as_str().len() + value.len() + 4);
+        put_field(&mut line, name.as_str().as_bytes(), value.as_bytes());
+        Arc::new(CompiledField {
+            name: name.clone(),
+            value: value.clone(),
+            line: line.into_boxed_slice(),
+        })
+    }
+
+    /// `name: value\r\n`.
+    pub(crate) fn line(&self) -> &[u8] {
+        &self.line
+    }
 }
 
 impl RawRequestFields {
@@ -52,7 +101,7 @@ impl RawRequestFields {
     fn removes(&self, name: &[u8]) -> bool {
         self.edits
             .iter()
-            .any(|e| e.replaces && e.name.as_str().as_bytes().eq_ignore_ascii_case(name))
+            .any(|e| e.replaces && e.name().as_str().as_bytes().eq_ignore_ascii_case(name))
     }
 
     /// The client's lines not removed by an edit.
@@ -63,7 +112,7 @@ impl RawRequestFields {
 
     /// The fields the edits add, in order.
     fn appended(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        (self.edits.iter()).filter_map(|e| Some((&e.name, e.value.as_ref()?)))
+        (self.edits.iter()).filter_map(|e| Some((e.name(), e.value()?)))
     }
 
     /// The fields as a map, values sharing the block's memory.
@@ -119,38 +168,67 @@ impl RawRequestFields {
 
     /// Replace every field called `name` with `name: value` (a [`Self::may_edit`] name).
     pub(crate) fn set(&mut self, name: HeaderName, value: HeaderValue) {
-        self.replace(name, Some(value));
+        let replaces = self.drop_named(&name);
+        let field = EditField::Owned(name, Some(value));
+        self.push_edit(FieldEdit { field, replaces });
+    }
+
+    /// [`Self::set`] with a configured field (shared, not copied).
+    pub(crate) fn set_compiled(&mut self, f: &Arc<CompiledField>) {
+        let replaces = self.drop_named(&f.name);
+        let field = EditField::Compiled(f.clone());
+        self.push_edit(FieldEdit { field, replaces });
     }
 
     /// Add the field `name: value` (a [`Self::may_edit`] name).
     pub(crate) fn append(&mut self, name: HeaderName, value: HeaderValue) {
-        self.edits.push(FieldEdit {
-            name,
-            value: Some(value),
+        let field = EditField::Owned(name, Some(value));
+        self.push_edit(FieldEdit {
+            field,
             replaces: false,
         });
     }
 
-    /// Remove every field called `name` (a [`Self::may_edit`] name).
-    pub(crate) fn remove(&mut self, name: &HeaderName) {
-        self.replace(name.clone(), None);
+    /// [`Self::append`] with a configured field (shared, not copied).
+    pub(crate) fn append_compiled(&mut self, f: &Arc<CompiledField>) {
+        let field = EditField::Compiled(f.clone());
+        self.push_edit(FieldEdit {
+            field,
+            replaces: false,
+        });
     }
 
-    /// Drop every field called `name` (the client's and earlier edits'), then add `value`.
-    /// Only a name the client sent is marked to be dropped from the block: the usual set of a
-    /// field of the gateway's own leaves the block to be written in one piece.
-    fn replace(&mut self, name: HeaderName, value: Option<HeaderValue>) {
-        if !self.edits.is_empty() {
-            self.edits.retain(|e| e.name != name);
+    /// Add an edit; the first one allocates room for two directly (`Vec::push`'s growth
+    /// path costs about twice the allocation itself).
+    fn push_edit(&mut self, edit: FieldEdit) {
+        debug_assert!(Self::may_edit(edit.name()), "{:?} is scanned", edit.name());
+        if self.edits.capacity() == 0 {
+            // The empty vector owns nothing: forgetting it skips its drop call.
+            std::mem::forget(std::mem::replace(&mut self.edits, Vec::with_capacity(2)));
         }
-        let replaces = has_field(&self.block, name.as_str().as_bytes());
-        if replaces || value.is_some() {
-            self.edits.push(FieldEdit {
-                name,
-                value,
-                replaces,
+        self.edits.push(edit);
+    }
+
+    /// Remove every field called `name` (a [`Self::may_edit`] name).
+    pub(crate) fn remove(&mut self, name: &HeaderName) {
+        if self.drop_named(name) {
+            let field = EditField::Owned(name.clone(), None);
+            self.push_edit(FieldEdit {
+                field,
+                replaces: true,
             });
         }
+    }
+
+    /// Drop the earlier edits of `name`; whether the client sent a field called `name`
+    /// (the edit that follows then drops it from the block). Only a name the client sent is
+    /// marked so: the usual set of a field of the gateway's own leaves the block to be
+    /// written in one piece.
+    fn drop_named(&mut self, name: &HeaderName) -> bool {
+        if !self.edits.is_empty() {
+            self.edits.retain(|e| e.name() != name);
+        }
+        has_field(&self.block, name.as_str().as_bytes())
     }
 
     /// Write the fields as `name: value\r\n` lines: the client's as it sent them, without
@@ -166,14 +244,22 @@ impl RawRequestFields {
         } else {
             dst.extend_from_slice(&self.block);
         }
-        for (n, v) in self.appended() {
-            put_field(dst, n.as_str().as_bytes(), v.as_bytes());
+        for e in &self.edits {
+            match &e.field {
+                EditField::Compiled(f) => dst.extend_from_slice(f.line()),
+                EditField::Owned(n, Some(v)) => put_field(dst, n.as_str().as_bytes(), v.as_bytes()),
+                EditField::Owned(_, None) => {}
+            }
         }
     }
 
     /// The length of what [`Self::write`] writes, about (for reserving).
     pub(super) fn len_hint(&self) -> usize {
-        let added = self.appended().map(|(n, v)| n.as_str().len() + v.len() + 4);
+        let added = self.edits.iter().map(|e| match &e.field {
+            EditField::Compiled(f) => f.line().len(),
+            EditField::Owned(n, Some(v)) => n.as_str().len() + v.len() + 4,
+            EditField::Owned(_, None) => 0,
+        });
         self.block.len() + added.sum::<usize>()
     }
 }
@@ -184,20 +270,21 @@ fn wire_lines(block: &[u8]) -> WireLines<'_> {
     WireLines { rest: block }
 }
 
-/// Whether a wire-form field block has a field called `name` (any case). Only line starts
-/// are compared: the server's parse left no whitespace before a colon.
+/// Whether a wire-form field block has a field called `name` (any case). One pass over the
+/// block for the name's first letter (either case), each hit checked for a line start, the
+/// rest of the name and a colon: cheaper than a search per line, since a line start is
+/// always after a `\n` (values hold no line breaks) and the server's parse left no
+/// whitespace before a colon.
 fn has_field(block: &[u8], name: &[u8]) -> bool {
-    let mut rest = block;
-    while rest.len() > name.len() {
-        if rest[name.len()] == b':' && rest[..name.len()].eq_ignore_ascii_case(name) {
-            return true;
-        }
-        match memchr::memchr(b'\n', rest) {
-            Some(i) => rest = &rest[i + 1..],
-            None => break,
-        }
-    }
-    false
+    let Some(&first) = name.first() else {
+        return false;
+    };
+    let (lower, upper) = (first.to_ascii_lowercase(), first.to_ascii_uppercase());
+    memchr::memchr2_iter(lower, upper, block).any(|i| {
+        (i == 0 || block[i - 1] == b'\n')
+            && block.get(i + name.len()) == Some(&b':')
+            && block[i..i + name.len()].eq_ignore_ascii_case(name)
+    })
 }
 
 /// The iterator of [`wire_lines`]: line ends and colons found with `memchr` (a byte-by-byte
@@ -251,6 +338,12 @@ impl RawHead {
         put_field(&mut self.block, name, value);
     }
 
+    /// Append a whole `name: value\r\n` line (a field [`Self::may_append`] allows, written
+    /// ahead of time: one copy instead of four).
+    pub(crate) fn push_line(&mut self, line: &[u8]) {
+        self.block.extend_from_slice(line);
+    }
+
     /// Whether a field may be appended to the block: not one hyper writes or acts on itself
     /// (framing, Connection and the other hop-by-hop fields, Trailer, Date).
     pub(crate) fn may_append(name: &HeaderName) -> bool {
@@ -291,6 +384,53 @@ impl RawHead {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A configured field (shared, with its line built at load) edits the fields exactly as
+    /// the same name and value given by a filter's call: written, mapped and looked up.
+    #[test]
+    fn compiled_edits_apply_like_owned_ones() {
+        let block = bytes::Bytes::from_static(b"Host: a\r\nX-In: old\r\nx-keep: 1\r\n");
+        let name = |n: &'static str| HeaderName::from_static(n);
+        let value = HeaderValue::from_static;
+        let (mut owned, mut compiled) = (
+            RawRequestFields::new(block.clone(), false),
+            RawRequestFields::new(block, false),
+        );
+        owned.set(name("x-in"), value("1"));
+        owned.append(name("x-add"), value("2"));
+        owned.set(name("x-fresh"), value("3"));
+        owned.append(name("x-in"), value("4"));
+        for (set, n, v) in [
+            (true, "x-in", "1"),
+            (false, "x-add", "2"),
+            (true, "x-fresh", "3"),
+            (false, "x-in", "4"),
+        ] {
+            let f = CompiledField::new(&name(n), &value(v));
+            assert_eq!(f.line(), format!("{n}: {v}\r\n").as_bytes());
+            if set {
+                compiled.set_compiled(&f);
+            } else {
+                compiled.append_compiled(&f);
+            }
+        }
+        let written = |f: &RawRequestFields| {
+            let mut w = Vec::new();
+            f.write(&mut w);
+            assert!(f.len_hint() >= w.len());
+            String::from_utf8(w).unwrap()
+        };
+        assert_eq!(written(&compiled), written(&owned));
+        assert_eq!(
+            written(&compiled),
+            "Host: a\r\nx-keep: 1\r\nx-in: 1\r\nx-add: 2\r\nx-fresh: 3\r\nx-in: 4\r\n"
+        );
+        assert_eq!(compiled.to_map(), owned.to_map());
+        assert_eq!(compiled.get_all("X-IN").collect::<Vec<_>>(), [b"1", b"4"]);
+        // A later call replaces a configured field like any other.
+        compiled.set(name("x-add"), value("5"));
+        assert_eq!(compiled.get_all("x-add").collect::<Vec<_>>(), [b"5"]);
+    }
 
     /// Filters' edits to wire-form request fields: what is written upstream, what a map built
     /// from them holds and what lookups see agree, and untouched lines keep the client's
@@ -333,6 +473,16 @@ mod tests {
         assert_eq!(f.get("x-gone"), None);
         assert_eq!(f.get("x-keep"), Some(&b"spaced"[..]));
         assert_eq!(f.get_all("X-Multi").collect::<Vec<_>>(), [b"1", b"2"]);
+        // A field is found by its name at a line start, in any case, never inside a value or
+        // as a prefix of a longer name.
+        let block = b"Host: a\r\nX-Forwarded: x-in: 1\r\nx-inn: 2\r\nAx-In: 3\r\nX-IN:4\r\n";
+        assert!(has_field(block, b"x-in"));
+        assert!(has_field(block, b"host"));
+        assert!(has_field(block, b"x-inn"));
+        assert!(!has_field(&block[..block.len() - 8], b"x-in"));
+        assert!(!has_field(block, b"x-i"));
+        assert!(!has_field(b"", b"x-in"));
+        assert!(!has_field(b"x-in", b"x-in"));
         // Without edits the block goes out as it came.
         let plain = RawRequestFields::new(bytes::Bytes::from_static(b"A:b\r\n"), false);
         let mut wire = Vec::new();
