@@ -31,6 +31,16 @@ use machine::machine;
 pub use machine::timestamp;
 pub use scenarios::{scenarios, Scenario, PRESET_2013, SCENARIOS};
 
+/// What the peers (nginx, HAProxy) do to headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PeerHeaders {
+    /// keymaster's default header duties.
+    #[default]
+    Duties,
+    /// Plain proxying.
+    Minimal,
+}
+
 /// Which program drives the load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Driver {
@@ -80,6 +90,12 @@ pub struct BenchArgs {
     /// Peers to look for: `auto` (nginx and HAProxy if installed) or `none`.
     #[arg(long, value_name = "auto|none", default_value = "auto")]
     pub peers: String,
+    /// What nginx and HAProxy do to headers: `duties` = keymaster's default header duties
+    /// (Host kept, X-Forwarded-For/-Proto/-Host, Via both ways, a request id to the origin
+    /// and back), so that every system does the same work and sends the stub and the
+    /// generator the same bytes; `minimal` = plain proxying (the runs before 2026-11-25).
+    #[arg(long, value_enum, value_name = "duties|minimal", default_value_t = PeerHeaders::Duties)]
+    pub peer_headers: PeerHeaders,
     /// Another system: `NAME='command with {listen} {port} {origin} {workers}'` (repeatable).
     #[arg(long = "peer", value_name = "NAME=CMD")]
     pub extra_peers: Vec<String>,
@@ -340,6 +356,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
             let work_dir = out.join("work").join(&spec.name);
             let listen = systems::free_addr().map_err(|e| format!("port: {e}"))?;
             let parity = Parity {
+                header_duties: args.peer_headers == PeerHeaders::Duties,
                 listen,
                 origin: stub_addr,
                 workers: args.workers,
@@ -494,6 +511,11 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
             rate: args.rate,
             nofile,
             driver: driver_note,
+            peer_headers: match args.peer_headers {
+                PeerHeaders::Duties => "duties: as keymaster's defaults (Host kept, X-Forwarded-For/-Proto/-Host, Via both ways, a request id to the origin and back)",
+                PeerHeaders::Minimal => "minimal: plain proxying (keymaster still does its header duties)",
+            }
+            .to_owned(),
         },
         systems: system_infos,
         scenarios: scenario_results,

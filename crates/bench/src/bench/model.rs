@@ -63,6 +63,9 @@ pub struct Settings {
     /// Load driver: `builtin` or `wrk` (with wrk's version), plus a note under
     /// `--compare-drivers`. Empty in runs recorded before the flag existed.
     pub driver: String,
+    /// What nginx and HAProxy did to headers (`--peer-headers`); empty in runs recorded
+    /// before the flag existed (plain proxying).
+    pub peer_headers: String,
 }
 
 /// A system and whether it ran.

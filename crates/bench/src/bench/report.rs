@@ -111,6 +111,9 @@ pub fn report_markdown(run: &BenchRun) -> String {
     if !st.driver.is_empty() {
         let _ = writeln!(md, "- load driver: {}", st.driver);
     }
+    if !st.peer_headers.is_empty() {
+        let _ = writeln!(md, "- peers' header work: {}", st.peer_headers);
+    }
     let mode = st.rate.map_or_else(
         || "closed loop (like wrk)".to_owned(),
         |r| format!("open loop at {r} req/s (like wrk2)"),

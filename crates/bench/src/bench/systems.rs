@@ -55,6 +55,10 @@ pub struct Parity {
     /// An HTTP/2 prior-knowledge (h2c) listener for peers whose cleartext listener cannot
     /// also take HTTP/1.1 (h2 scenario); keymaster's auto listener takes both.
     pub h2: Option<SocketAddr>,
+    /// Peers do the header duties keymaster does by default (`--peer-headers duties`): the
+    /// client's Host kept, X-Forwarded-For / -Proto / -Host set, Via both ways, a request id
+    /// sent to the origin and returned to the client. Off (`minimal`): plain proxying.
+    pub header_duties: bool,
 }
 
 impl Parity {
@@ -105,12 +109,7 @@ pub fn nginx_config(p: &Parity) -> String {
          \x20 upstream origin {{ server {origin}; keepalive {idle}; keepalive_requests 1000000; }}\n\
          \x20 server {{\n\
          \x20   listen {listen} backlog=4096;\n\
-         \x20   location / {{\n\
-         \x20     proxy_pass http://origin;\n\
-         \x20     proxy_http_version 1.1;\n\
-         \x20     proxy_set_header Connection \"\";\n\
-         \x20     proxy_buffering on;\n\
-         \x20   }}\n\
+         {location}\
          \x20 }}\n\
          {tls}\
          }}\n",
@@ -119,22 +118,45 @@ pub fn nginx_config(p: &Parity) -> String {
         origin = p.origin,
         listen = p.listen,
         tls = nginx_tls_server(p),
+        location = nginx_location(p),
+    )
+}
+
+/// The one `location` every nginx server block has: proxying to the keep-alive upstream,
+/// with keymaster's default header duties when the run asks for them.
+fn nginx_location(p: &Parity) -> String {
+    let duties = if p.header_duties {
+        "\x20     proxy_set_header Host $http_host;\n\
+         \x20     proxy_set_header X-Forwarded-For $remote_addr;\n\
+         \x20     proxy_set_header X-Forwarded-Proto $scheme;\n\
+         \x20     proxy_set_header X-Forwarded-Host $http_host;\n\
+         \x20     proxy_set_header Via \"1.1 nginx\";\n\
+         \x20     proxy_set_header X-Request-Id $request_id;\n\
+         \x20     add_header Via \"1.1 nginx\" always;\n\
+         \x20     add_header X-Request-Id $request_id always;\n"
+    } else {
+        ""
+    };
+    format!(
+        "\x20   location / {{\n\
+         \x20     proxy_pass http://origin;\n\
+         \x20     proxy_http_version 1.1;\n\
+         \x20     proxy_set_header Connection \"\";\n\
+         \x20     proxy_buffering on;\n\
+         {duties}\
+         \x20   }}\n"
     )
 }
 
 /// nginx's extra server blocks: h2c (prior knowledge) for the h2 scenario, and TLS: TLS 1.3 only, no session cache or tickets (the generator never
 /// resumes anyway), the same proxying as the cleartext server.
 fn nginx_tls_server(p: &Parity) -> String {
+    let location = nginx_location(p);
     let h2 = match p.h2 {
         Some(addr) => format!(
             "\x20 server {{\n\
              \x20   listen {addr} http2 backlog=4096;\n\
-             \x20   location / {{\n\
-             \x20     proxy_pass http://origin;\n\
-             \x20     proxy_http_version 1.1;\n\
-             \x20     proxy_set_header Connection \"\";\n\
-             \x20     proxy_buffering on;\n\
-             \x20   }}\n\
+             {location}\
              \x20 }}\n"
         ),
         None => String::new(),
@@ -150,12 +172,7 @@ fn nginx_tls_server(p: &Parity) -> String {
          \x20   ssl_protocols TLSv1.3;\n\
          \x20   ssl_session_cache off;\n\
          \x20   ssl_session_tickets off;\n\
-         \x20   location / {{\n\
-         \x20     proxy_pass http://origin;\n\
-         \x20     proxy_http_version 1.1;\n\
-         \x20     proxy_set_header Connection \"\";\n\
-         \x20     proxy_buffering on;\n\
-         \x20   }}\n\
+         {location}\
          \x20 }}\n",
         cert = cert.cert.display(),
         key = cert.key.display(),
@@ -184,12 +201,32 @@ pub fn haproxy_config(p: &Parity) -> String {
          \x20 timeout client 30s\n\
          \x20 timeout server 30s\n\
          \x20 timeout http-keep-alive 30s\n\
+         {unique_id}\
          frontend fe\n\
          \x20 bind {listen}\n\
          \x20 default_backend be\n\
          {tls}\
          backend be\n\
+         {duties}\
          \x20 server origin {origin} pool-max-conn {idle}\n",
+        // Frontends make the request id (a backend cannot), the backend sends it both ways.
+        unique_id = if p.header_duties {
+            "\x20 unique-id-format %{+X}o%ci%cp%fi%fp%Ts%ms%rt%pid\n"
+        } else {
+            ""
+        },
+        duties = if p.header_duties {
+            // What keymaster does by default (the Host is kept either way).
+            "\x20 option forwardfor\n\
+             \x20 http-request set-header X-Request-Id %[unique-id]\n\
+             \x20 http-request set-header X-Forwarded-Proto %[ssl_fc,iif(https,http)]\n\
+             \x20 http-request set-header X-Forwarded-Host %[req.hdr(host)]\n\
+             \x20 http-request add-header Via \"1.1 haproxy\"\n\
+             \x20 http-response add-header Via \"1.1 haproxy\"\n\
+             \x20 http-response set-header X-Request-Id %[unique-id]\n"
+        } else {
+            ""
+        },
         w = p.workers,
         idle = POOL_IDLE,
         m = p.max_conns,
@@ -497,6 +534,7 @@ mod tests {
             max_conns: 8000,
             tls: None,
             h2: None,
+            header_duties: false,
         }
     }
 
@@ -512,6 +550,44 @@ mod tests {
         assert!(c.contains("pid /tmp/km-bench/nginx.pid;"));
         assert!(c.contains("daemon off;"));
         assert_eq!(c.matches('{').count(), c.matches('}').count());
+    }
+
+    #[test]
+    fn peers_do_keymasters_header_duties_when_asked() {
+        let minimal = parity(1);
+        let duties = Parity {
+            header_duties: true,
+            ..parity(1)
+        };
+        let n = nginx_config(&duties);
+        for line in [
+            "proxy_set_header Host $http_host;",
+            "proxy_set_header X-Forwarded-For $remote_addr;",
+            "proxy_set_header X-Forwarded-Proto $scheme;",
+            "proxy_set_header X-Forwarded-Host $http_host;",
+            "proxy_set_header Via \"1.1 nginx\";",
+            "proxy_set_header X-Request-Id $request_id;",
+            "add_header Via \"1.1 nginx\" always;",
+            "add_header X-Request-Id $request_id always;",
+        ] {
+            assert!(n.contains(line), "{line}");
+        }
+        assert!(!nginx_config(&minimal).contains("X-Forwarded"));
+        assert_eq!(n.matches('{').count(), n.matches('}').count());
+        let h = haproxy_config(&duties);
+        for line in [
+            "option forwardfor\n",
+            "http-request set-header X-Request-Id %[unique-id]\n",
+            "http-request set-header X-Forwarded-Proto %[ssl_fc,iif(https,http)]\n",
+            "http-request set-header X-Forwarded-Host %[req.hdr(host)]\n",
+            "http-request add-header Via \"1.1 haproxy\"\n",
+            "http-response add-header Via \"1.1 haproxy\"\n",
+            "http-response set-header X-Request-Id %[unique-id]\n",
+        ] {
+            assert!(h.contains(line), "{line}");
+        }
+        assert!(h.contains("defaults\n") && h.contains("unique-id-format "));
+        assert!(!haproxy_config(&minimal).contains("forwardfor"));
     }
 
     #[test]
