@@ -56,6 +56,15 @@ http {
 }
 NGX
   report nginx 18191 -- nginx -c "$WORK/nginx.conf"
+  # The same with keymaster's default header duties (as `keymaster bench --peer-headers
+  # duties` configures it): Host kept, X-Forwarded-*, Via both ways, a request id both ways.
+  duties='proxy_set_header Host $http_host; proxy_set_header X-Forwarded-For $remote_addr;'
+  duties+=' proxy_set_header X-Forwarded-Proto $scheme; proxy_set_header X-Forwarded-Host $http_host;'
+  duties+=' proxy_set_header Via "1.1 nginx"; proxy_set_header X-Request-Id $request_id;'
+  duties+=' add_header Via "1.1 nginx" always; add_header X-Request-Id $request_id always;'
+  sed -e "s|proxy_set_header Connection \"\"; }|proxy_set_header Connection \"\"; $duties }|" \
+    -e "s|18191|18193|; s|nginx.pid|nginx-duties.pid|" "$WORK/nginx.conf" >"$WORK/nginx-duties.conf"
+  report nginx-duties 18193 -- nginx -c "$WORK/nginx-duties.conf"
 fi
 
 if command -v haproxy >/dev/null; then
