@@ -25,6 +25,7 @@ fn sample(rps: f64, p99: f64, cpu: Option<f64>, non_2xx: u64, socket: u64) -> Sa
         socket_errors: socket,
         unsent: 0,
         generator_cpu_pct: 40.0,
+        rig_cpu_pct: Some(60.0),
     }
 }
 
@@ -46,6 +47,10 @@ fn fixture(repeats: usize) -> BenchRun {
                 (0, 0)
             };
             let mut v = vec![sample(rps, 60.0 + k as f64, cpu, bad_2xx, bad_sock)];
+            // keymaster at 400 connections drove the stub and generator's CPU to 97%.
+            if *name == "keymaster" && conns == 400 {
+                v[0].rig_cpu_pct = Some(97.0);
+            }
             for r in 1..repeats {
                 v.push(sample(rps + r as f64 * 10.0, 61.0, cpu, 0, 0));
             }
@@ -128,6 +133,19 @@ fn table_has_one_row_per_system_and_step_like_the_seed() {
     assert!(lines[2].contains("| – | – | – | – |"), "{}", lines[2]);
     let n = lines[0].matches('|').count();
     assert!(lines.iter().all(|l| l.matches('|').count() == n));
+}
+
+#[test]
+fn rig_bound_steps_are_named_under_their_table() {
+    let md = report_markdown(&fixture(2));
+    let notes: Vec<&str> = md.lines().filter(|l| l.starts_with("Rig-bound:")).collect();
+    assert_eq!(notes.len(), 1, "{md}");
+    assert!(
+        notes[0].contains("keymaster c=400 (1 of 2 repeats, up to 97%)"),
+        "{}",
+        notes[0]
+    );
+    assert!(!notes[0].contains("nginx") && !notes[0].contains("c=200"));
 }
 
 #[test]

@@ -683,14 +683,19 @@ fn run_step(
         timeout: args.timeout,
         ..LoadConfig::default()
     };
-    let figures = |pid: u32, (a, at_a): (procfs::TreeSample, Instant)| {
+    let rig: Vec<usize> = step.load_cpus.map(|c| c.0.clone()).unwrap_or_default();
+    let start_figures = move |pid: u32| (procfs::sample_tree(pid), procfs::cpu_ticks(&rig));
+    let rig_end: Vec<usize> = step.load_cpus.map(|c| c.0.clone()).unwrap_or_default();
+    let figures = move |pid: u32, ((a, at_a), rig_a): StartFigures| {
         let (b, at_b) = procfs::sample_tree(pid);
         let d = procfs::delta(&a, &b, procfs::ticks_per_sec());
+        let rig_b = procfs::cpu_ticks(&rig_end);
         ProcFigures {
             cpu_secs: d.cpu_secs,
             switches: d.switches,
             wall_secs: (at_b - at_a).as_secs_f64(),
             rss_kib: b.rss_kib,
+            rig_busy_pct: rig_a.zip(rig_b).and_then(|(a, b)| procfs::busy_pct(a, b)),
         }
     };
     if driver == Driver::Wrk {
@@ -698,7 +703,7 @@ fn run_step(
         // /proc is read right before the measured wrk starts and right after it exits.
         let cpu_before = wrk::children_cpu_secs();
         let warm = wrk::warm_up(&cfg, step.load_cpus)?;
-        let start = step.pid.map(|pid| (pid, procfs::sample_tree(pid)));
+        let start = step.pid.map(|pid| (pid, start_figures(pid)));
         let mut load = wrk::measure(&cfg, step.load_cpus)?;
         let procs = start.map(|(pid, a)| figures(pid, a));
         load.warmup_secs = warm;
@@ -712,7 +717,7 @@ fn run_step(
         let (from, to) = (origin + settle, origin + settle + t.step);
         std::thread::spawn(move || {
             sleep_until(from);
-            let a = procfs::sample_tree(pid);
+            let a = start_figures(pid);
             sleep_until(to);
             figures(pid, a)
         })
@@ -727,6 +732,9 @@ fn run_step(
     };
     Ok((load, figures))
 }
+
+/// The system's `/proc` reading and the rig CPUs' ticks at the start of a measured window.
+type StartFigures = ((procfs::TreeSample, Instant), Option<(u64, u64)>);
 
 fn sleep_until(t: Instant) {
     let now = Instant::now();
@@ -751,8 +759,11 @@ pub fn progress_line(n: &str, scenario: &str, system: &str, conns: usize, s: &Sa
     } else {
         String::new()
     };
+    let rig = s
+        .rig_cpu_pct
+        .map_or(String::new(), |r| format!("  rig {r:3.0}%"));
     format!(
-        "[{n}] {scenario:<10} {system:<10} c={conns:<5} {:>8.0} req/s  p50 {:7.2}  p99 {:7.2} ms{cpu}  gen {:3.0}%{errors}",
+        "[{n}] {scenario:<10} {system:<10} c={conns:<5} {:>8.0} req/s  p50 {:7.2}  p99 {:7.2} ms{cpu}  gen {:3.0}%{rig}{errors}",
         s.rps, s.p50_ms, s.p99_ms, s.generator_cpu_pct
     )
 }

@@ -152,6 +152,10 @@ pub struct Sample {
     pub unsent: u64,
     /// Load generator CPU, percent of one CPU (warm-up included).
     pub generator_cpu_pct: f64,
+    /// Pinned runs: how busy the stub and generator's CPUs were over the measured window
+    /// (everything on them, kernel work included), percent. Near 100 the rig, not the
+    /// system under test, may have set the latency.
+    pub rig_cpu_pct: Option<f64>,
 }
 
 /// What `/proc` said about the system under test over one step.
@@ -165,6 +169,8 @@ pub struct ProcFigures {
     pub wall_secs: f64,
     /// RSS at the end, KiB.
     pub rss_kib: u64,
+    /// Busy percent of the stub and generator's CPUs over the same window (pinned runs).
+    pub rig_busy_pct: Option<f64>,
 }
 
 impl Sample {
@@ -203,6 +209,7 @@ impl Sample {
             } else {
                 0.0
             },
+            rig_cpu_pct: procs.and_then(|p| p.rig_busy_pct),
         }
     }
 
@@ -261,6 +268,7 @@ impl StepResult {
             socket_errors: samples.iter().map(|s| s.socket_errors).sum(),
             unsent: samples.iter().map(|s| s.unsent).sum(),
             generator_cpu_pct: col(|s| s.generator_cpu_pct),
+            rig_cpu_pct: col_opt(|s| s.rig_cpu_pct),
         };
         StepResult {
             system: system.to_owned(),

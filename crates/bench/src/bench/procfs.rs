@@ -207,6 +207,39 @@ fn read_stat(pid: u32) -> Option<Stat> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// Busy and total clock ticks of `cpus` summed, from `/proc/stat` text (`cpuN user nice system
+/// idle iowait irq softirq steal ...`; idle and iowait are not busy). `None` if a CPU is missing.
+pub fn parse_cpu_ticks(stat: &str, cpus: &[usize]) -> Option<(u64, u64)> {
+    let (mut busy, mut total) = (0u64, 0u64);
+    for cpu in cpus {
+        let name = format!("cpu{cpu}");
+        let line = stat
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name.as_str()))?;
+        let ticks: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|t| t.parse().unwrap_or(0))
+            .collect();
+        let all: u64 = ticks.iter().take(8).sum();
+        let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+        busy += all - idle.min(all);
+        total += all;
+    }
+    Some((busy, total))
+}
+
+/// [`parse_cpu_ticks`] of the running system.
+pub fn cpu_ticks(cpus: &[usize]) -> Option<(u64, u64)> {
+    parse_cpu_ticks(&std::fs::read_to_string("/proc/stat").ok()?, cpus)
+}
+
+/// Percent of `cpus`' time that was busy between two [`cpu_ticks`] readings.
+pub fn busy_pct(a: (u64, u64), b: (u64, u64)) -> Option<f64> {
+    let total = b.1.checked_sub(a.1).filter(|t| *t > 0)?;
+    Some(100.0 * b.0.saturating_sub(a.0) as f64 / total as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,5 +322,17 @@ mod tests {
         let (b, _) = sample_tree(me);
         let d = delta(&a, &b, ticks_per_sec());
         assert!(d.cpu_secs >= 0.0);
+    }
+
+    #[test]
+    fn cpu_ticks_sum_the_named_cpus_busy_and_total() {
+        let stat = "cpu  10 0 10 100 0 0 0 0 0 0\n\
+                    cpu0 1 0 1 50 0 0 0 0 0 0\n\
+                    cpu1 30 2 10 40 8 0 10 0 0 0\n";
+        assert_eq!(parse_cpu_ticks(stat, &[1]), Some((52, 100)));
+        assert_eq!(parse_cpu_ticks(stat, &[0, 1]), Some((54, 152)));
+        assert_eq!(parse_cpu_ticks(stat, &[2]), None);
+        assert_eq!(busy_pct((52, 100), (152, 200)), Some(100.0));
+        assert_eq!(busy_pct((52, 100), (52, 100)), None);
     }
 }

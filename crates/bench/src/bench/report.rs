@@ -87,6 +87,47 @@ pub fn scenario_table(sc: &ScenarioResult, repeats: usize) -> String {
     t
 }
 
+/// Busy share of the stub and generator's CPUs from which a repeat counts as rig-bound. A
+/// window's average: at 90% the rig's CPU spends long stretches saturated, and the latency
+/// tails of those stretches are the rig's (docs/benchmarks.md, seventh session).
+pub const RIG_BOUND_PCT: f64 = 90.0;
+
+/// A note naming the steps in which the stub and generator's CPUs were at least
+/// [`RIG_BOUND_PCT`] busy in some repeat (pinned runs): there the rig, not the system under
+/// test, may have set the latency. Empty when there are none.
+pub fn rig_bound_note(sc: &ScenarioResult) -> String {
+    let hits: Vec<String> = sc
+        .steps
+        .iter()
+        .filter_map(|st| {
+            let busy: Vec<f64> = st
+                .samples
+                .iter()
+                .filter_map(|s| s.rig_cpu_pct)
+                .filter(|p| *p >= RIG_BOUND_PCT)
+                .collect();
+            (!busy.is_empty()).then(|| {
+                format!(
+                    "{} c={} ({} of {} repeats, up to {:.0}%)",
+                    st.system,
+                    st.connections,
+                    busy.len(),
+                    st.samples.len(),
+                    busy.iter().copied().fold(0.0, f64::max)
+                )
+            })
+        })
+        .collect();
+    if hits.is_empty() {
+        return String::new();
+    }
+    format!(
+        "Rig-bound: the stub and load generator's CPUs were at least {RIG_BOUND_PCT:.0}% busy \
+         in {}. Latency there is partly the rig's.\n\n",
+        hits.join(", ")
+    )
+}
+
 /// The whole report.
 pub fn report_markdown(run: &BenchRun) -> String {
     let mut md = String::new();
@@ -200,6 +241,7 @@ pub fn report_markdown(run: &BenchRun) -> String {
         );
         md.push_str(&scenario_table(sc, run.settings.repeats));
         md.push('\n');
+        md.push_str(&rig_bound_note(sc));
         for (file, _) in svg::scenario_charts(sc) {
             let _ = write!(md, "![{file}]({file}) ");
         }
