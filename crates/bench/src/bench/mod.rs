@@ -683,29 +683,18 @@ fn run_step(
         timeout: args.timeout,
         ..LoadConfig::default()
     };
-    let rig: Vec<usize> = step.load_cpus.map(|c| c.0.clone()).unwrap_or_default();
-    let start_figures = move |pid: u32| (procfs::sample_tree(pid), procfs::cpu_ticks(&rig));
-    let rig_end: Vec<usize> = step.load_cpus.map(|c| c.0.clone()).unwrap_or_default();
-    let figures = move |pid: u32, ((a, at_a), rig_a): StartFigures| {
-        let (b, at_b) = procfs::sample_tree(pid);
-        let d = procfs::delta(&a, &b, procfs::ticks_per_sec());
-        let rig_b = procfs::cpu_ticks(&rig_end);
-        ProcFigures {
-            cpu_secs: d.cpu_secs,
-            switches: d.switches,
-            wall_secs: (at_b - at_a).as_secs_f64(),
-            rss_kib: b.rss_kib,
-            rig_busy_pct: rig_a.zip(rig_b).and_then(|(a, b)| procfs::busy_pct(a, b)),
-        }
-    };
+    // The stub and generator's CPUs (pinned runs), read beside the system at both ends.
+    let rig: Option<Vec<usize>> = step.load_cpus.map(|c| c.0.clone());
     if driver == Driver::Wrk {
         // A separate unmeasured wrk run settles the step (rounded up to whole seconds), then
         // /proc is read right before the measured wrk starts and right after it exits.
         let cpu_before = wrk::children_cpu_secs();
         let warm = wrk::warm_up(&cfg, step.load_cpus)?;
-        let start = step.pid.map(|pid| (pid, start_figures(pid)));
+        let start = step
+            .pid
+            .map(|pid| (pid, Window::start(pid, rig.as_deref())));
         let mut load = wrk::measure(&cfg, step.load_cpus)?;
-        let procs = start.map(|(pid, a)| figures(pid, a));
+        let procs = start.map(|(pid, a)| a.end(pid, rig.as_deref()));
         load.warmup_secs = warm;
         load.generator_cpu_secs = wrk::children_cpu_secs() - cpu_before;
         return Ok((load, procs));
@@ -717,9 +706,9 @@ fn run_step(
         let (from, to) = (origin + settle, origin + settle + t.step);
         std::thread::spawn(move || {
             sleep_until(from);
-            let a = start_figures(pid);
+            let a = Window::start(pid, rig.as_deref());
             sleep_until(to);
-            figures(pid, a)
+            a.end(pid, rig.as_deref())
         })
     });
     let load = run_load(&cfg)?;
@@ -733,8 +722,41 @@ fn run_step(
     Ok((load, figures))
 }
 
-/// The system's `/proc` reading and the rig CPUs' ticks at the start of a measured window.
-type StartFigures = ((procfs::TreeSample, Instant), Option<(u64, u64)>);
+/// The start of a measured window: the system's `/proc` reading and, on pinned runs, the
+/// rig CPUs' ticks.
+struct Window {
+    tree: procfs::TreeSample,
+    at: Instant,
+    rig: Option<(u64, u64)>,
+}
+
+impl Window {
+    fn start(pid: u32, rig: Option<&[usize]>) -> Window {
+        let (tree, at) = procfs::sample_tree(pid);
+        Window {
+            tree,
+            at,
+            rig: rig.and_then(procfs::cpu_ticks),
+        }
+    }
+
+    /// The figures of the window from its start to now.
+    fn end(self, pid: u32, rig: Option<&[usize]>) -> ProcFigures {
+        let (b, at_b) = procfs::sample_tree(pid);
+        let d = procfs::delta(&self.tree, &b, procfs::ticks_per_sec());
+        let rig_b = rig.and_then(procfs::cpu_ticks);
+        ProcFigures {
+            cpu_secs: d.cpu_secs,
+            switches: d.switches,
+            wall_secs: (at_b - self.at).as_secs_f64(),
+            rss_kib: b.rss_kib,
+            rig_busy_pct: self
+                .rig
+                .zip(rig_b)
+                .and_then(|(a, b)| procfs::busy_pct(a, b)),
+        }
+    }
+}
 
 fn sleep_until(t: Instant) {
     let now = Instant::now();
