@@ -4,82 +4,110 @@
 # are written in (CPU per request, kernel included), where filter-instructions-per-request.sh
 # counts user-space instructions only.
 #
-# The gateway runs `keymaster run` with one worker pinned to CPU 0; the stub and wrk share CPU
-# 1. Keep-alive, 1000-byte bodies. The three configs are measured in turn, ROUNDS times
-# (interleaved, so drift on a shared machine hits all three alike); the report is the median
-# per config. CPU per request = (utime + stime of the gateway) / requests completed, and CPU 0's
-# busy time / requests (where softirq work is charged varies; the core's total does not). The
-# ratios to no filters are medians of per-round ratios.
+# The gateway runs `keymaster run` with one worker pinned to CPU 0; the stub and keymaster's
+# load generator share CPU 1. Keep-alive, 1000-byte bodies, an open-loop fixed rate (the same
+# work per second for every config: a cheaper config is not handed more requests to do).
 #
-# usage: scripts/filter-cpu-per-request.sh [connections] [seconds] [rounds]
-# needs: target/release/keymaster, wrk
+# One gateway process serves a steady load while its config is swapped by hot reload
+# (SIGHUP) between the three, a short window each: none, native, lua, then the next cycle in
+# a rotated order. CPU per request in a window = the gateway's scheduler run time in it (all
+# threads, /proc/PID/task/*/schedstat, nanoseconds; utime/stime are tick samples) / the
+# requests the fixed rate sent in it. Windows next to each other are compared, so drift on a
+# shared host hits all three alike, and no config is stuck with one process's memory layout
+# (PROCESSES gateways in turn). Still, one window moves by about +-8% on this 2-core VM, so the
+# script reports per-cycle (paired) ratios to no filters as their median, interquartile range
+# and mean +- 2 standard errors: ~100 cycles for about +-1.5%. The rise in all three
+# processes' CPU (gateway, stub, generator) is reported beside it: part of the kernel's socket
+# work lands on either side of a loopback connection, whichever CPU gets to it.
+#
+# usage: scripts/filter-cpu-per-request.sh [rate] [window seconds] [cycles per process]
+# env: KM (the binary), PROCESSES (default 3), SETTLE (seconds after a swap before its window,
+# default 1: a reload has start-up work of its own)
+# needs: target/release/keymaster, python3
 set -euo pipefail
-CONNS=${1:-50}
-SECS=${2:-8}
-ROUNDS=${3:-3}
+RATE=${1:-12000}
+WINDOW=${2:-1}
+CYCLES=${3:-20}
+PROCESSES=${PROCESSES:-3}
+SETTLE=${SETTLE:-1}
 KM=${KM:-$(dirname "$0")/../target/release/keymaster}
 STUB_PORT=18381
 PORT=18390
-TICK=$(getconf CLK_TCK)
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
 # shellcheck source=lib/filter-configs.sh
 . "$(dirname "$0")/lib/filter-configs.sh"
+CONFIGS=(none native lua)
 
 taskset -c 1 "$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
+stub=$!
 wait_port $STUB_PORT
 
-# Busy ticks of CPU 0 (user, nice, system, irq, softirq): the gateway's core, with the
-# network stack's softirq work that lands there whichever process it is charged to.
-cpu0_busy() { awk '$1 == "cpu0" {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
-
-one() { # config -> prints "process_us_per_req cpu0_us_per_req"
-  taskset -c 0 "$KM" run --config "$WORK/$1.toml" >/dev/null 2>&1 &
-  local pid=$!
-  wait_port $PORT
-  taskset -c 1 wrk -t1 -c"$CONNS" -d2s "http://127.0.0.1:$PORT/?length=1000" >/dev/null
-  local before after core_before core_after reqs
-  before=$(awk '{print $14 + $15}' /proc/$pid/stat)
-  core_before=$(cpu0_busy)
-  reqs=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" "http://127.0.0.1:$PORT/?length=1000" | awk '/requests in/ {print $1}')
-  after=$(awk '{print $14 + $15}' /proc/$pid/stat)
-  core_after=$(cpu0_busy)
-  kill "$pid"; wait "$pid" 2>/dev/null || true
-  awk -v t=$((after - before)) -v c=$((core_after - core_before)) -v hz="$TICK" -v r="$reqs" \
-    'BEGIN { printf "%.2f %.2f\n", t / hz * 1e6 / r, c / hz * 1e6 / r }'
+# Nanoseconds the scheduler ran the threads of the processes given (%.0f: mawk's %d stops
+# at 2^31).
+run_ns() {
+  local p files=()
+  for p in "$@"; do files+=(/proc/"$p"/task/*/schedstat); done
+  cat "${files[@]}" | awk '{s += $1} END {printf "%.0f\n", s}'
 }
 
-# Per round (the three configs back to back), each config's figure over the no-filter one:
-# the median of these paired ratios is less exposed to drift than a ratio of medians.
-declare -A proc core ratio_proc ratio_core
-for _ in $(seq 1 "$ROUNDS"); do
-  declare -A round=()
-  for c in none native lua; do
-    round[$c]=$(one $c)
-    proc[$c]="${proc[$c]:-} ${round[$c]% *}"
-    core[$c]="${core[$c]:-} ${round[$c]#* }"
+RUNS="$WORK/runs.txt"
+ACTIVE="$WORK/active.toml"
+for p in $(seq 1 "$PROCESSES"); do
+  cp "$WORK/none.toml" "$ACTIVE"
+  taskset -c 0 "$KM" run --config "$ACTIVE" >/dev/null 2>&1 &
+  gw=$!
+  wait_port $PORT
+  # Long enough for every window; stopped when the cycles are done.
+  secs=$(awk -v c="$CYCLES" -v w="$WINDOW" -v s="$SETTLE" 'BEGIN { printf "%d", c * 3 * (w + s + 0.2) + 30 }')
+  taskset -c 1 "$KM" load --url "http://127.0.0.1:$PORT/?length=1000" -c 64 -R "$RATE" \
+    -d "${secs}s" --warmup 1s -t 1 >"$WORK/load.txt" 2>&1 &
+  load=$!
+  sleep 2
+  for i in $(seq 1 "$CYCLES"); do
+    for k in 0 1 2; do
+      c=${CONFIGS[$(((i + k) % 3))]}
+      cp "$WORK/$c.toml" "$ACTIVE"
+      kill -HUP "$gw"
+      sleep "$SETTLE"
+      a=$(run_ns "$gw"); all_a=$(run_ns "$gw" "$stub" "$load")
+      sleep "$WINDOW"
+      b=$(run_ns "$gw"); all_b=$(run_ns "$gw" "$stub" "$load")
+      us=$(awk -v d=$((b - a)) -v e=$((all_b - all_a)) -v r="$RATE" -v w="$WINDOW" \
+        'BEGIN { printf "%.3f %.3f", d / 1e3 / (r * w), e / 1e3 / (r * w) }')
+      echo "$p.$i $c $us" | tee -a "$RUNS" >&2
+    done
   done
-  for c in native lua; do
-    ratio_proc[$c]="${ratio_proc[$c]:-} $(awk -v a="${round[$c]% *}" -v b="${round[none]% *}" 'BEGIN { printf "%.4f", a / b }')"
-    ratio_core[$c]="${ratio_core[$c]:-} $(awk -v a="${round[$c]#* }" -v b="${round[none]#* }" 'BEGIN { printf "%.4f", a / b }')"
-  done
-done
-median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-# Interference from other load only ever adds CPU time, so the fastest run of each config
-# is the other estimate worth having on a shared machine.
-minimum() { tr ' ' '\n' | grep -v '^$' | sort -n | head -1; }
-base_lo=$(echo "${proc[none]}" | minimum)
-echo "process CPU (utime + stime of the gateway) and CPU 0 busy time, per request:"
-for c in none native lua; do
-  p=$(echo "${proc[$c]}" | median)
-  k=$(echo "${core[$c]}" | median)
-  if [ "$c" = none ]; then
-    printf "%-8s process %6.2f us  core %6.2f us   (process runs:%s)\n" "$c" "$p" "$k" "${proc[$c]}"
-  else
-    rp=$(echo "${ratio_proc[$c]}" | median)
-    rk=$(echo "${ratio_core[$c]}" | median)
-    lo=$(echo "${proc[$c]}" | minimum)
-    awk -v n="$c" -v p="$p" -v k="$k" -v rp="$rp" -v rk="$rk" -v lo="$lo" -v base="$base_lo" -v all="${proc[$c]}" \
-      'BEGIN { printf "%-8s process %6.2f us  core %6.2f us   vs none: median of paired ratios process %+5.1f%%, core %+5.1f%%; ratio of minimums %+5.1f%%   (process runs:%s)\n", n, p, k, (rp - 1) * 100, (rk - 1) * 100, (lo / base - 1) * 100, all }'
+  kill "$load" 2>/dev/null || true
+  wait "$load" 2>/dev/null || true
+  if grep -qE "Socket errors: .*[1-9]|[45]xx [1-9]" "$WORK/load.txt"; then
+    echo "the load saw errors:" >&2; cat "$WORK/load.txt" >&2; exit 1
   fi
+  kill "$gw"; wait "$gw" 2>/dev/null || true
 done
+python3 - "$RUNS" <<'PY'
+import statistics as st, sys
+runs, alls = {}, {}
+for line in open(sys.argv[1]):
+    cycle, c, us, all_us = line.split()
+    runs.setdefault(c, {})[cycle] = float(us)
+    alls.setdefault(c, {})[cycle] = float(all_us)
+base, all_base = runs["none"], alls["none"]
+print("gateway CPU per request at a fixed rate (scheduler run time / requests), %d cycles:" % len(base))
+for c in ("none", "native", "lua"):
+    r = runs[c]
+    line = "%-7s median %6.2f us (min %6.2f, max %6.2f)" % (
+        c, st.median(r.values()), min(r.values()), max(r.values()))
+    if c != "none":
+        ratios = sorted(r[i] / base[i] - 1 for i in r if i in base)
+        q = st.quantiles(ratios, n=4)
+        se = st.stdev(ratios) / len(ratios) ** 0.5
+        line += "   vs none, paired: median %+5.1f%%, IQR %+5.1f..%+5.1f%%, mean %+5.1f%% +- %.1f" % (
+            st.median(ratios) * 100, q[0] * 100, q[2] * 100, st.mean(ratios) * 100, 2 * se * 100)
+        # The rig's work is the same in every window: the rise in all three processes' CPU
+        # is the gateway's, whichever side the kernel charged it to.
+        extra = [(alls[c][i] - all_base[i]) / base[i] for i in r if i in base]
+        line += "; all processes: mean %+5.1f%% +- %.1f of none's gateway CPU" % (
+            st.mean(extra) * 100, 2 * st.stdev(extra) / len(extra) ** 0.5 * 100)
+    print(line)
+PY
