@@ -26,8 +26,8 @@ pub(crate) struct RawRequestFields {
     /// One of the fields is Content-Length.
     content_length: bool,
     /// The changes, no two of them to one name unless all but the first append. The first
-    /// two are kept inline: a request's usual edit (a filter setting a field or two) takes
-    /// no allocation, which would cost a cache miss on the block it hands out.
+    /// two are kept inline: a configured edit (a `headers` filter's) takes no allocation,
+    /// whose block would cost a cache miss when it is handed out.
     edits: SmallVec<[FieldEdit; 2]>,
 }
 
@@ -42,8 +42,9 @@ struct FieldEdit {
 
 #[derive(Debug, Clone)]
 enum EditField {
-    /// A name and its value, or `None` for a removal (a filter's call).
-    Owned(HeaderName, Option<HeaderValue>),
+    /// A name and its value, or `None` for a removal (a filter's call). Boxed: an edit is
+    /// two words, so the inline edits keep the fields small for every request.
+    Owned(Box<(HeaderName, Option<HeaderValue>)>),
     /// A field of a filter's configuration, shared: no name or value copied per request.
     Compiled(Arc<CompiledField>),
 }
@@ -51,13 +52,13 @@ enum EditField {
 impl FieldEdit {
     fn name(&self) -> &HeaderName {
         match &self.field {
-            EditField::Owned(n, _) => n,
+            EditField::Owned(f) => &f.0,
             EditField::Compiled(f) => &f.name,
         }
     }
     fn value(&self) -> Option<&HeaderValue> {
         match &self.field {
-            EditField::Owned(_, v) => v.as_ref(),
+            EditField::Owned(f) => f.1.as_ref(),
             EditField::Compiled(f) => Some(&f.value),
         }
     }
@@ -171,7 +172,7 @@ impl RawRequestFields {
     /// Replace every field called `name` with `name: value` (a [`Self::may_edit`] name).
     pub(crate) fn set(&mut self, name: HeaderName, value: HeaderValue) {
         let replaces = self.drop_named(&name);
-        let field = EditField::Owned(name, Some(value));
+        let field = EditField::Owned(Box::new((name, Some(value))));
         self.push_edit(FieldEdit { field, replaces });
     }
 
@@ -184,7 +185,7 @@ impl RawRequestFields {
 
     /// Add the field `name: value` (a [`Self::may_edit`] name).
     pub(crate) fn append(&mut self, name: HeaderName, value: HeaderValue) {
-        let field = EditField::Owned(name, Some(value));
+        let field = EditField::Owned(Box::new((name, Some(value))));
         self.push_edit(FieldEdit {
             field,
             replaces: false,
@@ -209,7 +210,7 @@ impl RawRequestFields {
     /// Remove every field called `name` (a [`Self::may_edit`] name).
     pub(crate) fn remove(&mut self, name: &HeaderName) {
         if self.drop_named(name) {
-            let field = EditField::Owned(name.clone(), None);
+            let field = EditField::Owned(Box::new((name.clone(), None)));
             self.push_edit(FieldEdit {
                 field,
                 replaces: true,
@@ -244,8 +245,11 @@ impl RawRequestFields {
         for e in &self.edits {
             match &e.field {
                 EditField::Compiled(f) => dst.extend_from_slice(f.line()),
-                EditField::Owned(n, Some(v)) => put_field(dst, n.as_str().as_bytes(), v.as_bytes()),
-                EditField::Owned(_, None) => {}
+                EditField::Owned(f) => {
+                    if let (n, Some(v)) = &**f {
+                        put_field(dst, n.as_str().as_bytes(), v.as_bytes())
+                    }
+                }
             }
         }
     }
@@ -254,8 +258,10 @@ impl RawRequestFields {
     pub(super) fn len_hint(&self) -> usize {
         let added = self.edits.iter().map(|e| match &e.field {
             EditField::Compiled(f) => f.line().len(),
-            EditField::Owned(n, Some(v)) => n.as_str().len() + v.len() + 4,
-            EditField::Owned(_, None) => 0,
+            EditField::Owned(f) => match &**f {
+                (n, Some(v)) => n.as_str().len() + v.len() + 4,
+                (_, None) => 0,
+            },
         });
         self.block.len() + added.sum::<usize>()
     }
