@@ -16,7 +16,7 @@
 # shared host hits all three alike, and no config is stuck with one process's memory layout
 # (PROCESSES gateways in turn). Still, one window's figure moves by +-15% on this 2-core VM, so the
 # script reports per-cycle (paired) ratios to no filters as their median, interquartile range
-# and mean +- 2 standard errors (60 cycles gave +-4%: a window's ratio ranged from -24% to
+# and mean +- 2 standard errors (60 cycles gave +-2 to +-4%: a window's ratio ranged from -24% to
 # +64%).
 #
 # usage: scripts/filter-cpu-per-request.sh [rate] [window seconds] [cycles per process]
