@@ -14,10 +14,10 @@
 # threads, /proc/PID/task/*/schedstat, nanoseconds; utime/stime are tick samples) / the
 # requests the fixed rate sent in it. Windows next to each other are compared, so drift on a
 # shared host hits all three alike, and no config is stuck with one process's memory layout
-# (PROCESSES gateways in turn). Still, one window's figure moves by +-15% on this 2-core VM, so the
-# script reports per-cycle (paired) ratios to no filters as their median, interquartile range
-# and mean +- 2 standard errors (60 cycles gave +-2 to +-4%: a window's ratio ranged from -24% to
-# +64%).
+# (PROCESSES gateways in turn). Still, one window's figure moves by +-15% on this 2-core VM,
+# so the script reports per-cycle (paired) ratios to no filters as their median,
+# interquartile range and mean +- 2 standard errors (60 cycles gave +-2 to +-4%; a window's
+# ratio ranged from -24% to +64%).
 #
 # usage: scripts/filter-cpu-per-request.sh [rate] [window seconds] [cycles per process]
 # env: KM (the binary), PROCESSES (default 3), SETTLE (seconds after a swap before its window,
@@ -41,8 +41,7 @@ CONFIGS=(none native lua)
 taskset -c 1 "$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
 wait_port $STUB_PORT
 
-# Nanoseconds the scheduler ran the threads of the processes given (%.0f: mawk's %d stops
-# at 2^31).
+# Nanoseconds the scheduler ran the process's threads (%.0f: mawk's %d stops at 2^31).
 run_ns() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {printf "%.0f\n", s}'; }
 
 RUNS="$WORK/runs.txt"
@@ -51,12 +50,14 @@ for p in $(seq 1 "$PROCESSES"); do
   cp "$WORK/none.toml" "$ACTIVE"
   taskset -c 0 "$KM" run --config "$ACTIVE" >/dev/null 2>&1 &
   gw=$!
+  PIDS+=("$gw")
   wait_port $PORT
   # Long enough for every window; stopped when the cycles are done.
   secs=$(awk -v c="$CYCLES" -v w="$WINDOW" -v s="$SETTLE" 'BEGIN { printf "%d", c * 3 * (w + s + 0.2) + 30 }')
   taskset -c 1 "$KM" load --url "http://127.0.0.1:$PORT/?length=1000" -c 64 -R "$RATE" \
     -d "${secs}s" --warmup 1s -t 1 >"$WORK/load.txt" 2>&1 &
   load=$!
+  PIDS+=("$load")
   sleep 2
   for i in $(seq 1 "$CYCLES"); do
     for k in 0 1 2; do
