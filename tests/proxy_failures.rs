@@ -135,6 +135,84 @@ async fn request_timeout_during_the_body_aborts_the_response() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_going_silent_mid_body_is_cut_off_at_the_read_timeout() {
+    // No request deadline: only the read gap ends this exchange.
+    let origin = raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        if read_head(&mut s, &mut carry).await.is_some() {
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789")
+                .await;
+            // Then nothing, with the connection open, until the gateway closes it.
+            let mut buf = [0u8; 64];
+            let _ = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
+        }
+    })
+    .await;
+    let g = start_gateway(&route_config(origin.addr, "read_timeout = \"300ms\""));
+    let mut s = TcpStream::connect(g.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (raw, eof) = read_to_eof(&mut s, Duration::from_secs(5)).await;
+    assert!(
+        eof,
+        "the gateway must abort the connection after the read gap"
+    );
+    let (head, body) = split_head(&raw);
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    assert_eq!(body, b"0123456789", "a cut-off body never looks complete");
+    let m = metrics_text(&g).await;
+    assert_eq!(
+        metric(
+            &m,
+            "keymaster_errors_total{category=\"origin_read_timeout\",side=\"origin\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_but_steady_origin_body_outlasts_the_read_timeout() {
+    // Ten chunks 100 ms apart against a 500 ms read timeout: each read restarts the clock,
+    // so the whole second of body gets through.
+    let origin = raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        if read_head(&mut s, &mut carry).await.is_some() {
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .await;
+            for i in 0..10u8 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = s
+                    .write_all(&[b'1', b'\r', b'\n', b'a' + i, b'\r', b'\n'])
+                    .await;
+            }
+            let _ = s.write_all(b"0\r\n\r\n").await;
+            let mut buf = [0u8; 64];
+            let _ = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
+        }
+    })
+    .await;
+    let g = start_gateway(&route_config(origin.addr, "read_timeout = \"500ms\""));
+    let started = Instant::now();
+    let r = get(g.addr, "/").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(&r.body[..], b"abcdefghij");
+    assert!(started.elapsed() >= Duration::from_millis(1000));
+    let m = metrics_text(&g).await;
+    assert_eq!(
+        metric(
+            &m,
+            "keymaster_errors_total{category=\"origin_read_timeout\",side=\"origin\"}"
+        ),
+        0.0,
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn origin_dying_mid_content_length_body_aborts_the_client_connection() {
     let origin =
         scripted_origin(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789").await;

@@ -471,6 +471,7 @@ pub struct RouteConfig {
     /// Override the cluster's timeouts for this route.
     pub connect_timeout: Option<Duration>,
     pub response_header_timeout: Option<Duration>,
+    pub read_timeout: Option<Duration>,
     pub request_timeout: Option<Duration>,
     /// Largest request body → 413 past it.
     pub max_body_size: ByteSize,
@@ -521,6 +522,7 @@ impl Default for RouteConfig {
             response_headers: HeaderEdits::default(),
             connect_timeout: None,
             response_header_timeout: None,
+            read_timeout: None,
             request_timeout: None,
             max_body_size: ByteSize(64 * 1024 * 1024),
             upgrade: UpgradeConfig::default(),
@@ -603,6 +605,9 @@ pub struct ClusterConfig {
     pub connect_timeout: Duration,
     /// Time from the request being sent to the response head arriving → 504.
     pub response_header_timeout: Duration,
+    /// Longest gap between two reads of a response body from the origin (from the head to
+    /// the first body bytes included) → the client connection is aborted.
+    pub read_timeout: Duration,
     /// Total deadline for the whole exchange including the body (absent = none).
     pub request_timeout: Option<Duration>,
     /// `"http1"`, `"h2"` (ALPN h2 over TLS, prior knowledge in cleartext) or `"auto"`
@@ -708,6 +713,7 @@ impl Default for ClusterConfig {
             pool: PoolConfig::default(),
             connect_timeout: Duration::from_secs(2),
             response_header_timeout: Duration::from_secs(30),
+            read_timeout: Duration::from_secs(60),
             request_timeout: None,
             protocol: UpstreamProtocol::Http1,
             tls: None,

@@ -344,6 +344,7 @@ fn check_cluster(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
     }
     p.positive(at.key("connect_timeout"), c.connect_timeout);
     p.positive(at.key("response_header_timeout"), c.response_header_timeout);
+    p.positive(at.key("read_timeout"), c.read_timeout);
     p.positive_opt(at.key("request_timeout"), c.request_timeout);
     if c.proxy_protocol == crate::model::ProxyProtocol::Any {
         p.push(
@@ -632,6 +633,7 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
     check_edits(&r.response_headers, &at.key("response_headers"), p);
     p.positive_opt(at.key("connect_timeout"), r.connect_timeout);
     p.positive_opt(at.key("response_header_timeout"), r.response_header_timeout);
+    p.positive_opt(at.key("read_timeout"), r.read_timeout);
     p.positive_opt(at.key("request_timeout"), r.request_timeout);
     if r.max_body_size.get() == 0 {
         p.push(

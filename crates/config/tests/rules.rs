@@ -290,6 +290,12 @@ fn route_limits_and_timeouts() {
         12,
         "greater than zero",
     );
+    one(
+        "read_timeout = \"0s\"\n",
+        "routes[0].read_timeout",
+        12,
+        "greater than zero",
+    );
 }
 
 #[test]
@@ -351,6 +357,12 @@ fn clusters() {
     one(
         "[[clusters]]\nname = \"d\"\nservers = [{ address = \"a:1\" }]\nresponse_header_timeout = \"0s\"\n",
         "clusters[1].response_header_timeout",
+        15,
+        "greater than zero",
+    );
+    one(
+        "[[clusters]]\nname = \"d\"\nservers = [{ address = \"a:1\" }]\nread_timeout = \"0s\"\n",
+        "clusters[1].read_timeout",
         15,
         "greater than zero",
     );

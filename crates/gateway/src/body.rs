@@ -216,6 +216,14 @@ pub struct OriginBody {
     pub(crate) inner: UpstreamBody,
     pub(crate) exchange: Exchange,
     pub(crate) deadline: Option<Pin<Box<Sleep>>>,
+    /// The route's `read_timeout`: the longest the origin may leave the body with nothing to
+    /// read (nginx's `proxy_read_timeout`, HAProxy's `timeout server`).
+    pub(crate) read_timeout: std::time::Duration,
+    /// The read gap's timer, made the first time the body had nothing to read (a body that
+    /// came with its head never needs one).
+    pub(crate) read_gap: Option<Pin<Box<Sleep>>>,
+    /// Bytes (or the end) were read since the gap's timer was last set.
+    pub(crate) read_since_armed: bool,
     /// A gRPC call: a deadline that passes mid-body ends it with DEADLINE_EXCEEDED trailers
     /// instead of a reset.
     pub(crate) grpc: bool,
@@ -233,6 +241,35 @@ impl Drop for OriginBody {
         if let Some(c) = self.inner.take_reusable() {
             self.exchange.give_back(c);
         }
+    }
+}
+
+impl OriginBody {
+    /// The origin's body has nothing to read: it has `read_timeout` from the last read (from
+    /// the first wait after the head) to send more, or the response is cut off (the client
+    /// connection is aborted, the origin's closed).
+    fn poll_read_gap(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let timeout = self.read_timeout;
+        let gap = match &mut self.read_gap {
+            Some(gap) => {
+                if std::mem::take(&mut self.read_since_armed) {
+                    gap.as_mut().reset(tokio::time::Instant::now() + timeout);
+                }
+                gap
+            }
+            None => {
+                self.read_since_armed = false;
+                self.read_gap.insert(Box::pin(tokio::time::sleep(timeout)))
+            }
+        };
+        ready!(gap.as_mut().poll(cx));
+        self.exchange.fail_body("origin_read_timeout");
+        Poll::Ready(Some(Err(Box::new(BodyStopped(
+            "the origin sent nothing of the response body within read_timeout",
+        )))))
     }
 }
 
@@ -275,7 +312,11 @@ impl Body for ResponseBody {
                         )))));
                     }
                 }
-                match ready!(Pin::new(&mut o.inner).poll_frame(cx)) {
+                let Poll::Ready(next) = Pin::new(&mut o.inner).poll_frame(cx) else {
+                    return o.poll_read_gap(cx);
+                };
+                o.read_since_armed = true;
+                match next {
                     Some(Ok(frame)) => {
                         if let Some(data) = frame.data_ref() {
                             o.exchange.add_body_bytes(data.len());

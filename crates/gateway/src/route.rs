@@ -60,6 +60,8 @@ pub struct Route {
     pub(crate) cluster: Arc<Cluster>,
     pub(crate) connect_timeout: std::time::Duration,
     pub(crate) response_header_timeout: std::time::Duration,
+    /// Longest gap between two reads of the origin's response body.
+    pub(crate) read_timeout: std::time::Duration,
     pub(crate) request_timeout: Option<std::time::Duration>,
     pub(crate) max_body_size: u64,
     /// Which `Upgrade` protocols become tunnels (`upgrade.rs`).
@@ -154,6 +156,7 @@ impl Route {
                 .response_header_timeout
                 .unwrap_or(c.response_header_timeout)
                 .get(),
+            read_timeout: cfg.read_timeout.unwrap_or(c.read_timeout).get(),
             request_timeout: cfg.request_timeout.or(c.request_timeout).map(|d| d.get()),
             max_body_size: cfg.max_body_size.get(),
             upgrade: crate::upgrade::UpgradePolicy::compile(&cfg.upgrade),
