@@ -79,23 +79,5 @@ for p in $(seq 1 "$PROCESSES"); do
   fi
   kill "$gw"; wait "$gw" 2>/dev/null || true
 done
-python3 - "$RUNS" <<'PY'
-import statistics as st, sys
-runs = {}
-for line in open(sys.argv[1]):
-    cycle, c, us = line.split()
-    runs.setdefault(c, {})[cycle] = float(us)
-base = runs["none"]
-print("gateway CPU per request at a fixed rate (scheduler run time / requests), %d cycles:" % len(base))
-for c in ("none", "native", "lua"):
-    r = runs[c]
-    line = "%-7s median %6.2f us (min %6.2f, max %6.2f)" % (
-        c, st.median(r.values()), min(r.values()), max(r.values()))
-    if c != "none":
-        ratios = sorted(r[i] / base[i] - 1 for i in r if i in base)
-        q = st.quantiles(ratios, n=4)
-        se = st.stdev(ratios) / len(ratios) ** 0.5
-        line += "   vs none, paired: median %+5.1f%%, IQR %+5.1f..%+5.1f%%, mean %+5.1f%% +- %.1f" % (
-            st.median(ratios) * 100, q[0] * 100, q[2] * 100, st.mean(ratios) * 100, 2 * se * 100)
-    print(line)
-PY
+python3 "$(dirname "$0")/lib/paired-report.py" "$RUNS" \
+  "gateway CPU per request at a fixed rate (scheduler run time / requests), hot-reload windows"
