@@ -108,60 +108,49 @@ async fn late_head_past_the_request_timeout_gives_504() {
     assert_eq!(r.status, 200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn request_timeout_during_the_body_aborts_the_response() {
-    let origin = raw_origin(|mut s, _| async move {
+/// An origin that answers with a 1000-byte Content-Length head and 10 bytes of body, then
+/// sends nothing more, holding the connection open until the gateway closes it.
+async fn stalling_origin() -> RawOrigin {
+    raw_origin(|mut s, _| async move {
         let mut carry = Vec::new();
         if read_head(&mut s, &mut carry).await.is_some() {
             let _ = s
                 .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789")
                 .await;
-            // Then nothing: the rest never comes. Hold the socket until the gateway drops it.
             let mut buf = [0u8; 64];
-            let _ = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
         }
     })
-    .await;
-    let g = start_gateway(&route_config(origin.addr, "request_timeout = \"300ms\""));
+    .await
+}
+
+/// A keep-alive request through `g` to a [`stalling_origin`]: the response must end after
+/// its 10 body bytes with the connection aborted (a cut-off body never looks complete).
+async fn expect_cut_off(g: &TestGateway, why: &str) {
     let mut s = TcpStream::connect(g.addr).await.unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
-    let (raw, eof) = read_to_eof(&mut s, Duration::from_secs(3)).await;
-    assert!(eof, "the gateway must abort the connection at the deadline");
+    let (raw, eof) = read_to_eof(&mut s, Duration::from_secs(5)).await;
+    assert!(eof, "the gateway must abort the connection {why}");
     let (head, body) = split_head(&raw);
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
     assert_eq!(body, b"0123456789");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_timeout_during_the_body_aborts_the_response() {
+    let origin = stalling_origin().await;
+    let g = start_gateway(&route_config(origin.addr, "request_timeout = \"300ms\""));
+    expect_cut_off(&g, "at the deadline").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn origin_going_silent_mid_body_is_cut_off_at_the_read_timeout() {
     // No request deadline: only the read gap ends this exchange.
-    let origin = raw_origin(|mut s, _| async move {
-        let mut carry = Vec::new();
-        if read_head(&mut s, &mut carry).await.is_some() {
-            let _ = s
-                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789")
-                .await;
-            // Then nothing, with the connection open, until the gateway closes it.
-            let mut buf = [0u8; 64];
-            let _ = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
-        }
-    })
-    .await;
+    let origin = stalling_origin().await;
     let g = start_gateway(&route_config(origin.addr, "read_timeout = \"300ms\""));
-    let mut s = TcpStream::connect(g.addr).await.unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let (raw, eof) = read_to_eof(&mut s, Duration::from_secs(5)).await;
-    assert!(
-        eof,
-        "the gateway must abort the connection after the read gap"
-    );
-    let (head, body) = split_head(&raw);
-    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
-    assert_eq!(body, b"0123456789", "a cut-off body never looks complete");
+    expect_cut_off(&g, "after the read gap").await;
     let m = metrics_text(&g).await;
     assert_eq!(
         metric(
