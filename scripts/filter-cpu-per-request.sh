@@ -34,6 +34,8 @@ STUB_PORT=18381
 PORT=18390
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
+# shellcheck source=lib/fixed-rate.sh
+. "$(dirname "$0")/lib/fixed-rate.sh"
 # shellcheck source=lib/filter-configs.sh
 . "$(dirname "$0")/lib/filter-configs.sh"
 CONFIGS=(none native lua)
@@ -41,8 +43,6 @@ CONFIGS=(none native lua)
 taskset -c 1 "$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
 wait_port $STUB_PORT
 
-# Nanoseconds the scheduler ran the process's threads (%.0f: mawk's %d stops at 2^31).
-run_ns() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {printf "%.0f\n", s}'; }
 
 RUNS="$WORK/runs.txt"
 ACTIVE="$WORK/active.toml"
@@ -68,15 +68,13 @@ for p in $(seq 1 "$PROCESSES"); do
       a=$(run_ns "$gw")
       sleep "$WINDOW"
       b=$(run_ns "$gw")
-      us=$(awk -v d=$((b - a)) -v r="$RATE" -v w="$WINDOW" 'BEGIN { printf "%.3f", d / 1e3 / (r * w) }')
+      us=$(us_per_request "$a" "$b" "$RATE" "$WINDOW")
       echo "$p.$i $c $us" | tee -a "$RUNS" >&2
     done
   done
   kill "$load" 2>/dev/null || true
   wait "$load" 2>/dev/null || true
-  if grep -qE "Socket errors: .*[1-9]|[45]xx [1-9]" "$WORK/load.txt"; then
-    echo "the load saw errors:" >&2; cat "$WORK/load.txt" >&2; exit 1
-  fi
+  fail_on_load_errors "$WORK/load.txt" "gateway $p"
   kill "$gw"; wait "$gw" 2>/dev/null || true
 done
 python3 "$(dirname "$0")/lib/paired-report.py" "$RUNS" \

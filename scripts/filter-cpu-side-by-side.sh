@@ -33,6 +33,8 @@ KM=${KM:-$(dirname "$0")/../target/release/keymaster}
 STUB_PORT=18381
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
+# shellcheck source=lib/fixed-rate.sh
+. "$(dirname "$0")/lib/fixed-rate.sh"
 read -r -a SPECS <<<"${CONFIGS:-none native lua}"
 N=${#SPECS[@]}
 # Per slot config: its name, binary and label (a repeated label gets a suffix: none_2).
@@ -53,8 +55,6 @@ done
 taskset -c 1 "$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
 wait_port $STUB_PORT
 
-# Nanoseconds the scheduler ran the process's threads (%.0f: mawk's %d stops at 2^31).
-run_ns() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {printf "%.0f\n", s}'; }
 
 RUNS="$WORK/runs.txt"
 for r in $(seq 1 "$ROUNDS"); do
@@ -81,15 +81,13 @@ for r in $(seq 1 "$ROUNDS"); do
     sleep "$WINDOW"
     for ((s = 0; s < N; s++)); do
       b=$(run_ns "${gws[$s]}")
-      us=$(awk -v d=$((b - a[s])) -v r="$RATE" -v w="$WINDOW" 'BEGIN { printf "%.3f", d / 1e3 / (r * w) }')
+      us=$(us_per_request "${a[s]}" "$b" "$RATE" "$WINDOW")
       echo "$r.$w ${slot_label[$s]} $us" | tee -a "$RUNS" >&2
     done
   done
   for l in "${loads[@]}"; do kill "$l" 2>/dev/null || true; wait "$l" 2>/dev/null || true; done
   for ((s = 0; s < N; s++)); do
-    if grep -qE "Socket errors: .*[1-9]|[45]xx [1-9]" "$WORK/load$s.txt"; then
-      echo "the load of ${slot_label[$s]} saw errors:" >&2; cat "$WORK/load$s.txt" >&2; exit 1
-    fi
+    fail_on_load_errors "$WORK/load$s.txt" "${slot_label[$s]}"
   done
   for g in "${gws[@]}"; do kill "$g"; wait "$g" 2>/dev/null || true; done
 done

@@ -37,6 +37,9 @@ for c in order:
         if w in base:
             by_round[w.split(".")[0]].append(r[w] / base[w] - 1)
     ratios = sorted(x for v in by_round.values() for x in v)
+    if len(ratios) < 2:  # a trial run: no spread to report
+        print("  vs %s: %+5.1f%% (one window)" % (order[0], ratios[0] * 100))
+        continue
     q = st.quantiles(ratios, n=4)
     se = st.stdev(ratios) / len(ratios) ** 0.5
     boot = sorted(
