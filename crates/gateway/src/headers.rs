@@ -10,7 +10,7 @@ use crate::error::{Error, Kind};
 mod edits;
 mod wire;
 pub(crate) use edits::HeaderEdits;
-pub(crate) use wire::{CompiledField, RawHead, RawRequestFields};
+pub(crate) use wire::{CompiledField, NameSummary, RawHead, RawRequestFields, WireHead};
 
 /// Per-connection facts computed once, used by every request on the connection.
 pub(crate) struct ClientFacts {

@@ -21,11 +21,10 @@ use tokio::time::Instant;
 
 use crate::access_log::LogRecord;
 use crate::body::{ClientBody, OriginBody, RequestBody, RequestBodyState, ResponseBody};
-use crate::downstream::h1::WireHead;
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind, Side};
 use crate::filter::{staged, ClusterChoice, FilterCtx};
-use crate::headers::{self as hdr, parse_content_length};
+use crate::headers::{self as hdr, parse_content_length, WireHead};
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
@@ -204,7 +203,7 @@ async fn proxy(
     cx: &Rc<ConnCtx>,
     snapshot: &Snapshot,
     incoming: &mut Option<Request<ClientBody>>,
-    wire: Option<Box<WireHead>>,
+    mut wire: Option<Box<WireHead>>,
     start: Instant,
     info: &mut RequestInfo,
 ) -> Result<ClientResponse, Error> {
@@ -215,12 +214,10 @@ async fn proxy(
     };
     let (mut parts, mut body) = req.into_parts();
     let mut buffered = None; // a request body buffered for filters (filter::body)
-    let (facts, mut wire) = match wire.map(|w| *w) {
-        Some(w) => (w.facts, Some(w.fields)),
-        None => (
-            hdr::HeadFacts::of(&parts.headers, &listener.request_id_header),
-            None,
-        ),
+                             // The wire-form fields stay in the server's box (see `WireHead`); the facts come out.
+    let facts = match wire.as_mut() {
+        Some(w) => std::mem::take(&mut w.facts),
+        None => hdr::HeadFacts::of(&parts.headers, &listener.request_id_header),
     };
     let mut scan = facts.scan;
     info.grpc = facts.grpc;
@@ -266,7 +263,7 @@ async fn proxy(
                 let name = listener.request_id_header.clone();
                 match wire.as_mut() {
                     // The client sent no such field: appending is setting.
-                    Some(w) => w.append(name, v.clone()),
+                    Some(w) => w.fields.append(name, v.clone()),
                     None => {
                         parts.headers.insert(name, v.clone());
                     }
@@ -355,7 +352,7 @@ async fn proxy(
         if rid_added && ctx.may_have_set_request_id() {
             let rid_name = &listener.request_id_header;
             rid_added = match &wire {
-                Some(w) => w.get(rid_name.as_str()).is_none(),
+                Some(w) => w.fields.get(rid_name.as_str()).is_none(),
                 None => !parts.headers.contains_key(rid_name),
             };
         }
@@ -455,7 +452,7 @@ async fn proxy(
     let added = if route.request_edits.is_empty() {
         let (fwd, host) = (listener.forwarded_header, host_value.as_ref());
         hdr::AddedFields::for_request(&scan, &cx.client, host, fwd, via, rid_field)
-            .map(|a| a.with_client_fields(wire.as_ref()))
+            .map(|a| a.with_client_fields(wire.as_deref().map(|w| &w.fields)))
     } else {
         None
     };
@@ -753,9 +750,9 @@ async fn finish_response(
 }
 
 /// Build the request's map from its wire-form fields, once something needs it.
-fn to_map(headers: &mut http::HeaderMap, wire: &mut Option<hdr::RawRequestFields>) {
+fn to_map(headers: &mut http::HeaderMap, wire: &mut Option<Box<WireHead>>) {
     if let Some(w) = wire.take() {
-        *headers = w.to_map();
+        *headers = w.fields.to_map();
     }
 }
 

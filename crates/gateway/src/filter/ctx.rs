@@ -14,7 +14,7 @@ use std::sync::Arc;
 #[cfg(doc)]
 use super::FilterChain;
 use super::{Failure, FilterStage};
-use crate::headers::RawRequestFields;
+use crate::headers::{RawRequestFields, WireHead};
 
 /// A response set by a filter (`pre`/`route` short-circuit, or an `error` filter).
 pub(crate) struct LocalResponse {
@@ -120,11 +120,12 @@ pub struct CtxState {
 pub(crate) enum RequestFields {
     /// A map (the request came as one, or a filter needed one to change it).
     Map(HeaderMap),
-    /// The client's fields in wire form (keymaster's HTTP/1.1 server), changed in place
+    /// The client's fields in wire form (keymaster's HTTP/1.1 server), in the server's box
+    /// (moved in and out of the context as one word; its facts are spent), changed in place
     /// through [`RawRequestFields`]' edits while no filter needs more; `view`: the map
     /// [`FilterCtx::request_headers`] built for a filter that reads them whole, dropped on
     /// a change.
-    Wire(RawRequestFields, View),
+    Wire(Box<WireHead>, View),
 }
 
 /// A map built from a wire-form head on its first read; boxed, so that the context and the
@@ -134,8 +135,8 @@ pub(crate) type View = std::cell::OnceCell<Box<HeaderMap>>;
 impl RequestFields {
     /// As a map: the wire form turned into one (its `view` if built).
     fn map_mut(&mut self) -> &mut HeaderMap {
-        if let RequestFields::Wire(fields, view) = self {
-            let map = view.take().map_or_else(|| fields.to_map(), |m| *m);
+        if let RequestFields::Wire(w, view) = self {
+            let map = view.take().map_or_else(|| w.fields.to_map(), |m| *m);
             *self = RequestFields::Map(map);
         }
         match self {
@@ -149,9 +150,9 @@ impl RequestFields {
     /// [`RawRequestFields::may_edit`] requires).
     fn wire_for(&mut self, scanned: bool) -> Option<&mut RawRequestFields> {
         match self {
-            RequestFields::Wire(fields, view) if !scanned => {
+            RequestFields::Wire(w, view) if !scanned => {
                 view.take();
-                Some(fields)
+                Some(&mut w.fields)
             }
             _ => None,
         }
@@ -161,7 +162,11 @@ impl RequestFields {
     pub(super) fn copy(&self) -> RequestFields {
         match self {
             RequestFields::Map(m) => RequestFields::Map(m.clone()),
-            RequestFields::Wire(f, _) => RequestFields::Wire(f.clone(), Default::default()),
+            RequestFields::Wire(w, _) => {
+                let fields = w.fields.clone();
+                let facts = Default::default();
+                RequestFields::Wire(Box::new(WireHead { fields, facts }), Default::default())
+            }
         }
     }
 }
@@ -201,7 +206,7 @@ impl FilterCtx {
     /// request id field name.
     pub(crate) fn new(
         parts: &mut http::request::Parts,
-        wire: &mut Option<RawRequestFields>,
+        wire: &mut Option<Box<WireHead>>,
         client: SocketAddr,
         tls: Option<&crate::tls::TlsFacts>,
         route: Arc<str>,
@@ -298,9 +303,7 @@ impl FilterCtx {
         match &self.headers {
             None => &NO_HEADERS,
             Some(RequestFields::Map(m)) => m,
-            Some(RequestFields::Wire(fields, view)) => {
-                view.get_or_init(|| Box::new(fields.to_map()))
-            }
+            Some(RequestFields::Wire(w, view)) => view.get_or_init(|| Box::new(w.fields.to_map())),
         }
     }
     /// The first value of the request field `name` (any case), without the whole map
@@ -315,7 +318,7 @@ impl FilterCtx {
     ) -> impl Iterator<Item = &'a [u8]> + use<'a, 'n> {
         let (map, wire) = match &self.headers {
             Some(RequestFields::Map(m)) => (Some(m), None),
-            Some(RequestFields::Wire(f, _)) => (None, Some(f)),
+            Some(RequestFields::Wire(w, _)) => (None, Some(&w.fields)),
             None => (None, None),
         };
         let in_map = map.into_iter().flat_map(move |m| m.get_all(name));
@@ -379,7 +382,7 @@ impl FilterCtx {
         match fields {
             RequestFields::Wire(w, view) if !edits.affects_head_scan() => {
                 view.take();
-                edits.apply_wire(w);
+                edits.apply_wire(&mut w.fields);
             }
             _ => edits.apply(fields.map_mut()),
         }

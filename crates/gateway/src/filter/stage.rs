@@ -324,7 +324,7 @@ impl FilterChain {
         &self,
         ctx: &mut FilterCtx,
         dst: &mut HeaderMap,
-        wire: &mut Option<crate::headers::RawRequestFields>,
+        wire: &mut Option<Box<crate::headers::WireHead>>,
     ) {
         let fields = if self.outbound {
             ctx.headers.as_ref().map(RequestFields::copy)

@@ -23,12 +23,24 @@ use super::{AddedFields, HeadScan};
 #[derive(Debug, Clone)]
 pub(crate) struct RawRequestFields {
     block: bytes::Bytes,
+    /// The block's names, summarised: a name it does not hold is mostly known so without a
+    /// search (a filter usually sets a field of the gateway's own, which the client did not
+    /// send).
+    names: NameSummary,
     /// One of the fields is Content-Length.
     content_length: bool,
     /// The changes, no two of them to one name unless all but the first append. The first
     /// two are kept inline: a configured edit (a `headers` filter's) takes no allocation,
     /// whose block would cost a cache miss when it is handed out.
     edits: SmallVec<[FieldEdit; 2]>,
+}
+
+/// A request head's fields in wire form, with what the server's parse noted about them.
+/// Boxed by the server, and passed on in that box: the proxy stage takes the facts out and
+/// hands the fields to the filter context and back as one pointer.
+pub(crate) struct WireHead {
+    pub(crate) fields: RawRequestFields,
+    pub(crate) facts: super::HeadFacts,
 }
 
 /// A change to a [`RawRequestFields`]: the client's fields called by the edit's name are
@@ -90,14 +102,69 @@ impl CompiledField {
     }
 }
 
+/// A summary of a field block's names: one bit of 64 per name, picked by a hash of its
+/// length and its first and last bytes, case folded. A name whose bit is clear is not in
+/// the block; a set bit means it may be (the block is then searched).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct NameSummary(u64);
+
+impl NameSummary {
+    /// The name's bit. `| 0x20` folds an ASCII letter's case and is the same for both
+    /// spellings of any other byte, so names equal in any case get one bit.
+    #[inline]
+    fn bit(name: &[u8]) -> u64 {
+        let (Some(&first), Some(&last)) = (name.first(), name.last()) else {
+            return 1;
+        };
+        let key = u32::from(first | 0x20) << 16 | u32::from(last | 0x20) << 8 | name.len() as u32;
+        1 << (key.wrapping_mul(0x9E37_79B9) >> 26)
+    }
+
+    /// Note a name the block holds.
+    #[inline]
+    pub(crate) fn add(&mut self, name: &[u8]) {
+        self.0 |= Self::bit(name);
+    }
+
+    /// Whether the block may hold `name` (`false`: surely not).
+    #[inline]
+    fn may_hold(self, name: &[u8]) -> bool {
+        self.0 & Self::bit(name) != 0
+    }
+
+    /// The summary of a block's names, found by reading it.
+    fn of(block: &[u8]) -> NameSummary {
+        let mut s = NameSummary::default();
+        for (name, _) in wire_lines(block) {
+            s.add(name);
+        }
+        s
+    }
+}
+
 impl RawRequestFields {
-    /// `block`: complete CRLF-terminated field lines that passed the server's parse.
-    pub(crate) fn new(block: bytes::Bytes, content_length: bool) -> Self {
+    /// `block`: complete CRLF-terminated field lines that passed the server's parse;
+    /// `names`: their names, summarised as the server read them.
+    pub(crate) fn new(block: bytes::Bytes, content_length: bool, names: NameSummary) -> Self {
+        debug_assert_eq!(names, NameSummary::of(&block), "the summary of {block:?}");
         RawRequestFields {
             block,
+            names,
             content_length,
             edits: SmallVec::new(),
         }
+    }
+
+    /// [`Self::new`] with the names summarised here (tests).
+    #[cfg(test)]
+    pub(crate) fn from_block(block: bytes::Bytes, content_length: bool) -> Self {
+        let names = NameSummary::of(&block);
+        Self::new(block, content_length, names)
+    }
+
+    /// Whether the client sent a field called `name` (any case).
+    fn client_sent(&self, name: &[u8]) -> bool {
+        self.names.may_hold(name) && has_field(&self.block, name)
     }
 
     /// Whether an edit drops the client's fields called `name`.
@@ -147,10 +214,15 @@ impl RawRequestFields {
         name: &'n str,
     ) -> impl Iterator<Item = &'a [u8]> + use<'a, 'n> {
         let is = move |n: &[u8]| n.eq_ignore_ascii_case(name.as_bytes());
-        let own = self
-            .kept_lines()
-            .filter(move |(n, _)| is(n))
-            .map(|(_, v)| v);
+        // None of the client's lines when the summary says none has the name.
+        let own = (self
+            .names
+            .may_hold(name.as_bytes())
+            .then(|| self.kept_lines()))
+        .into_iter()
+        .flatten()
+        .filter(move |(n, _)| is(n))
+        .map(|(_, v)| v);
         own.chain(
             self.appended()
                 .filter(move |(n, _)| is(n.as_str().as_bytes()))
@@ -226,7 +298,7 @@ impl RawRequestFields {
         if !self.edits.is_empty() {
             self.edits.retain(|e| e.name() != name);
         }
-        has_field(&self.block, name.as_str().as_bytes())
+        self.client_sent(name.as_str().as_bytes())
     }
 
     /// Write the fields as `name: value\r\n` lines: the client's as it sent them, without
@@ -396,8 +468,8 @@ mod tests {
         let name = |n: &'static str| HeaderName::from_static(n);
         let value = HeaderValue::from_static;
         let (mut owned, mut compiled) = (
-            RawRequestFields::new(block.clone(), false),
-            RawRequestFields::new(block, false),
+            RawRequestFields::from_block(block.clone(), false),
+            RawRequestFields::from_block(block, false),
         );
         owned.set(name("x-in"), value("1"));
         owned.append(name("x-add"), value("2"));
@@ -435,6 +507,49 @@ mod tests {
         assert_eq!(compiled.get_all("x-add").collect::<Vec<_>>(), [b"5"]);
     }
 
+    /// The name summary: a name the block holds is always found whatever its case (the
+    /// summary may only err towards a search), and a set or lookup of a name it does not
+    /// hold is answered without one when its bit is clear.
+    #[test]
+    fn the_name_summary_never_hides_a_field_the_client_sent() {
+        let names = [
+            "Host",
+            "User-Agent",
+            "accept",
+            "X-Forwarded-For",
+            "te",
+            "a",
+            "X-Request-Id",
+            "content-length",
+            "X-1",
+        ];
+        let block: String = names.iter().map(|n| format!("{n}: v\r\n")).collect();
+        let f = RawRequestFields::from_block(bytes::Bytes::from(block), true);
+        for n in names {
+            for spelled in [
+                n.to_string(),
+                n.to_ascii_lowercase(),
+                n.to_ascii_uppercase(),
+            ] {
+                assert!(f.names.may_hold(spelled.as_bytes()), "{spelled}");
+                assert!(f.client_sent(spelled.as_bytes()), "{spelled}");
+                assert_eq!(f.get(&spelled), Some(&b"v"[..]), "{spelled}");
+            }
+        }
+        // Names it does not hold: never found, and most are ruled out by the summary alone.
+        let absent: Vec<String> = (0..200).map(|i| format!("x-gateway-{i}")).collect();
+        let ruled_out = absent
+            .iter()
+            .inspect(|n| assert!(!f.client_sent(n.as_bytes()) && f.get(n).is_none(), "{n}"))
+            .filter(|n| !f.names.may_hold(n.as_bytes()))
+            .count();
+        assert!(ruled_out > 100, "only {ruled_out} of 200 ruled out");
+        // An empty block holds nothing.
+        let empty = RawRequestFields::from_block(bytes::Bytes::new(), false);
+        assert_eq!(empty.names, NameSummary::default());
+        assert!(!empty.client_sent(b"host"));
+    }
+
     /// Filters' edits to wire-form request fields: what is written upstream, what a map built
     /// from them holds and what lookups see agree, and untouched lines keep the client's
     /// spelling.
@@ -443,7 +558,7 @@ mod tests {
         let block = bytes::Bytes::from_static(
             b"Host: a\r\nX-Keep:  spaced \r\nx-gone: 1\r\nX-Set: old\r\nx-set: older\r\nx-multi: 1\r\n",
         );
-        let mut f = RawRequestFields::new(block, false);
+        let mut f = RawRequestFields::from_block(block, false);
         let name = |n: &'static str| HeaderName::from_static(n);
         let value = HeaderValue::from_static;
         f.append(name("x-gone"), value("appended, then removed"));
@@ -487,7 +602,7 @@ mod tests {
         assert!(!has_field(b"", b"x-in"));
         assert!(!has_field(b"x-in", b"x-in"));
         // Without edits the block goes out as it came.
-        let plain = RawRequestFields::new(bytes::Bytes::from_static(b"A:b\r\n"), false);
+        let plain = RawRequestFields::from_block(bytes::Bytes::from_static(b"A:b\r\n"), false);
         let mut wire = Vec::new();
         plain.write(&mut wire);
         assert_eq!(wire, b"A:b\r\n");

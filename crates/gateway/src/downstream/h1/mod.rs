@@ -22,7 +22,7 @@
 mod request;
 mod response;
 
-pub(crate) use request::{RequestBody, WireHead};
+pub(crate) use request::RequestBody;
 
 use bytes::BytesMut;
 use http::{Request, StatusCode};
@@ -41,6 +41,7 @@ use super::ConnCtx;
 use crate::body::{ClientBody, ResponseBody};
 use crate::error::Error;
 use crate::framing::Decoder;
+use crate::headers::WireHead;
 use crate::io::{Io, Upgraded};
 use crate::proxy::ClientResponse;
 use request::{Head, HeadScan};

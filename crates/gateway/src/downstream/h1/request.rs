@@ -23,7 +23,7 @@ use std::task::{ready, Context, Poll};
 use super::ConnIo;
 use crate::error::{Error, Kind};
 use crate::framing::{self, Declared, Decoder, Step};
-use crate::headers::{HeadFacts, HeadLimits, RawRequestFields};
+use crate::headers::{HeadFacts, HeadLimits, NameSummary, RawRequestFields, WireHead};
 
 /// Header fields parsed on the stack; a listener allowing more parses into a heap slice.
 const STACK_FIELDS: usize = 128;
@@ -168,6 +168,7 @@ fn parse_complete<'h>(
         headers.reserve(req.headers.len());
     }
     let mut facts = HeadFacts::default();
+    let mut names = NameSummary::default();
     let mut transfer_encoding = None;
     let mut content_lengths: [&[u8]; 4] = [b""; 4];
     let mut n_content_lengths = 0;
@@ -178,6 +179,7 @@ fn parse_complete<'h>(
         let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
         facts.scan.bytes += name.len() + v.len() + 4;
         let noted = facts.scan.note_name(name);
+        names.add(name);
         // Fields the server itself acts on (framing, persistence, 100-continue, trailers),
         // and those the proxy stage looks up first.
         match name.len() {
@@ -242,7 +244,7 @@ fn parse_complete<'h>(
     };
     let wire = fields.map(|block| {
         Box::new(WireHead {
-            fields: RawRequestFields::new(block, n_content_lengths > 0),
+            fields: RawRequestFields::new(block, n_content_lengths > 0, names),
             facts,
         })
     });
@@ -263,12 +265,6 @@ fn parse_complete<'h>(
 fn value_of(head: &Bytes, v: &[u8]) -> Result<HeaderValue, Error> {
     HeaderValue::from_maybe_shared(head.slice_ref(v))
         .map_err(|_| Error::new(Kind::BadRequest, "invalid header value"))
-}
-
-/// A request head's fields in wire form, with what the parse noted about them.
-pub(crate) struct WireHead {
-    pub(crate) fields: RawRequestFields,
-    pub(crate) facts: HeadFacts,
 }
 
 /// A request body, read from the client connection as the proxy stage pulls it: bytes
