@@ -164,3 +164,51 @@ async fn native_filters_opt_in_to_bodies_too() {
     let r = c.get("/x?size=2048").await;
     assert_eq!(r.status, 502);
 }
+
+/// Buffering a response body for a filter keeps a streamed body's bounds: an origin that
+/// goes silent mid-body is given up on after `read_timeout` (504, counted as
+/// `origin_read_timeout`), while a slow but steady body (10 chunks 100 ms apart) is buffered
+/// whole although it takes longer than the response-header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffering_a_response_body_keeps_the_read_timeout() {
+    let origin = raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        while let Some(head) = read_head(&mut s, &mut carry).await {
+            let stall = head.contains("/stall");
+            let resp = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n";
+            if s.write_all(resp).await.is_err() {
+                return;
+            }
+            for _ in 0..10 {
+                if s.write_all(b"abcdefghij").await.is_err() {
+                    return;
+                }
+                let pause = if stall { 10_000 } else { 100 };
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
+        }
+    })
+    .await;
+    let route = "[[routes]]\nname = \"r\"\ncluster = \"origin\"\n\
+                 read_timeout = \"1s\"\nresponse_header_timeout = \"300ms\"\n";
+    let toml = config_text(origin.addr, "", &format!("{CAPS}\n{route}"));
+    let config = keymaster_config::load_str(&toml, "<test>").expect("config");
+    let natives = vec![FilterSpec::new("upper", FilterStage::Post, 0, Upper)];
+    let gw = Gateway::start_with_filters(config, ConfigSource::Memory, natives).expect("start");
+    let addr = gw.listener_addr("main").expect("main");
+    let g = TestGateway {
+        gw: Some(gw),
+        addr,
+        admin: "127.0.0.1:1".parse().unwrap(),
+    };
+    let mut c = Client::connect(g.addr).await;
+    let r = c.get("/steady").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(body(&r), "ABCDEFGHIJ".repeat(10));
+    let mut c = Client::connect(g.addr).await;
+    let r = c.get("/stall").await;
+    assert_eq!(r.status, 504);
+    let m = g.gateway().metrics_text();
+    let read_timeouts = "keymaster_errors_total{category=\"origin_read_timeout\",side=\"origin\"}";
+    assert_eq!(metric(&m, read_timeouts), 1.0);
+}

@@ -57,7 +57,8 @@ pub(crate) enum Kind {
     OriginTls,
     /// The origin's pool is at its connection cap (503).
     PoolFull,
-    /// The origin sent no response head in time (504).
+    /// The origin sent no response head in time, or nothing of a body a filter buffers for
+    /// `read_timeout` (504; category `origin_read_timeout`).
     ResponseHeaderTimeout,
     /// The whole exchange exceeded the request deadline (504).
     RequestTimeout,

@@ -657,10 +657,9 @@ async fn finish_response(
                 rparts.headers = r.to_map(); // a body-reading filter gets the map
             }
             let cap = snapshot.config.filter_body.max_response.0;
-            let wait = deadline.map_or(route.response_header_timeout, |d| {
-                d.saturating_duration_since(Instant::now())
-            });
-            ctx.put_response_body(crate::filter::read_response_body(&mut rbody, cap, wait).await?);
+            let read =
+                crate::filter::read_response_body(&mut rbody, cap, deadline, route.read_timeout);
+            ctx.put_response_body(read.await?);
         }
         // Post filters over the origin's response head.
         let id = (&listener.request_id_header, &rid);

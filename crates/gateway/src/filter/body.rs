@@ -114,12 +114,15 @@ fn too_large_request() -> Error {
     )
 }
 
-/// Read the origin's body to its end (within `wait`), failing with 502 past `cap` bytes.
+/// Read the origin's body to its end, failing with 502 past `cap` bytes and with 504 when
+/// nothing arrives for `read_timeout` or the request's `deadline` passes: the bounds of a
+/// streamed body, which is cut off instead (here nothing has gone to the client yet).
 /// `body` stays usable: it is at its end afterwards, so the exchange completes normally.
 pub(crate) async fn read_response(
     body: &mut crate::upstream::conn::UpstreamBody,
     cap: u64,
-    wait: std::time::Duration,
+    deadline: Option<tokio::time::Instant>,
+    read_timeout: std::time::Duration,
 ) -> Result<Bytes, Error> {
     let too_large = || {
         Error::new(
@@ -132,7 +135,17 @@ pub(crate) async fn read_response(
     }
     let read = async {
         let mut buf = BytesMut::new();
-        while let Some(frame) = body.frame().await {
+        loop {
+            let frame = match tokio::time::timeout(read_timeout, body.frame()).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(_) => {
+                    return Err(Error::new(
+                        Kind::ResponseHeaderTimeout,
+                        "origin body stalled past read_timeout while buffering",
+                    ))
+                }
+            };
             let frame = frame.map_err(|e| {
                 Error::new(Kind::OriginReset, "origin body failed while buffering").with_source(e)
             })?;
@@ -145,11 +158,14 @@ pub(crate) async fn read_response(
         }
         Ok(buf.freeze())
     };
-    match tokio::time::timeout(wait, read).await {
+    let Some(deadline) = deadline else {
+        return read.await;
+    };
+    match tokio::time::timeout_at(deadline, read).await {
         Ok(r) => r,
         Err(_) => Err(Error::new(
             Kind::RequestTimeout,
-            "origin body not complete in time while buffering",
+            "origin body not complete by the deadline while buffering",
         )),
     }
 }
