@@ -27,6 +27,7 @@ mod encode;
 use bytes::{Bytes, BytesMut};
 use http::{Request, Response};
 use http_body::{Frame, SizeHint};
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll, Waker};
 use tokio::io::{AsyncRead, ReadBuf};
@@ -43,6 +44,36 @@ use decode::{Framing, Head};
 use encode::{Pump, PumpError};
 /// An origin connection after a 101, holding its slot under the cluster's cap.
 pub(crate) type Upgraded = crate::io::Upgraded<OpenSlot>;
+
+/// Whether an idle transport has something to read (a close, a reset, stray bytes): what
+/// tokio last saw of the socket, read outside the task's cooperative budget. With the
+/// budget spent, a plain `poll_read` answers Pending whatever the socket holds, and a
+/// connection the origin closed would pass as open (the request then fails on it).
+fn has_input(io: &mut Io) -> bool {
+    let mut byte = [0u8; 1];
+    match io {
+        // Reads only when tokio saw the socket readable; no budget involved.
+        Io::Tcp(tcp) => !matches!(
+            tcp.try_read(&mut byte),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+        ),
+        // TLS may hold decrypted bytes or a close_notify: ask the session.
+        Io::Tls(_) => poll_read_unbudgeted(io),
+    }
+}
+
+/// One `poll_read` of a byte outside the task's budget: whether it finished (data, end or
+/// error).
+fn poll_read_unbudgeted(io: &mut Io) -> bool {
+    let mut byte = [0u8; 1];
+    let mut rb = ReadBuf::new(&mut byte);
+    let poll = std::future::poll_fn(|cx| {
+        Poll::Ready(Pin::new(&mut *io).poll_read(cx, &mut rb).is_ready())
+    });
+    let mut check = std::pin::pin!(tokio::task::coop::unconstrained(poll));
+    let mut cx = Context::from_waker(Waker::noop());
+    matches!(Future::poll(check.as_mut(), &mut cx), Poll::Ready(true))
+}
 
 /// The largest read while a body streams.
 const MAX_READ: usize = 64 * 1024;
@@ -111,15 +142,7 @@ impl Connection {
     /// An idle connection is unusable: the origin closed or reset it, or sent bytes nobody
     /// asked for. Costs no syscall while tokio knows the socket has nothing to read.
     pub(crate) fn is_closed(&mut self) -> bool {
-        if !self.buf.is_empty() {
-            return true;
-        }
-        let mut cx = Context::from_waker(Waker::noop());
-        let mut byte = [0u8; 1];
-        let mut rb = ReadBuf::new(&mut byte);
-        Pin::new(&mut self.io)
-            .poll_read(&mut cx, &mut rb)
-            .is_ready()
+        !self.buf.is_empty() || has_input(&mut self.io)
     }
 
     /// Read more into the buffer, making room for up to `want` bytes. With nothing buffered
@@ -503,6 +526,54 @@ impl http_body::Body for Body {
         match self.decoder.remaining() {
             Some(n) => SizeHint::with_exact(n),
             None => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// Spend the task's coop budget, as a busy request does before it takes a connection.
+    fn spend_budget(cx: &mut Context<'_>) {
+        while let Poll::Ready(r) = tokio::task::coop::poll_proceed(cx) {
+            r.made_progress();
+        }
+    }
+
+    /// `check` with the task's budget spent.
+    async fn without_budget(io: &mut Io, check: fn(&mut Io) -> bool) -> bool {
+        poll_fn(|cx| {
+            spend_budget(cx);
+            Poll::Ready(check(io))
+        })
+        .await
+    }
+
+    /// An idle connection the origin closed is seen closed even when the task that takes it
+    /// from the pool has spent its budget; an open one is seen open, and stray bytes make
+    /// one unusable. Both checks: the TCP one, and the one TLS sessions get (run on TCP).
+    #[tokio::test]
+    async fn an_idle_connection_is_checked_whatever_the_budget() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        for check in [has_input as fn(&mut Io) -> bool, poll_read_unbudgeted] {
+            let mut io = Io::Tcp(TcpStream::connect(addr).await.unwrap());
+            let (peer, _) = listener.accept().await.unwrap();
+            assert!(!without_budget(&mut io, check).await, "open and quiet");
+            drop(peer);
+            io.tcp().readable().await.unwrap(); // tokio sees the FIN
+            assert!(without_budget(&mut io, check).await, "closed by the origin");
+
+            let mut io = Io::Tcp(TcpStream::connect(addr).await.unwrap());
+            let (mut peer, _) = listener.accept().await.unwrap();
+            tokio::io::AsyncWriteExt::write_all(&mut peer, b"x")
+                .await
+                .unwrap();
+            io.tcp().readable().await.unwrap();
+            assert!(without_budget(&mut io, check).await, "stray bytes");
         }
     }
 }
