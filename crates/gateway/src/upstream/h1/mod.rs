@@ -576,4 +576,65 @@ mod tests {
             assert!(without_budget(&mut io, check).await, "stray bytes");
         }
     }
+
+    /// The same over a real TLS session: quiet after the handshake (the server's session
+    /// tickets read), closed once the origin sends close_notify and its FIN.
+    #[tokio::test]
+    async fn an_idle_tls_connection_is_checked_whatever_the_budget() {
+        use rustls::pki_types::{PrivateKeyDer, ServerName};
+        use std::sync::Arc;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["origin.test".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let (close, closing) = tokio::sync::oneshot::channel::<()>();
+        let origin = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(tcp).await.unwrap();
+            let _ = closing.await;
+            tokio::io::AsyncWriteExt::shutdown(&mut tls).await.unwrap(); // close_notify
+            drop(tls);
+        });
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("origin.test").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let mut io = Io::Tls(Box::new(tls.into()));
+        // Session tickets the origin sends after the handshake (TLS 1.3) are taken in and
+        // are not input, whether they arrived yet or not.
+        for _ in 0..3 {
+            assert!(!without_budget(&mut io, has_input).await, "open and quiet");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        close.send(()).unwrap();
+        origin.await.unwrap();
+        io.tcp().readable().await.unwrap();
+        assert!(
+            without_budget(&mut io, has_input).await,
+            "closed by the origin"
+        );
+    }
 }
