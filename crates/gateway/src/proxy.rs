@@ -213,8 +213,9 @@ async fn proxy(
         return Err(Error::new(Kind::BadRequest, "no request")); // polled twice: cannot happen
     };
     let (mut parts, mut body) = req.into_parts();
-    let mut buffered = None; // a request body buffered for filters (filter::body)
-                             // The wire-form fields stay in the server's box (see `WireHead`); the facts come out.
+    // A request body buffered for filters (filter::body).
+    let mut buffered = None;
+    // The wire-form fields stay in the server's box (see `WireHead`); the facts come out.
     let facts = match wire.as_mut() {
         Some(w) => std::mem::take(&mut w.facts),
         None => hdr::HeadFacts::of(&parts.headers, &listener.request_id_header),
