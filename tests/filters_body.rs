@@ -138,19 +138,11 @@ impl Filter for Peek {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn native_filters_opt_in_to_bodies_too() {
     let origin = body_origin().await;
-    let toml = config_text(origin.addr, "", CAPS);
-    let config = keymaster_config::load_str(&toml, "<test>").expect("config");
     let natives = vec![
         FilterSpec::new("upper", FilterStage::Post, 0, Upper),
         FilterSpec::new("peek", FilterStage::Pre, 0, Peek),
     ];
-    let gw = Gateway::start_with_filters(config, ConfigSource::Memory, natives).expect("start");
-    let addr = gw.listener_addr("main").expect("main");
-    let g = TestGateway {
-        gw: Some(gw),
-        addr,
-        admin: "127.0.0.1:1".parse().unwrap(),
-    };
+    let g = start_gateway_with_filters(&config_text(origin.addr, "", CAPS), natives);
     let mut c = Client::connect(g.addr).await;
     let r = c.send(post("/echo", "hello")).await;
     assert_eq!(r.status, 200);
@@ -192,15 +184,8 @@ async fn buffering_a_response_body_keeps_the_read_timeout() {
     let route = "[[routes]]\nname = \"r\"\ncluster = \"origin\"\n\
                  read_timeout = \"1s\"\nresponse_header_timeout = \"300ms\"\n";
     let toml = config_text(origin.addr, "", &format!("{CAPS}\n{route}"));
-    let config = keymaster_config::load_str(&toml, "<test>").expect("config");
     let natives = vec![FilterSpec::new("upper", FilterStage::Post, 0, Upper)];
-    let gw = Gateway::start_with_filters(config, ConfigSource::Memory, natives).expect("start");
-    let addr = gw.listener_addr("main").expect("main");
-    let g = TestGateway {
-        gw: Some(gw),
-        addr,
-        admin: "127.0.0.1:1".parse().unwrap(),
-    };
+    let g = start_gateway_with_filters(&toml, natives);
     let mut c = Client::connect(g.addr).await;
     let r = c.get("/steady").await;
     assert_eq!(r.status, 200);

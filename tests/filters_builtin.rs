@@ -66,21 +66,8 @@ async fn fixture(filters: &str) -> Fixture {
 async fn fixture_with(filters: &str, natives: Vec<FilterSpec>) -> Fixture {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
-    let toml = cfg(o.addr, alt.addr, filters);
-    let config = keymaster_config::load_str(&toml, "<test>")
-        .unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
-    let gw = Gateway::start_with_filters(config, ConfigSource::Memory, natives).expect("starts");
-    let addr = gw.listener_addr("main").unwrap();
-    let admin = gw.admin_addr().unwrap();
-    Fixture {
-        g: TestGateway {
-            gw: Some(gw),
-            addr,
-            admin,
-        },
-        o,
-        _alt: alt,
-    }
+    let g = start_gateway_with_filters(&cfg(o.addr, alt.addr, filters), natives);
+    Fixture { g, o, _alt: alt }
 }
 
 async fn req(c: &mut Client, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {

@@ -57,16 +57,7 @@ connect_timeout = "1s"
 }
 
 fn start(toml: &str, natives: Vec<FilterSpec>) -> TestGateway {
-    let config = keymaster_config::load_str(toml, "<test>")
-        .unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
-    let gw = Gateway::start_with_filters(config, ConfigSource::Memory, natives).expect("starts");
-    let addr = gw.listener_addr("main").unwrap();
-    let admin = gw.admin_addr().unwrap();
-    TestGateway {
-        gw: Some(gw),
-        addr,
-        admin,
-    }
+    start_gateway_with_filters(toml, natives)
 }
 
 fn m(g: &TestGateway, family: &str, filter: &str) -> f64 {

@@ -83,9 +83,18 @@ response_header_timeout = "5s"
 
 /// Start a gateway from TOML text (panics with the config errors if invalid).
 pub fn start_gateway(toml: &str) -> TestGateway {
+    start_gateway_with_filters(toml, Vec::new())
+}
+
+/// [`start_gateway`] with native filters registered in code.
+pub fn start_gateway_with_filters(
+    toml: &str,
+    natives: Vec<keymaster_gateway::filter::FilterSpec>,
+) -> TestGateway {
     let config = keymaster_config::load_str(toml, "<test>")
         .unwrap_or_else(|e| panic!("test config invalid:\n{e}\n---\n{toml}"));
-    let gw = Gateway::start(config, ConfigSource::Memory).expect("gateway starts");
+    let gw =
+        Gateway::start_with_filters(config, ConfigSource::Memory, natives).expect("gateway starts");
     let addr = gw.listener_addr("main").expect("listener main");
     let admin = gw.admin_addr().expect("admin listener");
     TestGateway {
