@@ -56,10 +56,6 @@ connect_timeout = "1s"
     )
 }
 
-fn start(toml: &str, natives: Vec<FilterSpec>) -> TestGateway {
-    start_gateway_with_filters(toml, natives)
-}
-
 fn m(g: &TestGateway, family: &str, filter: &str) -> f64 {
     metric(
         &g.gateway().metrics_text(),
@@ -255,7 +251,7 @@ async fn order_then_name_and_metadata_shared_across_stages() {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
     // Registered scrambled: c(order 0), then a and b tie at order 1 → name decides.
-    let g = start(
+    let g = start_gateway_with_filters(
         &cfg(o.addr, alt.addr, ""),
         vec![
             spec("b", FilterStage::Pre, 1, Tag("b")),
@@ -293,7 +289,7 @@ async fn order_then_name_and_metadata_shared_across_stages() {
 async fn match_and_should_filter_skip() {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
-    let g = start(
+    let g = start_gateway_with_filters(
         &cfg(o.addr, alt.addr, ""),
         vec![
             spec("only-api", FilterStage::Pre, 0, Tag("api")).with_match(only_path("/api")),
@@ -334,7 +330,7 @@ async fn match_and_should_filter_skip() {
 async fn pre_short_circuit_skips_origin_but_post_runs() {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
-    let g = start(
+    let g = start_gateway_with_filters(
         &cfg(o.addr, alt.addr, ""),
         vec![
             spec("first", FilterStage::Pre, 0, Tag("first")),
@@ -373,7 +369,7 @@ async fn pre_short_circuit_skips_origin_but_post_runs() {
 async fn route_filter_overrides_cluster_path_and_host() {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
-    let g = start(
+    let g = start_gateway_with_filters(
         &cfg(o.addr, alt.addr, ""),
         vec![spec("chooser", FilterStage::Route, 0, Chooser)],
     );
@@ -401,7 +397,7 @@ async fn route_filter_overrides_cluster_path_and_host() {
 async fn post_filter_edits_status_and_headers() {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
-    let g = start(
+    let g = start_gateway_with_filters(
         &cfg(o.addr, alt.addr, ""),
         vec![spec("edit", FilterStage::Post, 0, PostEdit)],
     );
@@ -416,7 +412,7 @@ async fn post_filter_edits_status_and_headers() {
 async fn failure_case(bad: FilterSpec, name: &str) {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
-    let g = start(
+    let g = start_gateway_with_filters(
         &cfg(o.addr, alt.addr, ""),
         vec![
             bad.with_match(only_path("/bad")),
@@ -505,7 +501,7 @@ async fn synchronous_filters_that_do_not_finish_at_once_fail() {
 async fn synchronous_and_suspending_filters_interleave_in_order() {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
-    let g = start(
+    let g = start_gateway_with_filters(
         &cfg(o.addr, alt.addr, ""),
         vec![
             spec("1-sync", FilterStage::Pre, 0, Sync(Tag("s1"))),
@@ -551,7 +547,7 @@ async fn synchronous_and_suspending_filters_interleave_in_order() {
 async fn error_stage_sets_the_response() {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
-    let g = start(
+    let g = start_gateway_with_filters(
         &cfg(o.addr, alt.addr, ""),
         vec![
             spec("boom", FilterStage::Pre, 0, Panic).with_match(only_path("/panic")),
@@ -578,7 +574,7 @@ async fn error_stage_sets_the_response() {
 async fn failing_post_filter_replaces_the_origin_response() {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
-    let g = start(
+    let g = start_gateway_with_filters(
         &cfg(o.addr, alt.addr, ""),
         vec![
             spec("post-boom", FilterStage::Post, 0, Panic).with_match(only_path("/bad")),
@@ -634,7 +630,7 @@ impl Filter for OriginDown {
 async fn proxy_errors_run_error_and_post_filters() {
     let o = echo_origin("o").await;
     let dead = free_addr(); // nothing listens: connect is refused
-    let g = start(
+    let g = start_gateway_with_filters(
         &cfg(o.addr, dead, ""),
         vec![
             spec("chooser", FilterStage::Route, 0, Chooser),
@@ -651,7 +647,7 @@ async fn proxy_errors_run_error_and_post_filters() {
     assert!(r.headers.contains_key("x-request-id"));
     assert_eq!(send(&mut c, "/x", &[]).await.status, 200);
 
-    let g2 = start(
+    let g2 = start_gateway_with_filters(
         &cfg(o.addr, dead, ""),
         vec![
             spec("chooser", FilterStage::Route, 0, Chooser),
@@ -674,7 +670,7 @@ async fn proxy_errors_run_error_and_post_filters() {
 async fn debug_mode_traces_filters_for_requests_with_the_secret() {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
-    let g = start(
+    let g = start_gateway_with_filters(
         &cfg(
             o.addr,
             alt.addr,
@@ -752,7 +748,7 @@ async fn post_filters_see_request_headers_only_when_they_ask() {
     let o = echo_origin("o").await;
     let alt = echo_origin("alt").await;
     for (asks, want) in [(true, "1"), (false, "none")] {
-        let g = start(
+        let g = start_gateway_with_filters(
             &cfg(o.addr, alt.addr, ""),
             vec![spec("sees", FilterStage::Post, 0, SeesRequest(asks))],
         );

@@ -108,6 +108,10 @@ async fn late_head_past_the_request_timeout_gives_504() {
     assert_eq!(r.status, 200);
 }
 
+/// Exchanges cut off because the origin's body went quiet for `read_timeout`.
+const READ_TIMEOUTS: &str =
+    "keymaster_errors_total{category=\"origin_read_timeout\",side=\"origin\"}";
+
 /// An origin that answers with a 1000-byte Content-Length head and 10 bytes of body, then
 /// sends nothing more, holding the connection open until the gateway closes it.
 async fn stalling_origin() -> RawOrigin {
@@ -152,14 +156,7 @@ async fn origin_going_silent_mid_body_is_cut_off_at_the_read_timeout() {
     let g = start_gateway(&route_config(origin.addr, "read_timeout = \"300ms\""));
     expect_cut_off(&g, "after the read gap").await;
     let m = metrics_text(&g).await;
-    assert_eq!(
-        metric(
-            &m,
-            "keymaster_errors_total{category=\"origin_read_timeout\",side=\"origin\"}"
-        ),
-        1.0,
-        "{m}"
-    );
+    assert_eq!(metric(&m, READ_TIMEOUTS), 1.0, "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,14 +188,7 @@ async fn a_slow_but_steady_origin_body_outlasts_the_read_timeout() {
     assert_eq!(&r.body[..], b"abcdefghij");
     assert!(started.elapsed() >= Duration::from_millis(1000));
     let m = metrics_text(&g).await;
-    assert_eq!(
-        metric(
-            &m,
-            "keymaster_errors_total{category=\"origin_read_timeout\",side=\"origin\"}"
-        ),
-        0.0,
-        "{m}"
-    );
+    assert_eq!(metric(&m, READ_TIMEOUTS), 0.0, "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,11 +50,10 @@ pub(crate) type Upgraded = crate::io::Upgraded<OpenSlot>;
 /// budget spent, a plain `poll_read` answers Pending whatever the socket holds, and a
 /// connection the origin closed would pass as open (the request then fails on it).
 fn has_input(io: &mut Io) -> bool {
-    let mut byte = [0u8; 1];
     match io {
         // Reads only when tokio saw the socket readable; no budget involved.
         Io::Tcp(tcp) => !matches!(
-            tcp.try_read(&mut byte),
+            tcp.try_read(&mut [0u8; 1]),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
         ),
         // TLS may hold decrypted bytes or a close_notify: ask the session.
