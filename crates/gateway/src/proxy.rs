@@ -23,7 +23,7 @@ use crate::access_log::LogRecord;
 use crate::body::{ClientBody, OriginBody, RequestBody, RequestBodyState, ResponseBody};
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind, Side};
-use crate::filter::{staged, ClusterChoice, FilterCtx};
+use crate::filter::{staged, FilterCtx};
 use crate::headers::{self as hdr, parse_content_length, WireHead};
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
@@ -33,6 +33,7 @@ use crate::upstream::{conn::Conn, limits::Slot, Cluster};
 use keymaster_config::ProxyProtocol;
 
 mod attempt;
+mod filters;
 
 /// The response to the client, boxed where it is made: it moves up through the proxy
 /// stage's layers to the client connection a pointer at a time.
@@ -208,13 +209,12 @@ async fn proxy(
     info: &mut RequestInfo,
 ) -> Result<ClientResponse, Error> {
     let listener = &cx.listener;
-    let (mut cluster, mut upstream_path, mut upstream_host) = (None, None, None);
+    // What the filters chose (nothing, without filters).
+    let mut chosen = filters::Chosen::default();
     let Some(req) = incoming.take() else {
         return Err(Error::new(Kind::BadRequest, "no request")); // polled twice: cannot happen
     };
     let (mut parts, mut body) = req.into_parts();
-    // A request body buffered for filters (filter::body).
-    let mut buffered = None;
     // The wire-form fields stay in the server's box (see `WireHead`); the facts come out.
     let facts = match wire.as_mut() {
         Some(w) => std::mem::take(&mut w.facts),
@@ -323,7 +323,6 @@ async fn proxy(
             route.name.clone(),
             rid_name,
         );
-        snapshot.filters.start_debug(&mut ctx);
         if snapshot.filters.wants_request_body(&ctx) {
             let cap = snapshot
                 .config
@@ -346,44 +345,24 @@ async fn proxy(
             });
             return Ok(Box::new(resp));
         }
-        snapshot
-            .filters
-            .put_back_request_headers(&mut ctx, &mut parts.headers, &mut wire);
+        filters::handoff(
+            snapshot,
+            &mut ctx,
+            &mut parts,
+            &mut wire,
+            rid_name,
+            &mut chosen,
+        )?;
         // A filter that set the request id header itself wins over a generated one.
-        if rid_added && ctx.may_have_set_request_id() {
-            let rid_name = &listener.request_id_header;
-            rid_added = match &wire {
-                Some(w) => w.fields.get(rid_name.as_str()).is_none(),
-                None => !parts.headers.contains_key(rid_name),
-            };
-        }
-        if let Some(b) = ctx.take_request_body() {
-            to_map(&mut parts.headers, &mut wire);
-            crate::filter::set_body_length(&mut parts.headers, b.len());
-            buffered = Some(b);
-        }
-        // Filters may have edited the head: scan it again for the header duties below (only
-        // when a scanned field, or the body's length, may have changed).
-        if ctx.head_touched() || buffered.is_some() {
+        rid_added &= !chosen.request_id_set;
+        // Filters may have edited the head: scan it again for the header duties below.
+        if chosen.rescan {
             // A change to a scanned field needs the map (`FilterCtx::set_request_header`).
             debug_assert!(wire.is_none());
             scan = hdr::HeadScan::of(&parts.headers);
             if parts.uri.authority().is_none() {
                 host_value = hdr::find(&parts.headers, &header::HOST).cloned();
             }
-        }
-        match ctx.take_cluster() {
-            None => {}
-            Some(ClusterChoice::Resolved(c)) => cluster = Some(c),
-            Some(ClusterChoice::Named(name)) => {
-                let c = snapshot.clusters.get(&*name).ok_or_else(|| {
-                    Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")
-                })?;
-                cluster = Some(c.clone());
-            }
-        }
-        if let Some((path, host)) = ctx.take_upstream_overrides() {
-            (upstream_path, upstream_host) = (path, host);
         }
         info.fctx = Some(ctx);
     }
@@ -404,7 +383,7 @@ async fn proxy(
     }
     // The route's header edits and a Host the origin gets instead of the client's need the
     // map too.
-    let keeps_host = upstream_host.is_none()
+    let keeps_host = chosen.upstream_host.is_none()
         && matches!(route.host_rewrite, HostRewrite::Preserve)
         && parts.uri.authority().is_none()
         && scan.hosts > 0;
@@ -412,7 +391,7 @@ async fn proxy(
         to_map(&mut parts.headers, &mut wire);
     }
     // No body: no shared state to allocate (`None` reads as "finished, not too large").
-    let (upstream_body, body_state) = if let Some(b) = buffered {
+    let (upstream_body, body_state) = if let Some(b) = chosen.body {
         // Sent whole: finished from the start, and never replayed as bodyless.
         let state = Rc::new(RequestBodyState::default());
         state.finished.set(true);
@@ -478,7 +457,7 @@ async fn proxy(
 
     // Request target: verbatim unless a rewrite is configured; origin-form upstream.
     let authority_form = parts.uri.authority().is_some();
-    let rewritten = match upstream_path {
+    let rewritten = match chosen.upstream_path {
         Some(p) => Some(p),
         None => route.rewrite(parts.uri.path(), parts.uri.query()),
     };
@@ -497,8 +476,8 @@ async fn proxy(
     let client_version = parts.version;
     parts.version = Version::HTTP_11;
 
-    let cluster = cluster.unwrap_or_else(|| route.cluster.clone());
-    let host = if let Some(h) = upstream_host {
+    let cluster = chosen.cluster.unwrap_or_else(|| route.cluster.clone());
+    let host = if let Some(h) = chosen.upstream_host {
         UpstreamHost::Set(h)
     } else {
         match &route.host_rewrite {

@@ -71,9 +71,6 @@ impl FilterCtx {
     pub(crate) fn put_request_body(&mut self, b: Bytes) {
         self.extras().request_body = Some(b);
     }
-    pub(crate) fn take_request_body(&mut self) -> Option<Bytes> {
-        self.extras_mut()?.request_body.take()
-    }
     pub(crate) fn put_response_body(&mut self, b: Bytes) {
         self.extras().response_body = Some(b);
     }

@@ -39,12 +39,11 @@ pub(super) fn compile(
                 set: f.set.clone(),
                 remove: f.remove.clone(),
             })?;
-            let response_side = matches!(f.stage, FilterStage::Post);
-            one(Arc::new(Headers {
-                appends_lines: appends_lines(&edits, response_side),
-                edits,
-                response_side,
-            }))
+            one(match f.stage {
+                FilterStage::Post if appends_lines(&edits) => Arc::new(ResponseLines(edits)),
+                FilterStage::Post => Arc::new(ResponseHeaders(edits)),
+                _ => Arc::new(RequestHeaders(edits)),
+            })
         }
         FilterType::Redirect => {
             let status = status(f.status.unwrap_or(302))?;
@@ -166,19 +165,20 @@ pub(super) fn deny(ctx: &mut FilterCtx, status: StatusCode, mut headers: HeaderM
     ctx.respond(status, headers, text);
 }
 
-struct Headers {
-    edits: HeaderEdits,
-    response_side: bool,
-    /// A post filter that only appends fields a wire-form head may take: it appends their
-    /// compiled `name: value\r\n` lines ([`HeaderEdits::compiled_adds`]).
-    appends_lines: bool,
-}
+/// headers, on the request (every stage but `post`).
+struct RequestHeaders(HeaderEdits);
 
-/// Whether a `headers` filter is a response-side one that only appends fields
-/// [`crate::headers::RawHead::may_append`] allows.
-fn appends_lines(edits: &HeaderEdits, response_side: bool) -> bool {
-    response_side
-        && edits.remove.is_empty()
+/// headers, `post`: edits of the response head.
+struct ResponseHeaders(HeaderEdits);
+
+/// headers, `post`, appending only fields a wire-form head may take: their compiled
+/// `name: value\r\n` lines go in as they are ([`HeaderEdits::compiled_adds`]).
+struct ResponseLines(HeaderEdits);
+
+/// Whether a `post` headers filter only appends fields [`crate::headers::RawHead::may_append`]
+/// allows.
+fn appends_lines(edits: &HeaderEdits) -> bool {
+    edits.remove.is_empty()
         && edits.set.is_empty()
         && edits
             .add
@@ -186,7 +186,7 @@ fn appends_lines(edits: &HeaderEdits, response_side: bool) -> bool {
             .all(|(n, _)| crate::headers::RawHead::may_append(n))
 }
 
-impl Filter for Headers {
+impl Filter for RequestHeaders {
     fn synchronous(&self) -> bool {
         true
     }
@@ -194,28 +194,54 @@ impl Filter for Headers {
         false
     }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
-        if self.appends_lines {
-            for f in self.edits.compiled_adds() {
-                ctx.append_response_line(f);
-            }
-        } else if self.response_side {
-            let e = &self.edits;
-            if e.remove.is_empty() && e.set.is_empty() {
-                // Only appends: the origin's head may stay in wire form.
-                for (n, v) in &e.add {
-                    ctx.append_response_field(n, v);
-                }
-            } else if let Some(h) = ctx.response_headers_mut() {
-                e.apply(h);
-            }
-        } else {
-            ctx.edit_request_headers(&self.edits);
-        }
+        ctx.edit_request_headers(&self.0);
         done(Ok(()))
     }
     // A removal may target the request id, which must then be in the map to go.
     fn reads_request_headers(&self) -> bool {
-        !self.response_side && !self.edits.remove.is_empty()
+        !self.0.remove.is_empty()
+    }
+}
+
+impl Filter for ResponseHeaders {
+    fn synchronous(&self) -> bool {
+        true
+    }
+    fn has_should_filter(&self) -> bool {
+        false
+    }
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let e = &self.0;
+        if e.remove.is_empty() && e.set.is_empty() {
+            // Only appends: the origin's head may stay in wire form.
+            for (n, v) in &e.add {
+                ctx.append_response_field(n, v);
+            }
+        } else if let Some(h) = ctx.response_headers_mut() {
+            e.apply(h);
+        }
+        done(Ok(()))
+    }
+    fn reads_request_headers(&self) -> bool {
+        false
+    }
+}
+
+impl Filter for ResponseLines {
+    fn synchronous(&self) -> bool {
+        true
+    }
+    fn has_should_filter(&self) -> bool {
+        false
+    }
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        for f in self.0.compiled_adds() {
+            ctx.append_response_line(f);
+        }
+        done(Ok(()))
+    }
+    fn reads_request_headers(&self) -> bool {
+        false
     }
 }
 

@@ -563,13 +563,14 @@ impl FilterCtx {
         self.extras_mut()?.debug.as_mut()
     }
 
-    /// After the route stage: the upstream path and Host a filter set (`None`: no filter
-    /// touched the rarely used parts of the context, so neither was set).
-    pub(crate) fn take_upstream_overrides(
+    /// After the route stage: the request body buffered for filters, and the upstream path
+    /// and Host a filter set (`None`: nothing touched the rarely used parts of the context,
+    /// so there is none of them).
+    pub(crate) fn take_rare_choices(
         &mut self,
-    ) -> Option<(Option<String>, Option<HeaderValue>)> {
+    ) -> Option<(Option<bytes::Bytes>, Option<String>, Option<HeaderValue>)> {
         let x = self.extras_mut()?;
-        Some((x.path.take(), x.host.take()))
+        Some((x.request_body.take(), x.path.take(), x.host.take()))
     }
 }
 
@@ -629,7 +630,7 @@ mod tests {
         assert_eq!(second.request_header("x-set"), None);
         assert!(second.meta().is_empty());
         assert_eq!(second.upstream_cluster(), None);
-        assert!(second.take_upstream_overrides().is_none());
+        assert!(second.take_rare_choices().is_none());
         assert!(!second.responded());
         assert!(second.failure().is_none());
         assert_eq!(second.response_status(), None);

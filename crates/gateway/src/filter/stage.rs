@@ -248,7 +248,7 @@ impl FilterChain {
     /// Debug mode: when the request carries the secret, trace this request's filters (and
     /// remove the header so it never reaches the origin).
     #[inline]
-    pub(crate) fn start_debug(&self, ctx: &mut FilterCtx) {
+    fn start_debug(&self, ctx: &mut FilterCtx) {
         if self.debug.is_some() {
             self.check_debug_secret(ctx);
         }
@@ -298,8 +298,9 @@ impl FilterChain {
 
     /// Run `pre` then `route`. `true`: proxy the request. `false`: answer it with
     /// [`FilterChain::local_response`] (a filter responded, or one failed). Ready at once
-    /// when every filter ran synchronously and none failed.
+    /// when every filter ran synchronously and none failed. Debug mode starts here.
     pub(crate) fn inbound<'a>(&'a self, ctx: &'a mut FilterCtx) -> Staged<'a, bool> {
+        self.start_debug(ctx);
         let entries = self.pre_and_route();
         match self.run_sync(entries, 0, ctx) {
             Ok(None) => Staged::Ready(ctx.local.is_none()),

@@ -1,0 +1,74 @@
+//! The proxy stage's side of the filter chain (docs/filters.md): after the `pre` and `route`
+//! stages let a request through, the request fields go back where the proxy stage keeps them
+//! and what the filters chose (a cluster, an upstream path or Host, a buffered body, edits
+//! that need the head scanned again) is handed over as one [`Chosen`].
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use std::sync::Arc;
+
+use crate::error::{Error, Kind};
+use crate::filter::{ClusterChoice, FilterCtx};
+use crate::headers::WireHead;
+use crate::snapshot::Snapshot;
+use crate::upstream::Cluster;
+
+/// What the `pre` and `route` filters chose for the proxy stage (nothing, without filters).
+#[derive(Default)]
+pub(super) struct Chosen {
+    /// Instead of the route's cluster.
+    pub(super) cluster: Option<Arc<Cluster>>,
+    /// The path and query sent upstream, instead of the route's rewrite.
+    pub(super) upstream_path: Option<String>,
+    /// The Host sent upstream, instead of the route's policy.
+    pub(super) upstream_host: Option<HeaderValue>,
+    /// The request body a filter read: sent whole, with its length (the head is a map).
+    pub(super) body: Option<Bytes>,
+    /// The head may have changed in a field the proxy stage's scan looks at, or in its
+    /// framing (a buffered body): scan it again (the head is a map).
+    pub(super) rescan: bool,
+    /// A filter set the request id field: a generated id is not added.
+    pub(super) request_id_set: bool,
+}
+
+/// After the `pre` and `route` stages let the request through: the request fields back
+/// where the proxy stage keeps them (`parts.headers`, or `wire` in wire form), and what the
+/// filters chose into `chosen`. `Err`: a filter chose a cluster this config version lacks.
+pub(super) fn handoff(
+    snapshot: &Snapshot,
+    ctx: &mut FilterCtx,
+    parts: &mut http::request::Parts,
+    wire: &mut Option<Box<WireHead>>,
+    request_id: &HeaderName,
+    chosen: &mut Chosen,
+) -> Result<(), Error> {
+    let chain = &snapshot.filters;
+    chain.put_back_request_headers(ctx, &mut parts.headers, wire);
+    if ctx.may_have_set_request_id() {
+        chosen.request_id_set = match wire {
+            Some(w) => w.fields.get(request_id.as_str()).is_some(),
+            None => parts.headers.contains_key(request_id),
+        };
+    }
+    // The body, a path and a Host are in the context's rarely used parts.
+    if let Some((body, path, host)) = ctx.take_rare_choices() {
+        if let Some(b) = body {
+            super::to_map(&mut parts.headers, wire);
+            crate::filter::set_body_length(&mut parts.headers, b.len());
+            chosen.body = Some(b);
+        }
+        (chosen.upstream_path, chosen.upstream_host) = (path, host);
+    }
+    chosen.rescan = ctx.head_touched() || chosen.body.is_some();
+    match ctx.take_cluster() {
+        None => {}
+        Some(ClusterChoice::Resolved(c)) => chosen.cluster = Some(c),
+        Some(ClusterChoice::Named(name)) => {
+            let c = snapshot.clusters.get(&*name).ok_or_else(|| {
+                Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")
+            })?;
+            chosen.cluster = Some(c.clone());
+        }
+    }
+    Ok(())
+}
