@@ -1,7 +1,7 @@
 //! keymaster's own HTTP/1.1 client to origins (crates/gateway/src/upstream/h1): what hyper's
 //! client did for us before and purpose-made origins can check. Informational heads are
-//! skipped; an origin that answers before reading the whole request body is passed on and its
-//! connection closed; the request body keeps streaming while the response does (full
+//! skipped; an origin that answers before reading the whole request body (and closes) is passed
+//! on and its connection closed; the request body keeps streaming while the response does (full
 //! duplex); non-canonical reason phrases pass through; an oversized response head is a 502.
 mod support;
 use std::time::Duration;
@@ -117,6 +117,39 @@ async fn an_early_answer_is_passed_on_and_its_connection_not_reused() {
     let r = get(g.addr, "/").await;
     assert_eq!(r.status, 413);
     assert_eq!(origin.connections(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_answer_from_an_origin_that_then_closes_is_passed_on() {
+    // Answers as soon as the head is in and closes without reading the body, as a server
+    // refusing an upload does: the body the gateway goes on sending hits a closed
+    // connection, so its write fails at about the time the answer arrives. The answer must
+    // still reach the client (the gateway used to report the write failure as a 502 when the
+    // answer was not yet readable then: about one request in four here).
+    let origin = raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        if read_head(&mut s, &mut carry).await.is_some() {
+            let refusal =
+                b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope";
+            let _ = s.write_all(refusal).await;
+        }
+    })
+    .await;
+    let g = start_gateway(&config_text(origin.addr, "", ""));
+    let request = b"POST /up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n\
+                    4\r\npass\r\n0\r\n\r\n";
+    for i in 0..40 {
+        let mut s = TcpStream::connect(g.addr).await.unwrap();
+        s.write_all(request).await.unwrap();
+        let got = read_until(&mut s, b"\r\n\r\n").await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 401 "), "request {i}: {text}");
+    }
+    assert_eq!(
+        origin.connections(),
+        40,
+        "no connection is reused after a refusal"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

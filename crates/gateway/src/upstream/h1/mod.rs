@@ -233,7 +233,7 @@ pub(crate) fn send(
         req: Some(req),
         replay,
         raw_head,
-        write_error: None,
+        write_failed: false,
         received: false,
     }
 }
@@ -251,7 +251,8 @@ pub(crate) struct Sending {
     /// See [`send`].
     raw_head: Option<http::HeaderName>,
     pump: Option<Pump>,
-    write_error: Option<std::io::Error>,
+    /// Writing the request failed: only the response can still come (see `poll`).
+    write_failed: bool,
     received: bool,
 }
 
@@ -263,7 +264,7 @@ impl std::future::Future for Sending {
         let (Some(conn), Some(req)) = (this.conn.as_mut(), this.req.as_ref()) else {
             return Poll::Pending; // polled after completion
         };
-        if let Some(p) = this.pump.as_mut().filter(|_| this.write_error.is_none()) {
+        if let Some(p) = this.pump.as_mut().filter(|_| !this.write_failed) {
             match p.poll(&mut conn.io, cx) {
                 Poll::Ready(Ok(())) => this.pump = None,
                 Poll::Ready(Err(PumpError::Body(e))) => {
@@ -272,43 +273,41 @@ impl std::future::Future for Sending {
                     return Poll::Ready(Err(Failure::new(err.with_source(e))));
                 }
                 // The origin may have answered (and closed) before reading the whole
-                // request: look for its response before reporting the write failure.
-                Poll::Ready(Err(PumpError::Write(e))) => this.write_error = Some(e),
+                // request: its response is still read.
+                Poll::Ready(Err(PumpError::Write(e))) => {
+                    tracing::debug!(error = %e, "writing the request to the origin failed");
+                    this.write_failed = true;
+                }
                 Poll::Pending => {}
             }
         }
         let raw = this.raw_head.as_ref();
-        let failure = match conn.poll_head(req.method(), raw, cx, &mut this.received) {
-            Poll::Pending if this.write_error.is_none() => return Poll::Pending,
-            Poll::Pending => None,
+        let mut f = match conn.poll_head(req.method(), raw, cx, &mut this.received) {
+            // Also after a failed write: an origin that answers early and closes (a 401 or
+            // 413 without reading the body) fails the write first, and its response may be
+            // readable only a moment later (the socket's readiness comes through the event
+            // loop). The read side ends soon on a closed connection; the response-header
+            // timeout bounds the wait either way.
+            Poll::Pending => return Poll::Pending,
             Poll::Ready(Ok(head)) => {
                 let Some(conn) = this.conn.take() else {
                     return Poll::Pending;
                 };
                 // Answered before the whole request went out and writing failed: the
                 // response may still be read, but the connection is never reused.
-                let broken = this.pump.is_some() && this.write_error.is_some();
+                let broken = this.pump.is_some() && this.write_failed;
                 let pump = this.pump.take().filter(|_| !broken).map(Box::new);
                 if let Some(req) = this.req.take() {
                     crate::headers::discard_map((*req).into_parts().0.headers);
                 }
                 return Poll::Ready(Ok(respond(head, conn, pump, broken)));
             }
-            Poll::Ready(Err(f)) => Some(f),
+            // No response: the read side's failure says how the exchange ended (a write that
+            // failed first was the origin closing or resetting the same connection).
+            Poll::Ready(Err(f)) => f,
         };
         this.conn = None; // a failed exchange closes its connection
         let written = this.pump.as_ref().map_or(1, |p| p.written);
-        let mut f = failure.unwrap_or_else(|| {
-            let e = this
-                .write_error
-                .take()
-                .unwrap_or_else(|| std::io::ErrorKind::Other.into());
-            let mut f = Failure::new(
-                Error::new(Kind::OriginReset, "writing to the origin failed").with_source(e),
-            );
-            f.stale = !this.received;
-            f
-        });
         let req = this.req.take();
         if written == 0 {
             if let (Some(p), Some(mut req)) = (this.pump.take(), req) {
