@@ -132,6 +132,29 @@ async fn slowloris_trickling_bytes_does_not_extend_the_deadline() {
     assert_eq!(upstream_requests(&g), 0.0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_request_line_is_answered_before_the_head_is_complete() {
+    // Not HTTP: refused with 400 as soon as its first line is in, not after the rest of a
+    // head that may never come (here the header-read timeout is long).
+    let (g, _s) = gateway(r#"header_read_timeout = "60s""#);
+    for line in [
+        &b"\x16\x03\x01\x02\x00GET / HTTP/1.1\r\nHost: a\r\n"[..],
+        b"GET / HTTP/7.1\r\n",
+    ] {
+        let mut s = TcpStream::connect(g.addr).await.unwrap();
+        s.write_all(line).await.unwrap();
+        let (got, closed) = read_until_close(&mut s, Duration::from_secs(10)).await;
+        assert_eq!(
+            status_of(&got),
+            Some(400),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+        assert!(closed);
+    }
+    assert_eq!(upstream_requests(&g), 0.0);
+}
+
 async fn assert_silent_client_closed(listener_extra: &str) {
     let (g, _s) = gateway(listener_extra);
     let mut s = TcpStream::connect(g.addr).await.unwrap();

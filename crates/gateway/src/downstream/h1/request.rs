@@ -6,9 +6,10 @@
 //! 9112 §6.3, §11.2): both Transfer-Encoding and Content-Length, differing or invalid
 //! Content-Length, a Transfer-Encoding not ending in `chunked` or on HTTP/1.0, obs-fold, bare
 //! CR, NUL and other control characters, invalid methods and versions are all refused
-//! (400, and the connection closes). A request line longer than the listener allows is a
-//! 414; a head over its size or field count a 431. Host rules and the exact header-size
-//! limit are the proxy stage's (`headers::validate_request_head`, shared with HTTP/2).
+//! (400, and the connection closes); a malformed request line as soon as it is in, before the
+//! rest of the head. A request line longer than the listener allows is a 414; a head over
+//! its size or field count a 431. Host rules and the exact header-size limit are the proxy
+//! stage's (`headers::validate_request_head`, shared with HTTP/2).
 
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -52,6 +53,8 @@ pub(super) struct Head {
 #[derive(Default)]
 pub(super) struct HeadScan {
     scanned: usize,
+    /// The request line of the incomplete head at the front was found well formed.
+    line_checked: bool,
 }
 
 impl HeadScan {
@@ -81,7 +84,44 @@ impl HeadScan {
     /// A head of `len` bytes was found (and will be taken off the buffer's front).
     fn found(&mut self, len: usize) -> usize {
         self.scanned = 0;
+        self.line_checked = false;
         len
+    }
+
+    /// While the head is incomplete: once its request line is, check it, so that a
+    /// malformed one (not HTTP, a bad method or target, an unknown version) is refused at
+    /// once rather than after the rest of the head or the header-read timeout.
+    fn check_request_line(&mut self, buf: &[u8]) -> Result<(), Error> {
+        if self.line_checked {
+            return Ok(());
+        }
+        let Some(start) = buf.iter().position(|&b| b != b'\r' && b != b'\n') else {
+            return Ok(());
+        };
+        let Some(lf) = memchr::memchr(b'\n', &buf[start..]) else {
+            return Ok(());
+        };
+        // The request line alone: fields would follow, so a good line parses as partial.
+        match httparse::Request::new(&mut []).parse(&buf[start..=start + lf]) {
+            Ok(_) => {
+                self.line_checked = true;
+                Ok(())
+            }
+            Err(e) => Err(head_error(e)),
+        }
+    }
+}
+
+/// What a request head httparse refused gets: 431 for too many fields, else 400.
+fn head_error(e: httparse::Error) -> Error {
+    let bad = |detail| Error::new(Kind::BadRequest, detail);
+    match e {
+        httparse::Error::TooManyHeaders => {
+            Error::new(Kind::HeadersTooLarge, "too many request header fields")
+        }
+        httparse::Error::Version => bad("unsupported HTTP version"),
+        httparse::Error::Token => bad("invalid method or request target"),
+        _ => bad("malformed request head"),
     }
 }
 
@@ -104,6 +144,7 @@ pub(super) fn parse_head(
                 "request header fields too large",
             ));
         }
+        scan.check_request_line(buf)?;
         return Ok(None);
     };
     let head = buf.split_to(end).freeze();
@@ -132,15 +173,7 @@ fn parse_complete<'h>(
         Ok(httparse::Status::Complete(_)) => {}
         // The head ends in an empty line, so nothing is missing: it is malformed.
         Ok(httparse::Status::Partial) => return Err(bad("malformed request head")),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(Error::new(
-                Kind::HeadersTooLarge,
-                "too many request header fields",
-            ))
-        }
-        Err(httparse::Error::Version) => return Err(bad("unsupported HTTP version")),
-        Err(httparse::Error::Token) => return Err(bad("invalid method or request target")),
-        Err(_) => return Err(bad("malformed request head")),
+        Err(e) => return Err(head_error(e)),
     }
     let (Some(method), Some(path), Some(minor)) = (req.method, req.path, req.version) else {
         return Err(bad("malformed request line"));
@@ -394,6 +427,45 @@ mod tests {
         assert_eq!(wire.fields.get("x-a"), Some(&b"1"[..]));
         assert!(h.body.is_done() && h.keep_alive && !h.expect_continue);
         assert_eq!(&buf[..], b"GET /next");
+    }
+
+    #[test]
+    fn a_malformed_request_line_is_refused_before_the_head_is_complete() {
+        // Incomplete heads with a good request line wait for more.
+        for good in [
+            &b"GET / HTTP/1.1\r\nHost: x\r\n"[..],
+            b"\r\nPOST /a?b HTTP/1.0\nX-A: 1",
+            b"GET / HTTP/1.1\r\n",
+            b"GET / HTTP/1.1\r\nX",
+            b"GET / HTT",
+            b"",
+        ] {
+            assert_eq!(status(good), 0, "{:?}", String::from_utf8_lossy(good));
+        }
+        // A bad one is refused as soon as its line is in, as it would be with the whole head.
+        for (bad, want) in [
+            (&b"\x17\x94POST / HTTP/1.1\r\nHost: x\r\n"[..], 400),
+            (b"GET / HTTP/3.0\r\nHost: x", 400),
+            (b"GET /a b HTTP/1.1\r\n", 400),
+            (b"\r\n\r\nG@T / HTTP/1.1\r\n", 400),
+        ] {
+            assert_eq!(status(bad), want, "{:?}", String::from_utf8_lossy(bad));
+            let mut whole = bad.to_vec();
+            whole.extend_from_slice(b"\r\n\r\n");
+            assert_eq!(status(&whole), want, "the same head completed");
+        }
+        // Checked once per head: bytes trickling in do not parse the line again.
+        let mut scan = HeadScan::default();
+        let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\nHost"[..]);
+        assert!(parse_head(&mut buf, &mut scan, &limits(), &rid())
+            .unwrap()
+            .is_none());
+        assert!(scan.line_checked);
+        buf.extend_from_slice(b": x\r\n\r\n");
+        assert!(parse_head(&mut buf, &mut scan, &limits(), &rid())
+            .unwrap()
+            .is_some());
+        assert!(!scan.line_checked, "the next head is checked afresh");
     }
 
     #[test]
