@@ -303,19 +303,25 @@ fn framing<'a>(
 ) -> Result<Framing, Error> {
     match status.as_u16() {
         101 => return Ok(Framing::Upgrade),
-        204 | 304 => return Ok(Framing::Empty),
-        _ if method == Method::HEAD => return Ok(Framing::Empty),
+        // No body whatever the fields say (RFC 9112 §6.3), but the Content-Length the client
+        // is given must still be one: an invalid or conflicting value is the origin's error,
+        // as it is where it frames a body.
+        204 | 304 => {}
+        _ if method == Method::HEAD => {}
         // A tunnel we never asked for: no body, and the connection is not reused.
         200..=299 if method == Method::CONNECT => return Ok(Framing::Close),
-        _ => {}
+        _ => {
+            let declared = framing::declared(version, transfer_encoding, content_lengths)
+                .map_err(framing::FramingError::by_origin)?;
+            return Ok(match declared {
+                Declared::Nothing => Framing::Close,
+                Declared::Length(n) => Framing::Length(n),
+                Declared::Chunked => Framing::Chunked,
+            });
+        }
     }
-    let declared = framing::declared(version, transfer_encoding, content_lengths)
-        .map_err(framing::FramingError::by_origin)?;
-    Ok(match declared {
-        Declared::Nothing => Framing::Close,
-        Declared::Length(n) => Framing::Length(n),
-        Declared::Chunked => Framing::Chunked,
-    })
+    framing::declared(version, None, content_lengths).map_err(framing::FramingError::by_origin)?;
+    Ok(Framing::Empty)
 }
 
 /// The decoder for a response body with this framing.
@@ -484,6 +490,30 @@ mod tests {
         ));
         assert!(is_malformed(b"HTTP/1.1 2OO OK\r\n\r\n"));
         assert!(is_malformed(b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\n\r\n"));
+    }
+
+    #[test]
+    fn a_bodyless_response_still_needs_a_valid_content_length() {
+        // 204, 304 and HEAD have no body whatever Content-Length says, but the client gets the
+        // field: an invalid or conflicting value is refused as it is for a framed body.
+        for bad in [
+            &b"HTTP/1.1 304 Not Modified\r\nContent-Length: A10\r\n\r\n"[..],
+            b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5, 6\r\n\r\n",
+            b"HTTP/1.1 204 No Content\r\nContent-Length: -1\r\n\r\n",
+            b"HTTP/1.1 204 No Content\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        ] {
+            assert!(is_malformed(bad), "{}", String::from_utf8_lossy(bad));
+        }
+        let h = head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\n",
+            Method::HEAD,
+        );
+        assert!(h.is_err(), "HEAD");
+        // Valid values pass (a 304 may carry the 200's length).
+        assert_eq!(
+            framing_of(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n"),
+            Framing::Empty
+        );
     }
 
     #[test]
