@@ -425,6 +425,38 @@ async fn h2_prior_knowledge(protocol: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_cookie_fields_from_http2_reach_an_http1_origin_as_one() {
+    // Browsers send each cookie as a field of its own over HTTP/2; an HTTP/1.1 origin must
+    // get one Cookie field (RFC 9113 §8.2.3), or it sees only the first cookie.
+    let (g, _s) = gateway("protocol = \"h2c\"");
+    let mut h2 = h2_client(g.addr).await;
+    let req = http::Request::get(format!("http://{}/__inspect", g.addr))
+        .header("cookie", "session=abc")
+        .header("cookie", "theme=dark")
+        .header("x-other", "1")
+        .header("x-other", "2")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    h2.ready().await.unwrap();
+    let resp = h2.send_request(req).await.expect("h2 response");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let j: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let values = |name: &str| -> Vec<String> {
+        j["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h[0] == name)
+            .map(|h| h[1].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(values("cookie"), ["session=abc; theme=dark"], "{j}");
+    // Other repeated fields pass as they came.
+    assert_eq!(values("x-other"), ["1", "2"], "{j}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_prior_knowledge_on_auto_listener() {
     h2_prior_knowledge("auto").await;
 }

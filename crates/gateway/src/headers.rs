@@ -329,6 +329,28 @@ static HOP_BY_HOP: [HeaderName; 6] = [
     HeaderName::from_static("proxy-connection"),
 ];
 
+/// HTTP/2 lets a client split `Cookie` into several fields (browsers send one per cookie);
+/// an HTTP/1.1 message carries one, and origins often read only the first. Before a request
+/// from HTTP/2 goes on, its cookie fields are joined, in order, with `"; "` (RFC 9113
+/// §8.2.3). One field (the usual HTTP/1.1 case) stays as it is.
+pub(crate) fn join_cookies(headers: &mut HeaderMap) {
+    let mut fields = headers.get_all(header::COOKIE).iter();
+    if fields.next().is_none() || fields.next().is_none() {
+        return;
+    }
+    let mut joined = Vec::new();
+    for v in headers.get_all(header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    // Valid field values joined by "; " are a valid field value.
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, v);
+    }
+}
+
 /// Remove hop-by-hop fields: `Connection` and every field it names, `Keep-Alive`, `TE`,
 /// `Transfer-Encoding`, `Upgrade`, `Proxy-Connection`. Returns whether the client asked for
 /// trailers (`TE: trailers`), which the caller may pass on.
@@ -644,6 +666,22 @@ mod tests {
         discard_map(HeaderMap::new());
     }
     use super::*;
+
+    #[test]
+    fn cookie_fields_are_joined_in_order() {
+        let mut h = HeaderMap::new();
+        join_cookies(&mut h);
+        assert!(h.is_empty());
+        h.insert(header::COOKIE, HeaderValue::from_static("a=1"));
+        join_cookies(&mut h);
+        assert_eq!(h.get_all(header::COOKIE).iter().count(), 1);
+        assert_eq!(h[header::COOKIE], "a=1");
+        h.append(header::COOKIE, HeaderValue::from_static("b=2"));
+        h.append(header::COOKIE, HeaderValue::from_static("c=3; d=4"));
+        join_cookies(&mut h);
+        let all: Vec<_> = h.get_all(header::COOKIE).iter().collect();
+        assert_eq!(all, ["a=1; b=2; c=3; d=4"]);
+    }
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut m = HeaderMap::new();

@@ -413,6 +413,9 @@ async fn proxy(
     let upgrade = upgrade::take_request(&route.upgrade, &mut parts, &scan, body_state.is_none())?;
 
     // Request header duties.
+    if parts.version == Version::HTTP_2 {
+        hdr::join_cookies(&mut parts.headers);
+    }
     let trailers = hdr::strip_hop_by_hop(&mut parts.headers, &scan);
     if let Some(up) = &upgrade {
         upgrade::restore_request(&mut parts.headers, up);
