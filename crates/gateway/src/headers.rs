@@ -338,13 +338,12 @@ pub(crate) fn join_cookies(headers: &mut HeaderMap) {
     if fields.next().is_none() || fields.next().is_none() {
         return;
     }
-    let mut joined = Vec::new();
-    for v in headers.get_all(header::COOKIE) {
-        if !joined.is_empty() {
-            joined.extend_from_slice(b"; ");
-        }
-        joined.extend_from_slice(v.as_bytes());
-    }
+    let values: Vec<&[u8]> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    let joined = values.join(&b"; "[..]);
     // Valid field values joined by "; " are a valid field value.
     if let Ok(v) = HeaderValue::from_bytes(&joined) {
         headers.insert(header::COOKIE, v);

@@ -24,9 +24,9 @@ pub(super) struct Chosen {
     pub(super) upstream_host: Option<HeaderValue>,
     /// The request body a filter read: sent whole, with its length (the head is a map).
     pub(super) body: Option<Bytes>,
-    /// The head may have changed in a field the proxy stage's scan looks at, or in its
-    /// framing (a buffered body): scan it again (the head is a map).
-    pub(super) rescan: bool,
+    /// A filter may have changed a field the proxy stage's scan looks at: scan the head
+    /// again (it is a map then), as for a buffered body, whose length changes the framing.
+    pub(super) head_touched: bool,
     /// A filter set the request id field: a generated id is not added.
     pub(super) request_id_set: bool,
 }
@@ -42,8 +42,9 @@ pub(super) fn handoff(
     request_id: &HeaderName,
     chosen: &mut Chosen,
 ) -> Result<(), Error> {
-    let chain = &snapshot.filters;
-    chain.put_back_request_headers(ctx, &mut parts.headers, wire);
+    snapshot
+        .filters
+        .put_back_request_headers(ctx, &mut parts.headers, wire);
     if ctx.may_have_set_request_id() {
         chosen.request_id_set = match wire {
             Some(w) => w.fields.get(request_id.as_str()).is_some(),
@@ -59,7 +60,7 @@ pub(super) fn handoff(
         }
         (chosen.upstream_path, chosen.upstream_host) = (path, host);
     }
-    chosen.rescan = ctx.head_touched() || chosen.body.is_some();
+    chosen.head_touched = ctx.head_touched();
     match ctx.take_cluster() {
         None => {}
         Some(ClusterChoice::Resolved(c)) => chosen.cluster = Some(c),
