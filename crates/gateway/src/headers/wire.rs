@@ -83,6 +83,8 @@ pub(crate) struct CompiledField {
     pub(crate) name: HeaderName,
     pub(crate) value: HeaderValue,
     line: Box<[u8]>,
+    /// The name's bit in a [`NameSummary`].
+    name_bit: u64,
 }
 
 impl CompiledField {
@@ -93,6 +95,7 @@ impl CompiledField {
             name: name.clone(),
             value: value.clone(),
             line: line.into_boxed_slice(),
+            name_bit: NameSummary::bit(name.as_str().as_bytes()),
         })
     }
 
@@ -248,9 +251,12 @@ impl RawRequestFields {
         self.push_edit(FieldEdit { field, replaces });
     }
 
-    /// [`Self::set`] with a configured field (shared, not copied).
+    /// [`Self::set`] with a configured field (shared, not copied). The usual case, a field
+    /// of the gateway's own that the client did not send and nothing edited yet, is told by
+    /// the field's summary bit alone.
     pub(crate) fn set_compiled(&mut self, f: &Arc<CompiledField>) {
-        let replaces = self.drop_named(&f.name);
+        let fresh = self.edits.is_empty() && self.names.0 & f.name_bit == 0;
+        let replaces = !fresh && self.drop_named(&f.name);
         let field = EditField::Compiled(f.clone());
         self.push_edit(FieldEdit { field, replaces });
     }
@@ -505,6 +511,15 @@ mod tests {
         // A later call replaces a configured field like any other.
         compiled.set(name("x-add"), value("5"));
         assert_eq!(compiled.get_all("x-add").collect::<Vec<_>>(), [b"5"]);
+
+        // The first edit setting a name the client did not send (told by the summary bit
+        // alone), then the same name set again: the second replaces the first.
+        let mut fresh = RawRequestFields::from_block(bytes::Bytes::from_static(b"A: 1\r\n"), false);
+        for v in ["1", "2"] {
+            fresh.set_compiled(&CompiledField::new(&name("x-gw"), &value(v)));
+        }
+        assert_eq!(written(&fresh), "A: 1\r\nx-gw: 2\r\n");
+        assert_eq!(fresh.get_all("x-gw").collect::<Vec<_>>(), [b"2"]);
     }
 
     /// The name summary: a name the block holds is always found whatever its case (the
