@@ -45,7 +45,8 @@ for c in order:
     boot = sorted(
         st.median([x for k in rng.choices(rounds, k=len(rounds)) for x in by_round[k]])
         for _ in range(2000))
-    print("  vs %s: median %+5.1f%% (95%% interval %+5.1f..%+5.1f%%), IQR %+5.1f..%+5.1f%%,"
+    # Two decimals for the median and its interval: a budget (3%) is judged on the top.
+    print("  vs %s: median %+6.2f%% (95%% interval %+6.2f..%+6.2f%%), IQR %+5.1f..%+5.1f%%,"
           " mean %+5.1f%% +- %.1f" % (
               order[0], st.median(ratios) * 100, boot[50] * 100, boot[1949] * 100,
               q[0] * 100, q[2] * 100, st.mean(ratios) * 100, 2 * se * 100))

@@ -14,7 +14,7 @@ use std::sync::Arc;
 #[cfg(doc)]
 use super::FilterChain;
 use super::{Failure, FilterStage};
-use crate::headers::{RawRequestFields, WireHead};
+use crate::headers::{RawHead, RawRequestFields, WireHead};
 
 /// A response set by a filter (`pre`/`route` short-circuit, or an `error` filter).
 pub(crate) struct LocalResponse {
@@ -104,16 +104,39 @@ pub struct CtxState {
     pub(super) route: Arc<str>,
     cluster: Option<ClusterChoice>,
     pub(super) local: Option<Box<LocalResponse>>,
-    /// `post`: the response status (`None` before the post stage).
-    pub(super) response_status: Option<StatusCode>,
-    /// `post`: the response fields as a map, unless they are in `raw_response`.
-    pub(super) response_headers: Option<HeaderMap>,
-    /// `post`: the origin's head kept in wire form (`headers::RawHead`), moved here instead
-    /// of a map; reads see `raw_view`, a map built from it on the first read. Appending keeps
-    /// it; any other change replaces it with the map in `response_headers`.
-    pub(super) raw_response: Option<crate::headers::RawHead>,
-    pub(super) raw_view: View,
+    /// `post`: the response head (`None` before the post stage).
+    pub(super) response: Option<ResponseHead>,
     extras: Option<Box<Extras>>,
+}
+
+/// The response head the `post` (and then `error`) filters see.
+pub(crate) struct ResponseHead {
+    pub(super) status: StatusCode,
+    pub(super) fields: ResponseFields,
+}
+
+/// A response head's fields as the context holds them.
+pub(crate) enum ResponseFields {
+    /// The origin's head kept in wire form ([`RawHead`]), moved in instead of a map; reads
+    /// see `view`, a map built from it on the first read. Appending keeps it; any other
+    /// change turns it into a `Map`.
+    Wire(RawHead, View),
+    /// A map (the head came as one, or a filter changed more than appending).
+    Map(HeaderMap),
+}
+
+impl ResponseFields {
+    /// As a map: the wire form turned into one (its `view` if built).
+    fn map_mut(&mut self) -> &mut HeaderMap {
+        if let ResponseFields::Wire(raw, view) = self {
+            let map = view.take().map_or_else(|| raw.to_map(), |m| *m);
+            *self = ResponseFields::Map(map);
+        }
+        match self {
+            ResponseFields::Map(m) => m,
+            ResponseFields::Wire(..) => unreachable!("turned into a map above"),
+        }
+    }
 }
 
 /// The request's fields as the context holds them.
@@ -240,10 +263,7 @@ impl FilterCtx {
                 route,
                 cluster: None,
                 local: None,
-                response_status: None,
-                response_headers: None,
-                raw_response: None,
-                raw_view: std::cell::OnceCell::new(),
+                response: None,
                 extras: None,
             },
         )))
@@ -475,28 +495,22 @@ impl FilterCtx {
 
     /// `post`: the response status.
     pub fn response_status(&self) -> Option<StatusCode> {
-        self.response_status
+        Some(self.response.as_ref()?.status)
     }
     pub fn set_response_status(&mut self, status: StatusCode) {
-        if let Some(s) = self.response_status.as_mut() {
-            *s = status;
+        if let Some(r) = self.response.as_mut() {
+            r.status = status;
         }
     }
     /// `post`: the response headers.
     pub fn response_headers(&self) -> Option<&HeaderMap> {
-        self.response_status?;
-        match &self.raw_response {
-            Some(raw) => Some(self.raw_view.get_or_init(|| Box::new(raw.to_map()))),
-            None => self.response_headers.as_ref(),
-        }
+        Some(match &self.response.as_ref()?.fields {
+            ResponseFields::Wire(raw, view) => view.get_or_init(|| Box::new(raw.to_map())),
+            ResponseFields::Map(m) => m,
+        })
     }
     pub fn response_headers_mut(&mut self) -> Option<&mut HeaderMap> {
-        self.response_status?;
-        let s: &mut CtxState = &mut self.0;
-        if let Some(raw) = s.raw_response.take() {
-            s.response_headers = Some(s.raw_view.take().map_or_else(|| raw.to_map(), |m| *m));
-        }
-        Some(s.response_headers.get_or_insert_with(HeaderMap::new))
+        Some(self.response.as_mut()?.fields.map_mut())
     }
     /// `post`: append a response field (cheaper than through [`Self::response_headers_mut`]
     /// while the origin's head is still in wire form).
@@ -506,50 +520,40 @@ impl FilterCtx {
     /// [`Self::append_response_header`] for a field the caller keeps (cloned only if the
     /// head is a map).
     pub(crate) fn append_response_field(&mut self, name: &HeaderName, value: &HeaderValue) {
-        if self.raw_response.is_some() && !crate::headers::RawHead::may_append(name) {
-            // A field hyper derives or acts on: the map path handles it.
-            if let Some(h) = self.response_headers_mut() {
-                h.append(name.clone(), value.clone());
-            }
+        let Some(r) = self.response.as_mut() else {
             return;
-        }
-        let s: &mut CtxState = &mut self.0;
-        if s.response_status.is_none() {
-            return;
-        }
-        match (s.raw_response.as_mut(), s.response_headers.as_mut()) {
-            (Some(raw), _) => {
+        };
+        match &mut r.fields {
+            ResponseFields::Wire(raw, view) if RawHead::may_append(name) => {
                 raw.push(name.as_str().as_bytes(), value.as_bytes());
-                if let Some(view) = s.raw_view.get_mut() {
+                if let Some(view) = view.get_mut() {
                     view.append(name.clone(), value.clone());
                 }
             }
-            (None, Some(map)) => {
-                map.append(name.clone(), value.clone());
+            // A field hyper derives or acts on (the map path handles it), or a map already.
+            fields => {
+                fields.map_mut().append(name.clone(), value.clone());
             }
-            (None, None) => {}
         }
     }
 
     /// [`Self::append_response_field`] with the field's `name: value\r\n` line written ahead
-    /// of time (a `headers` filter's compiled `add`), for a name
-    /// [`crate::headers::RawHead::may_append`] allows: one copy into a wire-form head.
+    /// of time (a `headers` filter's compiled `add`), for a name [`RawHead::may_append`]
+    /// allows: one copy into a wire-form head.
     pub(crate) fn append_response_line(&mut self, f: &crate::headers::CompiledField) {
-        let s: &mut CtxState = &mut self.0;
-        if s.response_status.is_none() {
+        let Some(r) = self.response.as_mut() else {
             return;
-        }
-        match (s.raw_response.as_mut(), s.response_headers.as_mut()) {
-            (Some(raw), _) => {
+        };
+        match &mut r.fields {
+            ResponseFields::Wire(raw, view) => {
                 raw.push_line(f.line());
-                if let Some(view) = s.raw_view.get_mut() {
+                if let Some(view) = view.get_mut() {
                     view.append(f.name.clone(), f.value.clone());
                 }
             }
-            (None, Some(map)) => {
+            ResponseFields::Map(map) => {
                 map.append(f.name.clone(), f.value.clone());
             }
-            (None, None) => {}
         }
     }
 
@@ -612,7 +616,10 @@ mod tests {
         first.set_cluster("elsewhere");
         first.set_upstream_path("/there");
         first.respond(StatusCode::FORBIDDEN, HeaderMap::new(), "no");
-        first.response_status = Some(StatusCode::OK);
+        first.response = Some(ResponseHead {
+            status: StatusCode::OK,
+            fields: ResponseFields::Map(HeaderMap::new()),
+        });
         first.stage = FilterStage::Post;
         let old = &**first.0 as *const CtxState;
         drop(first);

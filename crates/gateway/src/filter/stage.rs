@@ -17,7 +17,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
-use super::ctx::RequestFields;
+use super::ctx::{RequestFields, ResponseFields, ResponseHead};
 use super::{
     builtin, Entry, Failure, FilterChain, FilterCtx, FilterError, FilterFuture, FilterStage, Run,
 };
@@ -359,11 +359,14 @@ impl FilterChain {
             return Staged::Ready(Ok(()));
         }
         // The fields move in as they are: the wire-form head, else the map.
-        ctx.response_status = Some(*status);
-        match raw.take() {
-            Some(r) => ctx.raw_response = Some(r),
-            None => ctx.response_headers = Some(std::mem::take(headers)),
-        }
+        let fields = match raw.take() {
+            Some(r) => ResponseFields::Wire(r, Default::default()),
+            None => ResponseFields::Map(std::mem::take(headers)),
+        };
+        ctx.response = Some(ResponseHead {
+            status: *status,
+            fields,
+        });
         // `Ok(at)`: the filter the stage goes on with, asynchronously; `Err`: a failure.
         let next = match self.run_sync(post, 0, ctx) {
             Ok(None) => {
@@ -404,19 +407,14 @@ impl FilterChain {
         headers: &mut HeaderMap,
         raw: &mut Option<crate::headers::RawHead>,
     ) {
-        if let Some(s) = ctx.response_status.take() {
-            *status = s;
-        }
-        // A map (moved in, or built from the wire form by a change) replaces the fields; a
-        // wire-form head still here goes back as it is.
-        if ctx.response_headers.is_some() {
-            if let Some(h) = ctx.response_headers.take() {
-                crate::headers::replace_map(headers, h);
+        if let Some(r) = ctx.response.take() {
+            *status = r.status;
+            // A map (moved in, or built from the wire form by a change) replaces the
+            // fields; a wire-form head goes back as it is.
+            match r.fields {
+                ResponseFields::Wire(h, _) => *raw = Some(h),
+                ResponseFields::Map(h) => crate::headers::replace_map(headers, h),
             }
-        }
-        if ctx.raw_response.is_some() {
-            *raw = ctx.raw_response.take();
-            ctx.raw_view.take();
         }
         Self::stamp_debug(ctx, headers, raw);
     }
