@@ -757,3 +757,47 @@ async fn post_filters_see_request_headers_only_when_they_ask() {
         assert_eq!(r.headers["x-in-seen"], want);
     }
 }
+
+/// Route stage: an upstream path that is no valid request target.
+struct BadPath;
+impl Filter for BadPath {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        ctx.set_upstream_path("/a b");
+        done(Ok(()))
+    }
+}
+
+/// Post: a 1xx status, which no final response can have.
+struct PostInformational;
+impl Filter for PostInformational {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        ctx.set_response_status(StatusCode::SWITCHING_PROTOCOLS);
+        done(Ok(()))
+    }
+}
+
+/// What a native filter gets wrong is the gateway's 500, never the client's 400 nor a 1xx on
+/// the wire: an invalid upstream path, an answer with a 1xx status (the chain answers 500
+/// instead). A 1xx status set in `post` is ignored.
+#[tokio::test]
+async fn a_native_filters_bad_path_or_informational_answer_is_a_500() {
+    let o = echo_origin("o").await;
+    let alt = echo_origin("alt").await;
+    let g = start_gateway_with_filters(
+        &cfg(o.addr, alt.addr, ""),
+        vec![
+            spec("badpath", FilterStage::Route, 0, BadPath).with_match(only_path("/badpath")),
+            spec("early", FilterStage::Pre, 0, Answer(101)).with_match(only_path("/early")),
+            spec("late", FilterStage::Post, 0, PostInformational).with_match(only_path("/late")),
+        ],
+    );
+    let wait = std::time::Duration::from_secs(2);
+    for (path, status) in [("/badpath", 500), ("/early", 500), ("/late", 200)] {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        let resp = raw(g.addr, req.as_bytes(), wait).await;
+        let text = String::from_utf8_lossy(&resp);
+        assert_eq!(status_of(&resp), Some(status), "{path}: {text}");
+        assert_eq!(count_responses(&resp), 1, "{path}: {text}");
+    }
+    assert_eq!(get(g.addr, "/fine").await.status, 200);
+}

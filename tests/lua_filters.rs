@@ -663,3 +663,65 @@ async fn filter_edits_to_a_wire_form_request_are_seen_by_later_filters_and_the_o
     assert_eq!(count("x-read: new|1, 2|nil"), 1, "{seen}");
     assert_eq!(count("x-request-id:"), 1, "{seen}");
 }
+
+const BAD_ANSWERS: &str = r#"
+local cases = {
+  ["/respond-101"] = function(ctx) ctx:respond(101, {upgrade = "websocket"}, "") end,
+  ["/respond-100"] = function(ctx) ctx:respond(100) end,
+  ["/respond-700"] = function(ctx) ctx:respond(700) end,
+  ["/respond-fraction"] = function(ctx) ctx:respond(200.5) end,
+  ["/path-space"] = function(ctx) ctx:set_upstream_path("/a b") end,
+  ["/path-crlf"] = function(ctx) ctx:set_upstream_path("/a\r\nx-injected: 1") end,
+}
+return {
+  stage = "pre",
+  run = function(ctx)
+    local case = cases[ctx:path()]
+    if case then case(ctx) end
+  end,
+}
+"#;
+
+const BAD_POST_STATUS: &str = r#"
+return {
+  stage = "post",
+  run = function(ctx)
+    if ctx:path() == "/post-101" then ctx:set_response_status(101) end
+    if ctx:path() == "/post-100" then ctx:set_response_status(100) end
+  end,
+}
+"#;
+
+/// A filter's answer needs a final status (a 1xx one would tell the client that another
+/// response follows, or that the connection switched protocols), and an upstream path must
+/// be a valid target: otherwise the call raises an error, the filter fails (counted) and the
+/// client gets a 500, never the 1xx on the wire nor a 400 blaming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_answer_without_a_final_status_or_with_a_bad_path_fails_the_filter() {
+    let (origin, canary) = (echo_origin("main").await, echo_origin("canary").await);
+    let dir = filters_dir(
+        false,
+        &[("bad.lua", BAD_ANSWERS), ("badpost.lua", BAD_POST_STATUS)],
+    );
+    let g = start(&lua_config(origin.addr, canary.addr, dir.path(), ""));
+    let wait = std::time::Duration::from_secs(2);
+    let pre = [
+        "/respond-101",
+        "/respond-100",
+        "/respond-700",
+        "/respond-fraction",
+        "/path-space",
+        "/path-crlf",
+    ];
+    for path in pre.iter().chain(&["/post-101", "/post-100"]) {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        let resp = raw(g.addr, req.as_bytes(), wait).await;
+        let text = String::from_utf8_lossy(&resp);
+        assert_eq!(status_of(&resp), Some(500), "{path}: {text}");
+        assert_eq!(count_responses(&resp), 1, "{path}: {text}");
+        assert!(!text.contains("x-injected"), "{path}: {text}");
+    }
+    assert_eq!(filter_metric(&g, "errors", "bad"), pre.len() as f64);
+    assert_eq!(filter_metric(&g, "errors", "badpost"), 2.0);
+    assert_eq!(get(g.addr, "/fine").await.status, 200);
+}

@@ -321,3 +321,36 @@ async fn a_slow_client_holds_back_the_origin_through_flow_control() {
     drop(h1);
     stop(g).await;
 }
+
+/// A `pre` filter that sets Content-Length to something else than the body: an HTTP/2
+/// origin gets the body with a length that matches it (the gateway's, from the body), not the
+/// filter's, which the origin would refuse as a malformed request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_length_set_by_a_filter_reaches_an_h2_origin_matching_the_body() {
+    let origin = spawn_origin(OriginOpts {
+        h2c: true,
+        ..OriginOpts::default()
+    })
+    .await;
+    let filter = r#"[[filters]]
+name = "cl"
+type = "headers"
+stage = "pre"
+set = { content-length = "2" }
+"#;
+    let keys = format!(
+        "protocol = \"h2\"\nservers = [{{ address = \"{}\" }}]\n",
+        origin.addr
+    );
+    let g = start_gateway(&config_with_cluster(PREAMBLE, &keys, filter));
+    for body in ["hello world", "h", ""] {
+        let req = http::Request::post(g.url("/echo"))
+            .header("content-length", body.len().to_string())
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let reply = Client::connect(g.addr).await.send(req).await;
+        assert_eq!(reply.status, 200, "{body:?}: {:?}", reply.body);
+        assert_eq!(reply.body, body.as_bytes(), "{body:?}");
+    }
+    stop(g).await;
+}

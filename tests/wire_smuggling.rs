@@ -349,3 +349,127 @@ async fn body_at_route_limit_goes_through() {
     );
     assert_eq!(upstream_requests(&g), 1.0);
 }
+
+// --- Framing fields a filter or an edit sets never reach the origin as they are ---
+
+/// An origin that reads each request by the framing its head declares (Content-Length,
+/// chunked, or none) and answers with `<head>|<body>`, keep-alive, so that a head whose
+/// framing disagrees with the body sent shows up as a wrong body or a garbled next request.
+async fn framing_echo_origin() -> RawOrigin {
+    use tokio::io::AsyncWriteExt;
+    raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        while let Some(head) = read_head(&mut s, &mut carry).await {
+            let body = if let Some(n) = head_header(&head, "content-length") {
+                let n = n.parse().unwrap_or(0);
+                read_exact_body(&mut s, &mut carry, n).await
+            } else if head_header(&head, "transfer-encoding").is_some() {
+                let mut body = Vec::new();
+                loop {
+                    let Some(line) = read_line(&mut s, &mut carry).await else {
+                        return;
+                    };
+                    let size = usize::from_str_radix(line.trim(), 16).unwrap_or(0);
+                    if size == 0 {
+                        read_line(&mut s, &mut carry).await; // the empty trailer section
+                        break;
+                    }
+                    body.extend(read_exact_body(&mut s, &mut carry, size).await);
+                    read_exact_body(&mut s, &mut carry, 2).await; // CRLF
+                }
+                body
+            } else {
+                Vec::new()
+            };
+            let echo = format!("{head}|{}", String::from_utf8_lossy(&body));
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{echo}",
+                echo.len()
+            );
+            if s.write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+}
+
+/// One line (through CRLF) from `s` after what `carry` holds, within 5 s.
+async fn read_line(s: &mut tokio::net::TcpStream, carry: &mut Vec<u8>) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(i) = carry.windows(2).position(|w| w == b"\r\n") {
+            let line = String::from_utf8_lossy(&carry[..i]).into_owned();
+            carry.drain(..i + 2);
+            return Some(line);
+        }
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => carry.extend_from_slice(&buf[..n]),
+            _ => return None,
+        }
+    }
+}
+
+/// Requests whose Content-Length a `pre` filter (`/filtered`) or a route's configured edit
+/// (`/edited`) sets to something else than their body: a shorter length (the rest of the
+/// body would be read as another request on the pooled connection), a longer one (the
+/// origin would wait for bytes that never come), one on a chunked body, one on a bodyless
+/// GET. The origin must get the body exactly as the client sent it, framed by what the
+/// gateway writes; and the next request on the same connections must arrive whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_length_set_by_a_filter_or_an_edit_never_misframes_the_body() {
+    let origin = framing_echo_origin().await;
+    let g = start_gateway(&config_text(
+        origin.addr,
+        "",
+        r#"[[routes]]
+name = "edited"
+cluster = "origin"
+match = { path_prefix = "/edited" }
+request_headers = { set = { content-length = "2" } }
+
+[[filters]]
+name = "cl"
+type = "headers"
+stage = "pre"
+match = { path_prefix = "/filtered" }
+set = { content-length = "2" }
+"#,
+    ));
+    let mut s = tokio::net::TcpStream::connect(g.addr).await.unwrap();
+    for path in ["/filtered", "/edited"] {
+        for (req, body) in [
+            (format!("POST {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\nhello world"), "hello world"),
+            (format!("POST {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nh"), "h"),
+            (
+                format!("POST {path} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
+                "hello world",
+            ),
+            (format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n"), ""),
+        ] {
+            use tokio::io::AsyncWriteExt;
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut carry = Vec::new();
+            let head = read_head(&mut s, &mut carry).await.expect("a response");
+            assert!(head.starts_with("HTTP/1.1 200"), "{req:?} got {head}");
+            let n: usize = head_header(&head, "content-length").unwrap().parse().unwrap();
+            let echo = read_exact_body(&mut s, &mut carry, n).await;
+            let echo = String::from_utf8_lossy(&echo);
+            let (sent_head, sent_body) = echo.split_once('|').unwrap();
+            assert_eq!(sent_body, body, "{req:?}: the origin read\n{echo}");
+            assert!(
+                sent_head.starts_with(&format!("{} {path} ", &req[..req.find(' ').unwrap()])),
+                "{echo}"
+            );
+            let lengths = sent_head.to_ascii_lowercase().matches("content-length:").count();
+            assert!(lengths <= 1, "{req:?}: {sent_head}");
+        }
+    }
+    assert_eq!(
+        origin.connections(),
+        1,
+        "one pooled connection served them all"
+    );
+}

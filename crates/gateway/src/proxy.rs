@@ -24,7 +24,7 @@ use crate::body::{ClientBody, OriginBody, RequestBody, RequestBodyState, Respons
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind, Side};
 use crate::filter::{staged, FilterCtx};
-use crate::headers::{self as hdr, parse_content_length, WireHead};
+use crate::headers::{self as hdr, WireHead};
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
@@ -367,13 +367,12 @@ async fn proxy(
         info.fctx = Some(ctx);
     }
 
-    // Body cap: refuse a declared oversize body before touching the origin.
-    let declared = match (scan.content_length, &wire) {
-        (false, _) => None,
-        // The server framed the body by its Content-Length.
-        (true, Some(_)) => http_body::Body::size_hint(&body).exact(),
-        (true, None) => hdr::find(&parts.headers, &header::CONTENT_LENGTH)
-            .map(|cl| parse_content_length(cl.as_bytes()).unwrap_or(0)),
+    // Body cap: refuse a declared oversize body before touching the origin. The length is
+    // the one the client's framing declared, which the body's decoder holds it to (or a
+    // filter's body), never a Content-Length field a filter or an edit may have changed.
+    let declared = match &chosen.body {
+        Some(b) => Some(b.len() as u64),
+        None => http_body::Body::size_hint(&body).exact(),
     };
     if declared.is_some_and(|n| n > route.max_body_size) {
         return Err(Error::new(
@@ -460,13 +459,18 @@ async fn proxy(
 
     // Request target: verbatim unless a rewrite is configured; origin-form upstream.
     let authority_form = parts.uri.authority().is_some();
+    // A path a filter set that is no valid target is the filter's failure, not the client's.
     let rewritten = match chosen.upstream_path {
-        Some(p) => Some(p),
-        None => route.rewrite(parts.uri.path(), parts.uri.query()),
+        Some(p) => Some((
+            p,
+            Kind::FilterFailed,
+            "a filter set an invalid upstream path",
+        )),
+        None => (route.rewrite(parts.uri.path(), parts.uri.query()))
+            .map(|t| (t, Kind::BadRequest, "rewritten target is invalid")),
     };
-    if let Some(target) = rewritten {
-        parts.uri = Uri::try_from(target)
-            .map_err(|_| Error::new(Kind::BadRequest, "rewritten target is invalid"))?;
+    if let Some((target, kind, detail)) = rewritten {
+        parts.uri = Uri::try_from(target).map_err(|_| Error::new(kind, detail))?;
     } else if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
         let pq = parts
             .uri
@@ -533,7 +537,7 @@ async fn proxy(
         .await
         .inspect_err(|_| cluster.metrics.overflow.inc())?;
     let upstream_body =
-        attempt::buffer_for_replay(&up, &parts, upstream_body, body_state.as_deref()).await?;
+        attempt::buffer_for_replay(&up, upstream_body, body_state.as_deref()).await?;
     // Boxed: the request moves through the attempt loop and into the connection, 8 bytes
     // at a time.
     let mut request = Some(Box::new(Request::from_parts(parts, upstream_body)));

@@ -19,8 +19,17 @@ use std::ffi::c_int;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-pub(crate) fn status(n: u16) -> mlua::Result<StatusCode> {
-    StatusCode::from_u16(n).map_err(|_| mlua::Error::runtime(format!("invalid status {n}")))
+/// A status a filter sets for a response: a final one, 200 to 599 (a 1xx status would tell
+/// the client that another response follows, or that the connection switched protocols).
+pub(crate) fn status(n: f64) -> mlua::Result<StatusCode> {
+    let fin = n.fract() == 0.0 && (200.0..=599.0).contains(&n);
+    fin.then(|| StatusCode::from_u16(n as u16).ok())
+        .flatten()
+        .ok_or_else(|| {
+            mlua::Error::runtime(format!(
+                "invalid status {n}: a response needs a final status, 200 to 599"
+            ))
+        })
 }
 
 /// Every value of `n` in `h`, joined with ", " (nil when absent).
@@ -372,7 +381,7 @@ fn methods(lua: &Lua, r: &Table) -> mlua::Result<()> {
         lua,
         r,
         "respond",
-        |_, c, (s, h, body): (u16, Option<Table>, Option<mlua::LuaString>)| {
+        |_, c, (s, h, body): (f64, Option<Table>, Option<mlua::LuaString>)| {
             let body = body.map(|b| b.as_bytes().to_vec()).unwrap_or_default();
             c.respond(status(s)?, from_table(h)?, body);
             Ok(())

@@ -102,10 +102,7 @@ impl Stack {
 
     fn status(&self, i: c_int) -> Result<StatusCode, Failed> {
         let n = self.number(i).ok_or_else(|| expected(i, "a status code"))?;
-        if n.fract() != 0.0 || !(0.0..=f64::from(u16::MAX)).contains(&n) {
-            return Err(mlua::Error::runtime(format!("invalid status {n}")).into());
-        }
-        Ok(crate::ctx::status(n as u16)?)
+        Ok(crate::ctx::status(n)?)
     }
 }
 
@@ -323,8 +320,9 @@ method!(set_cluster, |s| {
 });
 method!(set_upstream_path, |s| {
     let p = s.string(2)?;
-    if !p.starts_with('/') {
-        return Err(mlua::Error::runtime("the upstream path must start with '/'").into());
+    if !p.starts_with('/') || http::uri::PathAndQuery::try_from(p.as_str()).is_err() {
+        let e = format!("invalid upstream path {p:?}: an origin-form path and query, from '/'");
+        return Err(mlua::Error::runtime(e).into());
     }
     write(|c| c.set_upstream_path(p))
 });

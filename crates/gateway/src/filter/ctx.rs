@@ -458,6 +458,7 @@ impl FilterCtx {
         self.cluster.take()
     }
     /// Route stage (or pre): the path and query sent upstream; replaces the route's rewrite.
+    /// An invalid one (not an origin-form target) fails the request with 500.
     pub fn set_upstream_path(&mut self, path_and_query: impl Into<String>) {
         self.extras().path = Some(path_and_query.into());
     }
@@ -475,7 +476,8 @@ impl FilterCtx {
 
     /// `pre`/`route`: answer the request here (the proxy stage and later pre/route filters
     /// are skipped; post filters still run). `error`: the error response. Ignored in `post`
-    /// (edit the response with [`FilterCtx::set_response_status`] and headers there).
+    /// (edit the response with [`FilterCtx::set_response_status`] and headers there). The
+    /// status must be a final one: an answer with a 1xx status is replaced with a 500.
     pub fn respond(
         &mut self,
         status: StatusCode,
@@ -497,8 +499,14 @@ impl FilterCtx {
     pub fn response_status(&self) -> Option<StatusCode> {
         Some(self.response.as_ref()?.status)
     }
+    /// `post`: a final status (a 1xx one is ignored: it would tell the client that another
+    /// response follows, or that the connection switched protocols).
     pub fn set_response_status(&mut self, status: StatusCode) {
-        if let Some(r) = self.response.as_mut() {
+        if let Some(r) = self
+            .response
+            .as_mut()
+            .filter(|_| !status.is_informational())
+        {
             r.status = status;
         }
     }

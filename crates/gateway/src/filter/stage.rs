@@ -493,12 +493,17 @@ impl FilterChain {
         }
     }
 
-    /// `ctx.local` as a response, else `failed()`; the flag says whether it is a failure.
+    /// `ctx.local` as a response, else `failed()`; the flag says whether it is a failure. A
+    /// response with a 1xx status is no final response: `failed()` answers instead.
     fn assemble(
         ctx: &mut FilterCtx,
         failed: &impl Fn() -> Response<ResponseBody>,
     ) -> (Response<ResponseBody>, bool) {
         match ctx.local.take() {
+            Some(l) if l.status.is_informational() => {
+                tracing::warn!(status = %l.status, "a filter answered with a 1xx status");
+                (failed(), true)
+            }
             Some(l) => {
                 let mut r = Response::new(ResponseBody::full(l.body));
                 *r.status_mut() = l.status;

@@ -16,7 +16,6 @@
 //! attempt feeds passive outlier detection and, when the access log is on, its `tries`.
 
 use http::header::{self, HeaderValue};
-use http::request::Parts;
 use http::{Method, Request};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -101,19 +100,13 @@ fn idempotent(m: &Method) -> bool {
 /// Bodies without a declared length, or larger, are streamed and never retried once sent.
 pub(super) async fn buffer_for_replay(
     up: &Upstream<'_>,
-    parts: &Parts,
     body: RequestBody,
     state: Option<&RequestBodyState>,
 ) -> Result<RequestBody, Error> {
     let limit = up.route.retry.replay_buffer.get();
-    let declared = match crate::headers::find(&parts.headers, &header::CONTENT_LENGTH) {
-        Some(v) => crate::headers::parse_content_length(v.as_bytes()),
-        // Fields in wire form: the server framed the body by their Content-Length.
-        None if up.added.as_ref().is_some_and(|a| a.declares_length()) => {
-            http_body::Body::size_hint(&body).exact()
-        }
-        None => None,
-    };
+    // The length the client's framing declared (the body's decoder holds it to it), not a
+    // Content-Length field, which a filter or an edit may have changed.
+    let declared = http_body::Body::size_hint(&body).exact();
     let fits = declared.is_some_and(|n| n <= limit);
     if up.route.retry.attempts <= 1 || !fits || !matches!(body, RequestBody::Stream { .. }) {
         return Ok(body);

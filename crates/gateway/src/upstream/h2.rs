@@ -298,7 +298,8 @@ impl Drop for ConnectDone<'_> {
 
 /// Send `req` as an HTTP/2 request: the target becomes `:scheme`, `:authority` (from Host)
 /// and `:path`, and Host itself is dropped (RFC 9113 §8.3.1). hyper strips the
-/// connection-specific fields and any `TE` but `trailers`.
+/// connection-specific fields and any `TE` but `trailers`, and declares the body's length
+/// from the body.
 pub(crate) async fn send(
     sender: &mut http2::SendRequest<RequestBody>,
     server: &OriginServer,
@@ -337,5 +338,7 @@ pub(crate) async fn send(
         *req.uri_mut() = uri;
     }
     *req.version_mut() = Version::HTTP_2;
+    // As over HTTP/1.1 (`h1::encode`), never a length a filter or an edit may have changed.
+    req.headers_mut().remove(http::header::CONTENT_LENGTH);
     sender.try_send_request(req).await
 }

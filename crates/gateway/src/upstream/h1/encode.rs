@@ -31,25 +31,29 @@ enum BodyFraming {
 
 /// Serialise the request head into `dst` and decide the body's framing. The target is the
 /// request's origin-form as it is (no normalisation); header names from the map go out
-/// lower-case, fields kept in wire form (`added`) as the client sent them. A buffered body's
-/// own Content-Length replaces the map's; with wire-form fields it is their Content-Length
-/// (the body was buffered by reading to the end that field declared).
+/// lower-case, fields kept in wire form (`added`) as the client sent them.
+///
+/// The framing is the gateway's, taken from the body it sends: a length it knows (a
+/// buffered body's, or the one the client's framing declared, which the body's decoder
+/// holds it to), else chunked. A Content-Length or Transfer-Encoding in the map is never
+/// sent as it is, whoever put it there (the client, a filter, a configured edit), so the
+/// origin always reads exactly the body that is written: a field that disagreed with it
+/// would end the body early, leaving the rest to be read as another request, or make the
+/// origin wait for bytes that never come. Fields kept in wire form keep the client's own
+/// Content-Length (`added`): the server framed the body by it, and no edit changes it there.
 fn encode_head<B>(
     req: &Request<B>,
     body: &RequestBody,
     added: Option<&AddedFields>,
     dst: &mut Vec<u8>,
 ) -> BodyFraming {
-    let framing = match body {
-        RequestBody::Empty | RequestBody::Buffered(None) => BodyFraming::None,
-        RequestBody::Buffered(Some(_)) => BodyFraming::Raw,
-        RequestBody::Stream { .. }
-            if req.headers().contains_key(header::CONTENT_LENGTH)
-                || added.is_some_and(AddedFields::declares_length) =>
-        {
-            BodyFraming::Raw
-        }
-        RequestBody::Stream { .. } => BodyFraming::Chunked,
+    let (framing, length) = match body {
+        RequestBody::Empty | RequestBody::Buffered(None) => (BodyFraming::None, None),
+        RequestBody::Buffered(Some(b)) => (BodyFraming::Raw, Some(b.len() as u64)),
+        RequestBody::Stream { .. } => match body.size_hint().exact() {
+            Some(n) => (BodyFraming::Raw, Some(n)),
+            None => (BodyFraming::Chunked, None),
+        },
     };
     dst.extend_from_slice(req.method().as_str().as_bytes());
     dst.push(b' ');
@@ -63,27 +67,30 @@ fn encode_head<B>(
         },
     }
     dst.extend_from_slice(b" HTTP/1.1\r\n");
-    // A buffered body's length is its own; a chunked body's framing is ours.
-    let own_length = matches!(body, RequestBody::Buffered(Some(_)));
+    // Whether the request had a Content-Length field (kept when there is no body: as 0).
+    let mut had_length = false;
     for (name, value) in req.headers() {
-        if *name == header::TRANSFER_ENCODING || (own_length && *name == header::CONTENT_LENGTH) {
-            continue;
-        }
-        if framing == BodyFraming::Chunked && *name == header::CONTENT_LENGTH {
+        if *name == header::CONTENT_LENGTH || *name == header::TRANSFER_ENCODING {
+            had_length |= *name == header::CONTENT_LENGTH;
             continue;
         }
         put_field(dst, name.as_str().as_bytes(), value.as_bytes());
     }
+    let client_length = added.is_some_and(AddedFields::declares_length);
     if let Some(a) = added {
         a.write(dst);
     }
-    if let RequestBody::Buffered(Some(b)) = body {
-        if !added.is_some_and(AddedFields::declares_length) {
-            dst.extend_from_slice(format!("content-length: {}\r\n", b.len()).as_bytes());
+    match (framing, length) {
+        (BodyFraming::Chunked, _) => {
+            debug_assert!(!client_length, "a body framed by a length has its size");
+            dst.extend_from_slice(b"transfer-encoding: chunked\r\n");
         }
-    }
-    if framing == BodyFraming::Chunked {
-        dst.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        _ if client_length => {} // the client's own, in the block
+        (BodyFraming::Raw, Some(n)) => {
+            dst.extend_from_slice(format!("content-length: {n}\r\n").as_bytes())
+        }
+        (BodyFraming::None, _) if had_length => dst.extend_from_slice(b"content-length: 0\r\n"),
+        _ => {}
     }
     dst.extend_from_slice(b"\r\n");
     framing
@@ -278,6 +285,32 @@ mod tests {
         let (head, f) = head_of(req, &body);
         assert_eq!(head, "POST / HTTP/1.1\r\ncontent-length: 5\r\n\r\n");
         assert_eq!(f, BodyFraming::Raw);
+    }
+
+    /// No body: a Content-Length the map holds (the client's 0, or any value a filter set)
+    /// goes out as 0, and a Transfer-Encoding not at all.
+    #[test]
+    fn a_bodyless_request_declares_no_length_but_zero() {
+        for (cl, te) in [
+            (Some("0"), None),
+            (Some("5"), None),
+            (None, Some("chunked")),
+        ] {
+            let mut req = Request::post("/");
+            if let Some(v) = cl {
+                req = req.header("content-length", v);
+            }
+            if let Some(v) = te {
+                req = req.header("transfer-encoding", v);
+            }
+            let (head, f) = head_of(req.body(()).unwrap(), &RequestBody::Empty);
+            let expect = match cl {
+                Some(_) => "POST / HTTP/1.1\r\ncontent-length: 0\r\n\r\n",
+                None => "POST / HTTP/1.1\r\n\r\n",
+            };
+            assert_eq!(head, expect, "{cl:?} {te:?}");
+            assert_eq!(f, BodyFraming::None);
+        }
     }
 
     #[test]
