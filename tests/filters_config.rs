@@ -179,6 +179,39 @@ fn type_specific_values() {
             "gw.toml:17:13: filters[0].headers.\"bad name\": \"bad name\" is not a valid HTTP header name",
         ],
     );
+    // The framing fields are the gateway's: an edit of them is refused, not ignored.
+    expect(
+        "[[filters]]\nname = \"x\"\nset = { Content-Length = \"2\" }\nadd = { transfer-encoding = \"chunked\" }\nremove = [\"x-a\", \"content-length\"]\n",
+        &[
+            "gw.toml:15:9: filters[0].set.Content-Length: \"Content-Length\" is written by the gateway",
+            "gw.toml:16:9: filters[0].add.transfer-encoding: \"transfer-encoding\" is written by the gateway",
+            "gw.toml:17:18: filters[0].remove[1]: \"content-length\" is written by the gateway",
+        ],
+    );
+    // An upstream path that is no request path.
+    expect(
+        "[[filters]]\nname = \"x\"\ntype = \"reroute\"\nstage = \"route\"\npath = \"/a b\"\n",
+        &["gw.toml:17:1: filters[0].path: \"/a b\" is not a valid request path"],
+    );
+}
+
+/// A route's header edits are held to the same rule as a `headers` filter's.
+#[test]
+fn a_routes_edits_cannot_touch_the_framing_fields() {
+    let text = BASE.replace(
+        "cluster = \"c\"\n\n[[clusters]]",
+        "cluster = \"c\"\nrequest_headers = { set = { content-length = \"0\" } }\nresponse_headers = { remove = [\"Transfer-Encoding\"] }\n\n[[clusters]]",
+    );
+    let e = load_str(&text, "gw.toml").expect_err("refused");
+    let got: Vec<String> = e.errors().iter().map(|e| e.to_string()).collect();
+    assert_eq!(got.len(), 2, "{got:#?}");
+    assert!(got[0].contains("routes[0].request_headers.set.content-length: \"content-length\" is written by the gateway"), "{got:#?}");
+    assert!(
+        got[1].contains(
+            "routes[0].response_headers.remove[0]: \"Transfer-Encoding\" is written by the gateway"
+        ),
+        "{got:#?}"
+    );
 }
 
 #[test]

@@ -322,9 +322,22 @@ async fn a_slow_client_holds_back_the_origin_through_flow_control() {
     stop(g).await;
 }
 
-/// A `pre` filter that sets Content-Length to something else than the body: an HTTP/2
-/// origin gets the body with a length that matches it (the gateway's, from the body), not the
-/// filter's, which the origin would refuse as a malformed request.
+/// A native `pre` filter that sets Content-Length to 2 (configured edits cannot name it).
+struct SetLength;
+impl keymaster_gateway::filter::Filter for SetLength {
+    fn run<'a>(
+        &'a self,
+        ctx: &'a mut keymaster_gateway::filter::FilterCtx,
+    ) -> keymaster_gateway::filter::FilterFuture<'a> {
+        let two = http::HeaderValue::from_static("2");
+        ctx.set_request_header(http::header::CONTENT_LENGTH, two);
+        keymaster_gateway::filter::done(Ok(()))
+    }
+}
+
+/// A filter that sets Content-Length to something else than the body: an HTTP/2 origin gets
+/// the body with a length that matches it (the gateway's, from the body), not the filter's,
+/// which the origin would refuse as a malformed request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_content_length_set_by_a_filter_reaches_an_h2_origin_matching_the_body() {
     let origin = spawn_origin(OriginOpts {
@@ -332,17 +345,17 @@ async fn a_content_length_set_by_a_filter_reaches_an_h2_origin_matching_the_body
         ..OriginOpts::default()
     })
     .await;
-    let filter = r#"[[filters]]
-name = "cl"
-type = "headers"
-stage = "pre"
-set = { content-length = "2" }
-"#;
     let keys = format!(
         "protocol = \"h2\"\nservers = [{{ address = \"{}\" }}]\n",
         origin.addr
     );
-    let g = start_gateway(&config_with_cluster(PREAMBLE, &keys, filter));
+    let filter = keymaster_gateway::filter::FilterSpec::new(
+        "cl",
+        keymaster_config::FilterStage::Pre,
+        0,
+        SetLength,
+    );
+    let g = start_gateway_with_filters(&config_with_cluster(PREAMBLE, &keys, ""), vec![filter]);
     for body in ["hello world", "h", ""] {
         let req = http::Request::post(g.url("/echo"))
             .header("content-length", body.len().to_string())

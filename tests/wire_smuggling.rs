@@ -1,6 +1,9 @@
 //! Wire safety: ambiguous or malformed request heads are refused with the exact status, the
 //! connection is closed, and nothing reaches the origin. Controls show valid bodies pass.
 mod support;
+use http::HeaderValue;
+use keymaster_config::{FilterMatch, FilterStage};
+use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec};
 use std::time::Duration;
 use support::*;
 
@@ -412,34 +415,42 @@ async fn read_line(s: &mut tokio::net::TcpStream, carry: &mut Vec<u8>) -> Option
     }
 }
 
-/// Requests whose Content-Length a `pre` filter (`/filtered`) or a route's configured edit
-/// (`/edited`) sets to something else than their body: a shorter length (the rest of the
-/// body would be read as another request on the pooled connection), a longer one (the
-/// origin would wait for bytes that never come), one on a chunked body, one on a bodyless
-/// GET. The origin must get the body exactly as the client sent it, framed by what the
-/// gateway writes; and the next request on the same connections must arrive whole.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_content_length_set_by_a_filter_or_an_edit_never_misframes_the_body() {
-    let origin = framing_echo_origin().await;
-    let g = start_gateway(&config_text(
-        origin.addr,
-        "",
-        r#"[[routes]]
-name = "edited"
-cluster = "origin"
-match = { path_prefix = "/edited" }
-request_headers = { set = { content-length = "2" } }
+/// A native `pre` filter that sets (`/set`) or adds (`/added`) a Content-Length field.
+/// (Configured edits cannot name it: the config is refused, see tests/filters_config.rs.)
+struct Length(bool);
+impl Filter for Length {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let (name, value) = (http::header::CONTENT_LENGTH, HeaderValue::from_static("2"));
+        match self.0 {
+            true => ctx.set_request_header(name, value),
+            false => ctx.append_request_header(name, value),
+        }
+        done(Ok(()))
+    }
+}
 
-[[filters]]
-name = "cl"
-type = "headers"
-stage = "pre"
-match = { path_prefix = "/filtered" }
-set = { content-length = "2" }
-"#,
-    ));
+/// Requests whose Content-Length a filter sets or adds to something else than their body:
+/// a shorter length (the rest of the body would be read as another request on the pooled
+/// connection), a longer one (the origin would wait for bytes that never come), one on a
+/// chunked body, one on a bodyless GET. The origin must get the body exactly as the client
+/// sent it, framed by what the gateway writes; and the next request on the same connections
+/// must arrive whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_length_set_by_a_filter_never_misframes_the_body() {
+    let origin = framing_echo_origin().await;
+    let only = |prefix: &str| FilterMatch {
+        path_prefix: Some(prefix.into()),
+        ..Default::default()
+    };
+    let g = start_gateway_with_filters(
+        &config_text(origin.addr, "", ""),
+        vec![
+            FilterSpec::new("set", FilterStage::Pre, 0, Length(true)).with_match(only("/set")),
+            FilterSpec::new("add", FilterStage::Pre, 0, Length(false)).with_match(only("/added")),
+        ],
+    );
     let mut s = tokio::net::TcpStream::connect(g.addr).await.unwrap();
-    for path in ["/filtered", "/edited"] {
+    for path in ["/set", "/added"] {
         for (req, body) in [
             (format!("POST {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\nhello world"), "hello world"),
             (format!("POST {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nh"), "h"),

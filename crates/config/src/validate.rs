@@ -299,10 +299,41 @@ pub(crate) fn check_header_map(map: &BTreeMap<String, String>, base: &KeyPath, p
 }
 
 fn check_edits(edits: &HeaderEdits, base: &KeyPath, p: &mut Problems) {
-    check_header_map(&edits.add, &base.key("add"), p);
-    check_header_map(&edits.set, &base.key("set"), p);
-    for (j, name) in edits.remove.iter().enumerate() {
+    check_edit_lists(&edits.add, &edits.set, &edits.remove, base, p);
+}
+
+/// Configured header edits (a route's, or a `headers` filter's): valid names and values, and
+/// none of the framing fields, which the gateway writes from the body it sends (an edit of
+/// them would do nothing, so it is refused rather than silently ignored).
+pub(crate) fn check_edit_lists(
+    add: &BTreeMap<String, String>,
+    set: &BTreeMap<String, String>,
+    remove: &[String],
+    base: &KeyPath,
+    p: &mut Problems,
+) {
+    check_header_map(add, &base.key("add"), p);
+    check_header_map(set, &base.key("set"), p);
+    for (j, name) in remove.iter().enumerate() {
         check_header_name(name, base.key("remove").index(j), p);
+    }
+    let named = (add.keys().map(|n| (n, base.key("add").key(n))))
+        .chain(set.keys().map(|n| (n, base.key("set").key(n))))
+        .chain((remove.iter().enumerate()).map(|(j, n)| (n, base.key("remove").index(j))));
+    for (name, at) in named {
+        if ["content-length", "transfer-encoding"]
+            .iter()
+            .any(|f| name.eq_ignore_ascii_case(f))
+        {
+            p.push(
+                at,
+                format!(
+                    "{name:?} is written by the gateway from the body it sends and cannot be \
+                     edited; expected another field (a filter with a body opt-in replaces the \
+                     body, and its length with it)"
+                ),
+            );
+        }
     }
 }
 
@@ -542,6 +573,17 @@ pub(crate) fn check_path(path: &Option<String>, at: KeyPath, p: &mut Problems) {
             p.push(
                 at,
                 format!("{path:?} must start with \"/\"; expected e.g. \"/api\""),
+            );
+        } else if path
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '#')
+        {
+            p.push(
+                at,
+                format!(
+                    "{path:?} is not a valid request path (no spaces, control characters or \
+                     '#'); expected e.g. \"/api\""
+                ),
             );
         }
     }

@@ -6,8 +6,8 @@ use crate::model::{
     Config, FilterConfig, FilterStage, FilterType, RateLimitBackend, RateLimitKey, RedisConfig,
 };
 use crate::validate::{
-    check_header_map, check_header_name, check_header_value, check_path, check_unique,
-    is_standard_method, Problems,
+    check_edit_lists, check_header_map, check_header_name, check_header_value, check_path,
+    check_unique, is_standard_method, Problems,
 };
 use std::net::IpAddr;
 
@@ -314,11 +314,7 @@ fn check_filter(
                     "a headers filter edits nothing; expected at least one of add, set, remove",
                 );
             }
-            check_header_map(&f.add, &at.key("add"), p);
-            check_header_map(&f.set, &at.key("set"), p);
-            for (j, n) in f.remove.iter().enumerate() {
-                check_header_name(n, at.key("remove").index(j), p);
-            }
+            check_edit_lists(&f.add, &f.set, &f.remove, at, p);
         }
         FilterType::Redirect => {
             if let Some(s) = f.status {
