@@ -356,7 +356,7 @@ async fn proxy(
         // A filter that set the request id header itself wins over a generated one.
         rid_added &= !chosen.request_id_set;
         // Filters may have edited the head: scan it again for the header duties below.
-        if chosen.head_touched || chosen.body.is_some() {
+        if chosen.head_touched {
             // A change to a scanned field needs the map (`FilterCtx::set_request_header`).
             debug_assert!(wire.is_none());
             scan = hdr::HeadScan::of(&parts.headers);

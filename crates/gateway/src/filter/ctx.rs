@@ -502,11 +502,10 @@ impl FilterCtx {
     /// `post`: a final status (a 1xx one is ignored: it would tell the client that another
     /// response follows, or that the connection switched protocols).
     pub fn set_response_status(&mut self, status: StatusCode) {
-        if let Some(r) = self
-            .response
-            .as_mut()
-            .filter(|_| !status.is_informational())
-        {
+        if status.is_informational() {
+            return;
+        }
+        if let Some(r) = self.response.as_mut() {
             r.status = status;
         }
     }

@@ -22,10 +22,12 @@ pub(super) struct Chosen {
     pub(super) upstream_path: Option<String>,
     /// The Host sent upstream, instead of the route's policy.
     pub(super) upstream_host: Option<HeaderValue>,
-    /// The request body a filter read: sent whole, with its length (the head is a map).
+    /// The request body a filter read: sent whole, framed by its own length like any body
+    /// (`upstream::h1::encode`); the head is a map then, so that the client's Content-Length
+    /// line in the wire form does not go with it.
     pub(super) body: Option<Bytes>,
     /// A filter may have changed a field the proxy stage's scan looks at: scan the head
-    /// again (it is a map then), as for a buffered body, whose length changes the framing.
+    /// again (it is a map then).
     pub(super) head_touched: bool,
     /// A filter set the request id field: a generated id is not added.
     pub(super) request_id_set: bool,
@@ -55,7 +57,6 @@ pub(super) fn handoff(
     if let Some((body, path, host)) = ctx.take_rare_choices() {
         if let Some(b) = body {
             super::to_map(&mut parts.headers, wire);
-            crate::filter::set_body_length(&mut parts.headers, b.len());
             chosen.body = Some(b);
         }
         (chosen.upstream_path, chosen.upstream_host) = (path, host);
