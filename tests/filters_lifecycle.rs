@@ -393,6 +393,78 @@ async fn route_filter_overrides_cluster_path_and_host() {
     assert_eq!(send(&mut c, "/plain", &[]).await.status, 200);
 }
 
+/// Post: stamps the request line it sees (`x-saw-line`: method, path, query).
+/// `reads_line: false` declares it never reads it.
+struct LineOut {
+    reads_line: bool,
+}
+impl Filter for LineOut {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+        let line = format!(
+            "{} {}?{}",
+            ctx.method(),
+            ctx.path(),
+            ctx.query().unwrap_or("")
+        );
+        if let Some(h) = ctx.response_headers_mut() {
+            h.insert("x-saw-line", HeaderValue::from_str(&line).unwrap());
+        }
+        done(Ok(()))
+    }
+    fn reads_request_line(&self) -> bool {
+        self.reads_line
+    }
+}
+
+/// Post filters see the request line as the client sent it, on proxied and filter-made
+/// responses alike, unless every post and error filter declares it never reads it (and
+/// none matches on a path): then only the method is kept past the proxy stage.
+#[tokio::test]
+async fn post_filters_see_the_request_line_unless_none_reads_it() {
+    let o = echo_origin("o").await;
+    let alt = echo_origin("alt").await;
+    let reads = LineOut { reads_line: true };
+    let g = start_gateway_with_filters(
+        &cfg(o.addr, alt.addr, ""),
+        vec![
+            spec("answer", FilterStage::Pre, 0, Answer(403)).with_match(only_path("/deny")),
+            spec("line", FilterStage::Post, 0, reads),
+        ],
+    );
+    let mut c = Client::connect(g.addr).await;
+    let r = send(&mut c, "/a/b?q=1", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["x-saw-line"], "GET /a/b?q=1");
+    let r = send(&mut c, "/deny/x?y", &[]).await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.headers["x-saw-line"], "GET /deny/x?y",
+        "a filter's answer too"
+    );
+
+    let blind = LineOut { reads_line: false };
+    let g2 = start_gateway_with_filters(
+        &cfg(o.addr, alt.addr, ""),
+        vec![spec("blind", FilterStage::Post, 0, blind)],
+    );
+    let mut c = Client::connect(g2.addr).await;
+    let r = send(&mut c, "/a/b?q=1", &[]).await;
+    assert_eq!(r.headers["x-saw-line"], "GET ?", "no copy kept");
+
+    // A match on a path keeps the target all the same: the match needs it.
+    let blind = LineOut { reads_line: false };
+    let g3 = start_gateway_with_filters(
+        &cfg(o.addr, alt.addr, ""),
+        vec![spec("blind", FilterStage::Post, 0, blind).with_match(only_path("/a"))],
+    );
+    let mut c = Client::connect(g3.addr).await;
+    let r = send(&mut c, "/a/b?q=1", &[]).await;
+    assert_eq!(r.headers["x-saw-line"], "GET /a/b?q=1");
+    let r = send(&mut c, "/x", &[]).await;
+    assert!(!r.headers.contains_key("x-saw-line"), "skipped");
+    drop((g, g2));
+}
+
 #[tokio::test]
 async fn post_filter_edits_status_and_headers() {
     let o = echo_origin("o").await;
@@ -661,6 +733,12 @@ async fn proxy_errors_run_error_and_post_filters() {
     assert_eq!(r.headers["x-failure"], "origin_connectivity");
     assert_eq!(r.headers["x-post-saw"], "503");
     assert_eq!(body(&r), "origin down, sorry\n");
+    // A cluster a route filter chose that this config version lacks fails in the proxy
+    // stage: the error and post filters run for it too.
+    let r = send(&mut c, "/nowhere", &[]).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.headers["x-failure"], "local_filter_error");
+    assert_eq!(r.headers["x-post-saw"], "503");
     // The error filter's should_filter leaves filter failures alone; other paths proxy.
     assert_eq!(send(&mut c, "/x", &[]).await.status, 200);
     drop(g);

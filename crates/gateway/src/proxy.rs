@@ -23,7 +23,7 @@ use crate::access_log::LogRecord;
 use crate::body::{ClientBody, OriginBody, RequestBody, RequestBodyState, ResponseBody};
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind, Side};
-use crate::filter::{staged, FilterCtx};
+use crate::filter::{staged, FilterCtx, FilterState};
 use crate::headers::{self as hdr, WireHead};
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
@@ -113,12 +113,12 @@ async fn handle_in(
     } else {
         error_response(&err, rid, via)
     };
-    if let (Some(ctx), Some(rid)) = (info.fctx.as_mut(), rid) {
+    if let (Some(state), Some(rid)) = (info.filters.as_mut(), rid) {
         // Past the pre/route filters: error and post filters see proxy errors too.
         let failed = || error_response(&err, Some(rid), via);
         resp = snapshot
             .filters
-            .proxy_error(ctx, err.category(), resp, &failed)
+            .proxy_error(state, err.category(), resp, &failed)
             .await;
     }
     let finished = Finished {
@@ -154,8 +154,8 @@ struct RequestInfo {
     log: Option<Box<LogRecord>>,
     /// The filter chain answered: `"filter_response"`, or `"local_filter_error"`.
     local: Option<&'static str>,
-    /// The filter context once pre and route filters have run.
-    fctx: Option<FilterCtx>,
+    /// What the filters of the request share, once pre and route filters have run.
+    filters: Option<FilterState>,
     /// A gRPC call: errors get gRPC-shaped responses.
     grpc: bool,
     /// Counted in the gateway's in-flight requests until the request ends.
@@ -315,14 +315,9 @@ async fn proxy(
     if !snapshot.filters.is_empty() {
         let tls = cx.client.tls.as_ref();
         let rid_name = &listener.request_id_header;
-        let mut ctx = FilterCtx::new(
-            &mut parts,
-            &mut wire,
-            cx.peer,
-            tls,
-            route.name.clone(),
-            rid_name,
-        );
+        let mut state = FilterState::new(&parts.method, cx.peer, tls, route.name.clone(), rid_name);
+        // The context borrows the request head where it is, until the route stage is done.
+        let mut ctx = FilterCtx::lent(&mut state, &parts.uri, &mut parts.headers, &mut wire);
         if snapshot.filters.wants_request_body(&ctx) {
             let cap = snapshot
                 .config
@@ -345,9 +340,13 @@ async fn proxy(
             });
             return Ok(Box::new(resp));
         }
+        drop(ctx);
+        // Kept from here on: a proxy-stage error (an unknown cluster a filter chose
+        // included) runs the error and post filters.
+        let state = info.filters.insert(state);
         filters::handoff(
             snapshot,
-            &mut ctx,
+            state,
             &mut parts,
             &mut wire,
             rid_name,
@@ -364,7 +363,6 @@ async fn proxy(
                 host_value = hdr::find(&parts.headers, &header::HOST).cloned();
             }
         }
-        info.fctx = Some(ctx);
     }
 
     // Body cap: refuse a declared oversize body before touching the origin. The length is
@@ -638,20 +636,21 @@ async fn finish_response(
         }
         (switch, origin_close)
     };
-    if let Some(ctx) = info.fctx.as_mut() {
-        if snapshot.filters.wants_response_body(ctx, rparts.status) {
+    if let Some(state) = info.filters.as_mut() {
+        if snapshot.filters.wants_response_body(state, rparts.status) {
             if let Some(r) = raw.take() {
                 rparts.headers = r.to_map(); // a body-reading filter gets the map
             }
             let cap = snapshot.config.filter_body.max_response.0;
             let read =
                 crate::filter::read_response_body(&mut rbody, cap, deadline, route.read_timeout);
-            ctx.put_response_body(read.await?);
+            state.put_response_body(read.await?);
         }
         // Post filters over the origin's response head.
         let id = (&listener.request_id_header, &rid);
         let failed = || filter_failed(snapshot, id);
         let (status, headers) = (&mut rparts.status, &mut rparts.headers);
+        let ctx = FilterCtx::kept(state);
         if let Err(resp) = staged!(snapshot
             .filters
             .outbound(ctx, status, headers, &mut raw, failed))
@@ -660,7 +659,7 @@ async fn finish_response(
             info.local = Some("local_filter_error");
             return Ok(resp);
         }
-        if let Some(b) = ctx.take_response_body() {
+        if let Some(b) = state.take_response_body() {
             crate::filter::set_body_length(&mut rparts.headers, b.len());
             prefix = Some(b);
         }

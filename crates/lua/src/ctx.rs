@@ -79,7 +79,9 @@ pub(crate) fn from_table(t: Option<Table>) -> mlua::Result<HeaderMap> {
 /// The request context lent to the Lua call running on this thread.
 #[derive(Clone, Copy)]
 pub(crate) struct Lent {
-    ptr: NonNull<FilterCtx>,
+    /// The lent context; its lifetime is erased here and held by the host instead (see
+    /// the SAFETY notes of [`with_ref`] and [`with_mut`]).
+    ptr: NonNull<FilterCtx<'static>>,
     writable: bool,
 }
 
@@ -92,17 +94,17 @@ thread_local! {
 impl Lent {
     /// `run`: the call may change the context. The caller must not touch `ctx` while the
     /// lent value is installed (see [`Lent::install`]).
-    pub(crate) fn writable(ctx: &mut FilterCtx) -> Lent {
+    pub(crate) fn writable(ctx: &mut FilterCtx<'_>) -> Lent {
         Lent {
-            ptr: NonNull::from(ctx),
+            ptr: NonNull::from(ctx).cast(),
             writable: true,
         }
     }
 
     /// `should_filter`: the call reads the context only.
-    pub(crate) fn read_only(ctx: &FilterCtx) -> Lent {
+    pub(crate) fn read_only(ctx: &FilterCtx<'_>) -> Lent {
         Lent {
-            ptr: NonNull::from(ctx),
+            ptr: NonNull::from(ctx).cast(),
             writable: false,
         }
     }
@@ -159,7 +161,7 @@ impl From<Unreachable> for mlua::Error {
 }
 
 /// `f` with the running call's context, read-only.
-pub(crate) fn with_ref<R>(f: impl FnOnce(&FilterCtx) -> R) -> Result<R, Unreachable> {
+pub(crate) fn with_ref<R>(f: impl FnOnce(&FilterCtx<'_>) -> R) -> Result<R, Unreachable> {
     let lent = LENT.with(Cell::take).ok_or(Unreachable::Outside)?;
     let _back = Return(lent);
     // SAFETY: `lent.ptr` was made from a reference (`&FilterCtx` or `&mut FilterCtx`) that
@@ -168,13 +170,15 @@ pub(crate) fn with_ref<R>(f: impl FnOnce(&FilterCtx) -> R) -> Result<R, Unreacha
     // future, which borrows the context for its whole life. The `Installed` guard removes
     // it when that call or poll returns or unwinds, and methods run on this thread inside
     // that window. The value was taken out of `LENT`, so no other reference made from it
-    // exists until `_back` puts it back after `f`.
+    // exists until `_back` puts it back after `f`. The lifetime erased in `Lent` is not
+    // relied on: `f` takes a context of any lifetime (`for<'r> FnOnce(&FilterCtx<'r>)`), so
+    // nothing borrowed from it can outlive this call, which is within the host's borrow.
     let c = unsafe { lent.ptr.as_ref() };
     Ok(f(c))
 }
 
 /// `f` with the running call's context, writable (an error in `should_filter`).
-pub(crate) fn with_mut<R>(f: impl FnOnce(&mut FilterCtx) -> R) -> Result<R, Unreachable> {
+pub(crate) fn with_mut<R>(f: impl FnOnce(&mut FilterCtx<'_>) -> R) -> Result<R, Unreachable> {
     let mut lent = LENT.with(Cell::take).ok_or(Unreachable::Outside)?;
     let _back = Return(lent);
     if !lent.writable {
@@ -322,7 +326,7 @@ fn reader<A, R, F>(lua: &Lua, t: &Table, name: &str, f: F) -> mlua::Result<()>
 where
     A: FromLuaMulti,
     R: IntoLuaMulti,
-    F: Fn(&Lua, &FilterCtx, A) -> mlua::Result<R> + 'static,
+    F: Fn(&Lua, &FilterCtx<'_>, A) -> mlua::Result<R> + 'static,
 {
     let m = lua.create_function(move |lua, (_, a): (Receiver, A)| with_ref(|c| f(lua, c, a))?)?;
     t.raw_set(name, m)
@@ -333,7 +337,7 @@ fn writer<A, R, F>(lua: &Lua, t: &Table, name: &str, f: F) -> mlua::Result<()>
 where
     A: FromLuaMulti,
     R: IntoLuaMulti,
-    F: Fn(&Lua, &mut FilterCtx, A) -> mlua::Result<R> + 'static,
+    F: Fn(&Lua, &mut FilterCtx<'_>, A) -> mlua::Result<R> + 'static,
 {
     let m = lua.create_function(move |lua, (_, a): (Receiver, A)| with_mut(|c| f(lua, c, a))?)?;
     t.raw_set(name, m)

@@ -139,7 +139,7 @@ impl Filter for LuaFilter {
         self.set.files[self.index].has_should
     }
 
-    fn should_filter(&self, ctx: &FilterCtx) -> bool {
+    fn should_filter(&self, ctx: &FilterCtx<'_>) -> bool {
         if !self.set.files[self.index].has_should {
             return true;
         }
@@ -152,7 +152,7 @@ impl Filter for LuaFilter {
         }
     }
 
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         let file = &self.set.files[self.index];
         let pending = file.has_should.then(|| {
             PENDING.with(|p| {
@@ -188,6 +188,10 @@ impl Filter for LuaFilter {
         self.set.files[self.index].reads_request_headers
     }
 
+    fn reads_request_line(&self) -> bool {
+        self.set.files[self.index].reads_request_line
+    }
+
     fn needs_request_body(&self) -> bool {
         self.set.files[self.index].request_body
     }
@@ -197,14 +201,14 @@ impl Filter for LuaFilter {
     }
 }
 
-fn should_filter(set: &Arc<LuaSet>, index: usize, ctx: &FilterCtx) -> Result<bool, String> {
+fn should_filter(set: &Arc<LuaSet>, index: usize, ctx: &FilterCtx<'_>) -> Result<bool, String> {
     vm::call(set, index, vm::Entry::ShouldFilter, Lent::read_only(ctx))
 }
 
 type FilterResult = Result<(), keymaster_gateway::filter::FilterError>;
 
 /// A file that never names `http` cannot suspend: a plain protected call, no coroutine.
-fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResult {
+fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx<'_>) -> FilterResult {
     match vm::call(set, index, vm::Entry::Run, Lent::writable(ctx)) {
         Ok(_) => Ok(()),
         Err(e) => Err(e.into()),
@@ -213,7 +217,7 @@ fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResul
 
 /// A file that may call `http`: the call runs as a coroutine the worker can suspend. The
 /// future borrows `ctx` for its whole life; the context is lent to the call for each poll.
-async fn run(set: Arc<LuaSet>, index: usize, ctx: &mut FilterCtx) -> FilterResult {
+async fn run(set: Arc<LuaSet>, index: usize, ctx: &mut FilterCtx<'_>) -> FilterResult {
     let h = vm::handle(&set, index)?;
     let call = h.fns.run.call_async::<()>(&h.fns.ctx);
     let r = vm::Budgeted::new(call, set.settings.budget, Lent::writable(ctx)).await;

@@ -252,11 +252,11 @@ fn attempt(l: *mut lua_State, body: &impl Body) -> Result<Out, Failed> {
         .unwrap_or_else(|_| Err(mlua::Error::runtime("ctx method panicked").into()))
 }
 
-fn read(f: impl FnOnce(&FilterCtx) -> Out) -> Result<Out, Failed> {
+fn read(f: impl FnOnce(&FilterCtx<'_>) -> Out) -> Result<Out, Failed> {
     Ok(with_ref(f)?)
 }
 
-fn write(f: impl FnOnce(&mut FilterCtx)) -> Result<Out, Failed> {
+fn write(f: impl FnOnce(&mut FilterCtx<'_>)) -> Result<Out, Failed> {
     with_mut(f)?;
     Ok(Out::Nothing)
 }

@@ -59,6 +59,9 @@ pub(crate) struct LuaFile {
     pub needs_request_headers: bool,
     /// The source may read the request headers or remove one (`names_request_header_read`).
     pub reads_request_headers: bool,
+    /// The source may read the request's path or query: it names `path` or `query`
+    /// anywhere (a conservative test, like `reads_request_headers`).
+    pub reads_request_line: bool,
     /// Body opt-in: `request_body = true` / `response_body = true`.
     pub request_body: bool,
     pub response_body: bool,
@@ -207,6 +210,8 @@ fn compile_file(lua: &mlua::Lua, path: &Path, budget: u64) -> Result<LuaFile, St
         may_suspend: source.windows(4).any(|w| w == b"http"),
         needs_request_headers,
         reads_request_headers: names_request_header_read(&source),
+        reads_request_line: source.windows(4).any(|w| w == b"path")
+            || source.windows(5).any(|w| w == b"query"),
         request_body,
         response_body,
     })

@@ -566,7 +566,7 @@ mod tests {
     /// every call would outgrow the thread's stack).
     #[test]
     fn synchronous_calls_leave_the_caller_thread_as_they_found_it() {
-        use keymaster_gateway::filter::FilterCtx;
+        use keymaster_gateway::filter::TestRequest;
         let dir = tempfile::tempdir().unwrap();
         for (name, src) in [
             (
@@ -590,7 +590,8 @@ mod tests {
         set_settings.budget = 1_000_000;
         let set = Arc::new(crate::set::compile(dir.path(), set_settings).unwrap());
         let client = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
-        let mut ctx = FilterCtx::for_test(http::Method::GET, "/", Default::default(), client);
+        let mut req = TestRequest::new(http::Method::GET, "/", Default::default(), client);
+        let mut ctx = req.ctx();
         for _ in 0..200 {
             for (index, ok) in [(0, true), (1, true), (2, false)] {
                 let should = call(&set, index, Entry::ShouldFilter, Lent::read_only(&ctx));

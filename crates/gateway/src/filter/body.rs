@@ -8,17 +8,17 @@ use crate::body::ClientBody;
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 
-use super::{FilterChain, FilterCtx, FilterStage};
+use super::{FilterChain, FilterCtx, FilterStage, State};
 use crate::error::{Error, Kind};
 
 impl FilterChain {
     /// Whether a `pre`/`route` filter that needs the request body matches this request.
     #[inline(always)]
-    pub(crate) fn wants_request_body(&self, ctx: &FilterCtx) -> bool {
+    pub(crate) fn wants_request_body(&self, ctx: &FilterCtx<'_>) -> bool {
         self.request_body && self.request_body_matches(ctx)
     }
 
-    fn request_body_matches(&self, ctx: &FilterCtx) -> bool {
+    fn request_body_matches(&self, ctx: &FilterCtx<'_>) -> bool {
         self.pre_and_route()
             .iter()
             .any(|e| e.filter.needs_request_body() && e.matcher.matches(ctx))
@@ -27,11 +27,11 @@ impl FilterChain {
     /// Whether a `post` filter that needs the response body matches this request (and the
     /// response can have a body at all: not HEAD, 204 or 304).
     #[inline(always)]
-    pub(crate) fn wants_response_body(&self, ctx: &FilterCtx, status: http::StatusCode) -> bool {
-        self.response_body && self.response_body_matches(ctx, status)
+    pub(crate) fn wants_response_body(&self, state: &mut State, status: http::StatusCode) -> bool {
+        self.response_body && self.response_body_matches(&FilterCtx::kept(state), status)
     }
 
-    fn response_body_matches(&self, ctx: &FilterCtx, status: http::StatusCode) -> bool {
+    fn response_body_matches(&self, ctx: &FilterCtx<'_>, status: http::StatusCode) -> bool {
         ctx.method() != http::Method::HEAD
             && status != http::StatusCode::NO_CONTENT
             && status != http::StatusCode::NOT_MODIFIED
@@ -42,35 +42,38 @@ impl FilterChain {
     }
 }
 
-impl FilterCtx {
+impl FilterCtx<'_> {
     /// The request body, when a filter of this chain declared
     /// [`super::Filter::needs_request_body`] and matched this request (`None` otherwise:
     /// the body streams past).
     pub fn request_body(&self) -> Option<&Bytes> {
-        self.extras_ref()?.request_body.as_ref()
+        self.state.extras_ref()?.request_body.as_ref()
     }
     /// Replace the buffered request body (`pre`/`route`); Content-Length follows. Ignored
     /// when the body was not buffered.
     pub fn set_request_body(&mut self, body: impl Into<Bytes>) {
         if self.request_body().is_some() {
-            self.extras().request_body = Some(body.into());
+            self.state.extras().request_body = Some(body.into());
         }
     }
     /// `post`: the origin's response body, when a post filter declared
     /// [`super::Filter::needs_response_body`] and matched this request.
     pub fn response_body(&self) -> Option<&Bytes> {
-        self.extras_ref()?.response_body.as_ref()
+        self.state.extras_ref()?.response_body.as_ref()
     }
     /// `post`: replace the buffered response body; Content-Length follows. Ignored when the
     /// body was not buffered.
     pub fn set_response_body(&mut self, body: impl Into<Bytes>) {
         if self.response_body().is_some() {
-            self.extras().response_body = Some(body.into());
+            self.state.extras().response_body = Some(body.into());
         }
     }
     pub(crate) fn put_request_body(&mut self, b: Bytes) {
-        self.extras().request_body = Some(b);
+        self.state.extras().request_body = Some(b);
     }
+}
+
+impl State {
     pub(crate) fn put_response_body(&mut self, b: Bytes) {
         self.extras().response_body = Some(b);
     }

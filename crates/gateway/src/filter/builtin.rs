@@ -152,7 +152,7 @@ fn nets(list: &[String]) -> Result<Vec<IpNet>, String> {
 }
 
 /// A plain-text answer from a filter.
-pub(super) fn deny(ctx: &mut FilterCtx, status: StatusCode, mut headers: HeaderMap) {
+pub(super) fn deny(ctx: &mut FilterCtx<'_>, status: StatusCode, mut headers: HeaderMap) {
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -193,7 +193,7 @@ impl Filter for RequestHeaders {
     fn has_should_filter(&self) -> bool {
         false
     }
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         ctx.edit_request_headers(&self.0);
         done(Ok(()))
     }
@@ -210,7 +210,7 @@ impl Filter for ResponseHeaders {
     fn has_should_filter(&self) -> bool {
         false
     }
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         let e = &self.0;
         if e.remove.is_empty() && e.set.is_empty() {
             // Only appends: the origin's head may stay in wire form.
@@ -225,6 +225,9 @@ impl Filter for ResponseHeaders {
     fn reads_request_headers(&self) -> bool {
         false
     }
+    fn reads_request_line(&self) -> bool {
+        false
+    }
 }
 
 impl Filter for ResponseLines {
@@ -234,13 +237,16 @@ impl Filter for ResponseLines {
     fn has_should_filter(&self) -> bool {
         false
     }
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         for f in self.0.compiled_adds() {
             ctx.append_response_line(f);
         }
         done(Ok(()))
     }
     fn reads_request_headers(&self) -> bool {
+        false
+    }
+    fn reads_request_line(&self) -> bool {
         false
     }
 }
@@ -259,11 +265,14 @@ impl Filter for Fixed {
     fn has_should_filter(&self) -> bool {
         false
     }
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         ctx.respond(self.status, self.headers.clone(), self.body.clone());
         done(Ok(()))
     }
     fn reads_request_headers(&self) -> bool {
+        false
+    }
+    fn reads_request_line(&self) -> bool {
         false
     }
 }
@@ -314,10 +323,10 @@ impl Filter for CorsPre {
     fn synchronous(&self) -> bool {
         true
     }
-    fn should_filter(&self, ctx: &FilterCtx) -> bool {
+    fn should_filter(&self, ctx: &FilterCtx<'_>) -> bool {
         ctx.request_headers().contains_key(header::ORIGIN)
     }
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         let c = &self.0;
         let allowed = c.allowed_origin(ctx.request_headers()).cloned();
         let preflight = ctx.method() == Method::OPTIONS
@@ -361,10 +370,10 @@ impl Filter for CorsPost {
     fn synchronous(&self) -> bool {
         true
     }
-    fn should_filter(&self, ctx: &FilterCtx) -> bool {
+    fn should_filter(&self, ctx: &FilterCtx<'_>) -> bool {
         ctx.meta().contains_key(CORS_ORIGIN)
     }
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         let Some(origin) = ctx
             .meta()
             .get(CORS_ORIGIN)
@@ -378,6 +387,9 @@ impl Filter for CorsPost {
             }
         }
         done(Ok(()))
+    }
+    fn reads_request_line(&self) -> bool {
+        false
     }
 }
 
@@ -393,7 +405,7 @@ impl Filter for IpFilter {
     fn has_should_filter(&self) -> bool {
         false
     }
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         let ip = match ctx.client_ip() {
             IpAddr::V6(v6) => v6
                 .to_ipv4_mapped()
@@ -425,7 +437,7 @@ impl Filter for ApiKey {
     fn has_should_filter(&self) -> bool {
         false
     }
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         let ok = ctx
             .request_headers()
             .get(&self.header)
@@ -507,7 +519,7 @@ impl Filter for RateLimit {
     fn has_should_filter(&self) -> bool {
         false
     }
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         let key = match self.key {
             RateLimitKey::ClientIp => ctx.client_ip().to_string(),
             RateLimitKey::Route => ctx.route().to_string(),
@@ -534,7 +546,7 @@ impl Filter for RateLimit {
 }
 
 /// 429 with Retry-After when the bucket said to wait.
-fn limited(ctx: &mut FilterCtx, decision: Result<(), u64>) {
+fn limited(ctx: &mut FilterCtx<'_>, decision: Result<(), u64>) {
     if let Err(wait) = decision {
         let mut h = HeaderMap::new();
         h.insert(header::RETRY_AFTER, HeaderValue::from(wait));
@@ -554,7 +566,7 @@ impl Reroute {
     /// The upstream path (the request's query kept) and Host, when configured: out of line,
     /// so that choosing a cluster alone stays a small function.
     #[inline(never)]
-    fn set_target(&self, ctx: &mut FilterCtx) {
+    fn set_target(&self, ctx: &mut FilterCtx<'_>) {
         if let Some(p) = &self.path {
             let target = match ctx.query() {
                 Some(q) => format!("{p}?{q}"),
@@ -575,7 +587,7 @@ impl Filter for Reroute {
     fn has_should_filter(&self) -> bool {
         false
     }
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         if let Some(c) = &self.cluster {
             ctx.choose_cluster(c.clone());
         }

@@ -1,10 +1,17 @@
 //! The per-request context filters see ([`FilterCtx`]): the request head, the shared
 //! metadata map, where the request goes, a filter's own response, and in `post` the
-//! response head (kept in wire form while filters only append to it).
+//! response head.
+//!
+//! A context borrows the heads it shows: in `pre` and `route` the request line and fields
+//! where the proxy stage keeps them, in `post` the response status and fields (the origin's
+//! head possibly still in wire form). Nothing is moved in or out. What the filters of one
+//! request share from the first `pre` filter to the last `post` or `error` one is owned by
+//! a [`FilterState`], which the proxy stage keeps across the proxy stage; each stage makes
+//! a context over it and the heads of the moment.
 
 use http::header::{HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
-use http::{HeaderMap, Method, Request, StatusCode};
+use http::{HeaderMap, Method, StatusCode};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::mem::{ManuallyDrop, MaybeUninit};
@@ -23,61 +30,61 @@ pub(crate) struct LocalResponse {
     pub(super) body: bytes::Bytes,
 }
 
-/// The narrow per-request API filters see. Bodies are not part of it (they stream past).
+/// What the filters of one request share across its stages ([`State`]), owned by the
+/// request from before the `pre` stage to after its `post` stage.
 ///
-/// One pointer wide: the state lives in a box, so the request future that keeps the
-/// context from the `pre` stage to the `post` stage stays small and moves 8 bytes. The box
-/// is reused: a dropped context leaves its allocation (its state dropped) to the next
-/// context made on the same thread ([`SPARE`]), which writes a whole new state into it.
-pub struct FilterCtx(ManuallyDrop<Box<CtxState>>);
+/// One pointer wide: the state lives in a box, so the request future that keeps it across
+/// the proxy stage stays small. The box is reused: a dropped state leaves its allocation
+/// (its value dropped) to the next one made on the same thread ([`SPARE`]), which writes a
+/// whole new value into it.
+pub(crate) struct FilterState(ManuallyDrop<Box<State>>);
 
 thread_local! {
-    /// The allocation of the last context dropped on this thread, without a value: a worker
-    /// makes a context per request with filters, one at a time or a few at once, so this
-    /// saves an allocation and a free per request.
-    static SPARE: Cell<Option<Box<MaybeUninit<CtxState>>>> = const { Cell::new(None) };
+    /// The allocation of the last state dropped on this thread, without a value: a worker
+    /// makes one per request with filters, one at a time or a few at once, so this saves
+    /// an allocation and a free per request.
+    static SPARE: Cell<Option<Box<MaybeUninit<State>>>> = const { Cell::new(None) };
 }
 
-impl Drop for FilterCtx {
+impl Drop for FilterState {
     fn drop(&mut self) {
         // SAFETY: the box is taken out of the `ManuallyDrop` once, here, and `self.0` is not
         // used again.
         let state = unsafe { ManuallyDrop::take(&mut self.0) };
         let raw = Box::into_raw(state);
-        // SAFETY: `raw` comes from a `Box<CtxState>` holding a valid state, dropped exactly
+        // SAFETY: `raw` comes from a `Box<State>` holding a valid value, dropped exactly
         // once here. What is left is the box's allocation holding no value: a
-        // `Box<MaybeUninit<CtxState>>` (same size and alignment) owns it from then on and
-        // frees it without dropping anything when it is dropped.
+        // `Box<MaybeUninit<State>>` (same size and alignment) owns it from then on and frees
+        // it without dropping anything when it is dropped.
         let spare = unsafe {
             std::ptr::drop_in_place(raw);
-            Box::from_raw(raw.cast::<MaybeUninit<CtxState>>())
+            Box::from_raw(raw.cast::<MaybeUninit<State>>())
         };
         // Past the thread's destructors the spare is simply freed.
         let _ = SPARE.try_with(move |s| s.set(Some(spare)));
     }
 }
 
-impl std::ops::Deref for FilterCtx {
-    type Target = CtxState;
-    fn deref(&self) -> &CtxState {
+impl std::ops::Deref for FilterState {
+    type Target = State;
+    fn deref(&self) -> &State {
         &self.0
     }
 }
 
-impl std::ops::DerefMut for FilterCtx {
-    fn deref_mut(&mut self) -> &mut CtxState {
+impl std::ops::DerefMut for FilterState {
+    fn deref_mut(&mut self) -> &mut State {
         &mut self.0
     }
 }
 
-/// What a [`FilterCtx`] holds; reached only through its methods.
+/// What a [`FilterState`] holds.
 ///
 /// The fields every request with filters uses are here; the ones few requests need (the
 /// `meta` map, upstream path and Host overrides, a failure, the debug trace, buffered
-/// bodies) are in [`Extras`], allocated on first use, so making and dropping a context
+/// bodies) are in [`Extras`], allocated on first use, so making and dropping a state
 /// touches as little memory as possible.
-#[doc(hidden)]
-pub struct CtxState {
+pub(crate) struct State {
     pub(super) stage: FilterStage,
     /// The request head may have changed in a field the proxy stage's head scan looks at
     /// (framing, hop-by-hop, Host, Expect): it scans again only then.
@@ -87,112 +94,88 @@ pub struct CtxState {
     /// then does the proxy stage look for it in the map before adding a generated id.
     /// Comparing lengths is a cheap over-approximation of comparing names.
     may_set_request_id: bool,
-    /// The length of the listener's request id field name.
-    request_id_len: usize,
     /// The filter runs of this request are timed (sampled, or debug mode).
     pub(super) timed: bool,
+    /// The length of the listener's request id field name.
+    request_id_len: usize,
     pub(super) method: Method,
-    /// The request target's path and query, as the client sent them (`None` for a target
-    /// without a path: the authority form). A copy of less than the whole URI.
-    target: Option<PathAndQuery>,
-    /// The request headers: moved in for `pre` and `route`; afterwards the copy kept for
-    /// `post` and `error` filters that asked for it, else none (reads see an empty map).
-    pub(super) headers: Option<RequestFields>,
     client: SocketAddr,
     /// TLS listeners: the verified client certificate identity (mTLS), if any.
     tls: Option<Option<String>>,
     pub(super) route: Arc<str>,
     cluster: Option<ClusterChoice>,
     pub(super) local: Option<Box<LocalResponse>>,
-    /// `post`: the response head (`None` before the post stage).
-    pub(super) response: Option<ResponseHead>,
+    /// Past the proxy stage: what `post` and `error` filters see of the request (its target
+    /// and fields as they were after the `route` stage), when a filter of those stages
+    /// reads them (see [`FilterChain::keep_request`]).
+    pub(super) kept: Option<Box<KeptRequest>>,
     extras: Option<Box<Extras>>,
 }
 
-/// The response head the `post` (and then `error`) filters see.
-pub(crate) struct ResponseHead {
-    pub(super) status: StatusCode,
-    pub(super) fields: ResponseFields,
+/// The request's target and fields kept for the `post` and `error` stages.
+#[derive(Default)]
+pub(crate) struct KeptRequest {
+    pub(super) target: Option<PathAndQuery>,
+    pub(super) map: HeaderMap,
+    pub(super) wire: Option<Box<WireHead>>,
 }
 
-/// A response head's fields as the context holds them.
-pub(crate) enum ResponseFields {
-    /// The origin's head kept in wire form ([`RawHead`]), moved in instead of a map; reads
-    /// see `view`, a map built from it on the first read. Appending keeps it; any other
-    /// change turns it into a `Map`.
-    Wire(RawHead, View),
-    /// A map (the head came as one, or a filter changed more than appending).
-    Map(HeaderMap),
+/// The narrow per-request API filters see. Bodies are not part of it (they stream past).
+///
+/// It borrows what it shows for as long as a stage runs (`'r`): the request head where the
+/// proxy stage keeps it (`pre`, `route`), the response head (`post`), and the request's
+/// [`FilterState`].
+pub struct FilterCtx<'r> {
+    pub(super) state: &'r mut State,
+    request: RequestRef<'r>,
+    /// A map built from wire-form request fields on the first whole read (boxed: few
+    /// requests build one); dropped on a change.
+    view: View,
+    /// `post` (and then `error`): the response head.
+    pub(super) response: Option<ResponseRef<'r>>,
 }
 
-impl ResponseFields {
+/// The request target and fields a context shows.
+enum RequestRef<'r> {
+    /// Where the proxy stage keeps them. `target`: the path and query as the client sent
+    /// them (`None` for a target without a path: the authority form). The fields: the map,
+    /// or the client's fields in wire form (keymaster's HTTP/1.1 server) while `wire` holds
+    /// them (the map is empty then), changed in place through [`RawRequestFields`]' edits
+    /// while no filter needs more.
+    Lent {
+        target: Option<&'r PathAndQuery>,
+        map: &'r mut HeaderMap,
+        wire: &'r mut Option<Box<WireHead>>,
+    },
+    /// What the state kept ([`KeptRequest`]; none kept: an empty path and map).
+    Kept,
+}
+
+/// The response head the `post` (and then `error`) filters see: the status and the fields
+/// as a map, or the origin's head in wire form while `raw` holds it (`map` is empty then).
+/// Appending keeps the wire form; any other change turns it into the map.
+pub(crate) struct ResponseRef<'r> {
+    pub(super) status: &'r mut StatusCode,
+    pub(super) map: &'r mut HeaderMap,
+    pub(super) raw: &'r mut Option<RawHead>,
+    /// A map built from `raw` on the first read.
+    view: View,
+}
+
+impl ResponseRef<'_> {
     /// As a map: the wire form turned into one (its `view` if built).
     fn map_mut(&mut self) -> &mut HeaderMap {
-        if let ResponseFields::Wire(raw, view) = self {
-            let map = view.take().map_or_else(|| raw.to_map(), |m| *m);
-            *self = ResponseFields::Map(map);
+        if let Some(raw) = self.raw.take() {
+            let map = self.view.take().map_or_else(|| raw.to_map(), |m| *m);
+            crate::headers::replace_map(self.map, map);
         }
-        match self {
-            ResponseFields::Map(m) => m,
-            ResponseFields::Wire(..) => unreachable!("turned into a map above"),
-        }
+        self.map
     }
 }
 
-/// The request's fields as the context holds them.
-pub(crate) enum RequestFields {
-    /// A map (the request came as one, or a filter needed one to change it).
-    Map(HeaderMap),
-    /// The client's fields in wire form (keymaster's HTTP/1.1 server), in the server's box
-    /// (moved in and out of the context as one word; its facts are spent), changed in place
-    /// through [`RawRequestFields`]' edits while no filter needs more; `view`: the map
-    /// [`FilterCtx::request_headers`] built for a filter that reads them whole, dropped on
-    /// a change.
-    Wire(Box<WireHead>, View),
-}
-
-/// A map built from a wire-form head on its first read; boxed, so that the context and the
-/// request fields it moves in and out stay small (few requests build one).
+/// A map built from a wire-form head on its first read; boxed, so that the context stays
+/// small (few requests build one).
 pub(crate) type View = std::cell::OnceCell<Box<HeaderMap>>;
-
-impl RequestFields {
-    /// As a map: the wire form turned into one (its `view` if built).
-    fn map_mut(&mut self) -> &mut HeaderMap {
-        if let RequestFields::Wire(w, view) = self {
-            let map = view.take().map_or_else(|| w.fields.to_map(), |m| *m);
-            *self = RequestFields::Map(map);
-        }
-        match self {
-            RequestFields::Map(m) => m,
-            RequestFields::Wire(..) => unreachable!("turned into a map above"),
-        }
-    }
-
-    /// The wire form, to change a field in place, if it is one and the field is not one the
-    /// head scan looks at (`scanned`: [`crate::headers::affects_head_scan`] of its name, as
-    /// [`RawRequestFields::may_edit`] requires).
-    fn wire_for(&mut self, scanned: bool) -> Option<&mut RawRequestFields> {
-        match self {
-            RequestFields::Wire(w, view) if !scanned => {
-                view.take();
-                Some(&mut w.fields)
-            }
-            _ => None,
-        }
-    }
-
-    /// A copy for the `post` and `error` filters (the wire form's block is shared).
-    pub(super) fn copy(&self) -> RequestFields {
-        match self {
-            RequestFields::Map(m) => RequestFields::Map(m.clone()),
-            RequestFields::Wire(w, _) => {
-                let fields = w.fields.clone();
-                let facts = Default::default();
-                RequestFields::Wire(Box::new(WireHead { fields, facts }), Default::default())
-            }
-        }
-    }
-}
 
 /// The cluster a filter chose: by name (the proxy stage looks it up in the request's config
 /// version), or one the chain found when it was built (a `reroute` filter).
@@ -201,7 +184,7 @@ pub(crate) enum ClusterChoice {
     Resolved(Arc<crate::upstream::Cluster>),
 }
 
-/// The parts of a context few requests use (see [`CtxState`]).
+/// The parts of a state few requests use (see [`State`]).
 #[derive(Default)]
 pub(super) struct Extras {
     meta: HashMap<String, String>,
@@ -222,108 +205,265 @@ static NO_META: std::sync::LazyLock<HashMap<String, String>> =
 /// What [`FilterCtx::request_headers`] reads once the headers went upstream without a copy.
 static NO_HEADERS: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
 
-impl FilterCtx {
-    /// A context for the request head `parts` with its fields moved in: `wire`'s when it
-    /// holds them in wire form, else the map, an empty one left in its place (they go back
-    /// with [`super::FilterChain::put_back_request_headers`]). `request_id`: the listener's
-    /// request id field name.
+impl FilterState {
+    /// The state of a request with filters, before its `pre` stage. `request_id`: the
+    /// listener's request id field name.
     pub(crate) fn new(
-        parts: &mut http::request::Parts,
-        wire: &mut Option<Box<WireHead>>,
+        method: &Method,
         client: SocketAddr,
         tls: Option<&crate::tls::TlsFacts>,
         route: Arc<str>,
         request_id: &HeaderName,
-    ) -> FilterCtx {
+    ) -> FilterState {
         // Every value that takes a call is made first, so that the state is then written
         // straight into its allocation (the spare, else a new one), not built on the stack
         // and copied in.
         let timed = super::stage::sample_timing();
-        let method = parts.method.clone();
-        let target = parts.uri.path_and_query().cloned();
-        let headers = Some(match wire.take() {
-            Some(fields) => RequestFields::Wire(fields, Default::default()),
-            None => RequestFields::Map(std::mem::take(&mut parts.headers)),
-        });
+        let method = method.clone();
         let tls = tls.map(|t| t.client_identity.clone());
         let state = (SPARE.try_with(Cell::take).ok().flatten()).unwrap_or_else(Box::new_uninit);
-        FilterCtx(ManuallyDrop::new(Box::write(
+        FilterState(ManuallyDrop::new(Box::write(
             state,
-            CtxState {
+            State {
                 stage: FilterStage::Pre,
                 head_touched: false,
                 may_set_request_id: false,
-                request_id_len: request_id.as_str().len(),
                 timed,
+                request_id_len: request_id.as_str().len(),
                 method,
-                target,
-                headers,
                 client,
                 tls,
                 route,
                 cluster: None,
                 local: None,
-                response: None,
+                kept: None,
                 extras: None,
             },
         )))
     }
+}
 
+impl State {
     /// The rarely used parts, allocated on first use.
     pub(super) fn extras(&mut self) -> &mut Extras {
-        self.0.extras.get_or_insert_with(Box::default)
+        self.extras.get_or_insert_with(Box::default)
     }
 
     /// The rarely used parts, if any was ever set.
     pub(super) fn extras_ref(&self) -> Option<&Extras> {
-        self.0.extras.as_deref()
+        self.extras.as_deref()
     }
 
     /// The rarely used parts, if any was ever set, writable.
     pub(super) fn extras_mut(&mut self) -> Option<&mut Extras> {
-        self.0.extras.as_deref_mut()
+        self.extras.as_deref_mut()
     }
 
-    /// A context for unit tests of filters (no request behind it).
-    pub fn for_test(method: Method, uri: &str, headers: HeaderMap, client: SocketAddr) -> Self {
-        let mut req = Request::new(());
+    /// Debug mode: the trace to add entries to.
+    pub(super) fn debug_trace(&mut self) -> Option<&mut Vec<String>> {
+        self.extras_mut()?.debug.as_mut()
+    }
+
+    /// Whether a filter may have set the request id field (see `may_set_request_id`).
+    pub(crate) fn may_have_set_request_id(&self) -> bool {
+        self.may_set_request_id
+    }
+
+    /// Whether a filter may have changed a field the proxy stage's head scan looks at.
+    pub(crate) fn head_touched(&self) -> bool {
+        self.head_touched
+    }
+
+    /// After the route stage: the cluster a filter chose, if any.
+    pub(crate) fn take_cluster(&mut self) -> Option<ClusterChoice> {
+        self.cluster.take()
+    }
+
+    /// After the route stage: the request body buffered for filters, and the upstream path
+    /// and Host a filter set (`None`: nothing touched the rarely used parts of the state,
+    /// so there is none of them).
+    pub(crate) fn take_rare_choices(
+        &mut self,
+    ) -> Option<(Option<bytes::Bytes>, Option<String>, Option<HeaderValue>)> {
+        let x = self.extras_mut()?;
+        Some((x.request_body.take(), x.path.take(), x.host.take()))
+    }
+}
+
+/// A request for unit tests of filters: it owns what a [`FilterCtx`] borrows.
+pub struct TestRequest {
+    parts: http::request::Parts,
+    wire: Option<Box<WireHead>>,
+    state: FilterState,
+}
+
+impl TestRequest {
+    pub fn new(method: Method, uri: &str, headers: HeaderMap, client: SocketAddr) -> Self {
+        let mut req = http::Request::new(());
         *req.method_mut() = method;
         *req.uri_mut() = uri.parse().expect("valid uri");
         let (mut parts, ()) = req.into_parts();
         parts.headers = headers;
         let request_id = HeaderName::from_static("x-request-id");
-        FilterCtx::new(
-            &mut parts,
-            &mut None,
-            client,
-            None,
-            "test".into(),
-            &request_id,
-        )
+        let state = FilterState::new(&parts.method, client, None, "test".into(), &request_id);
+        TestRequest {
+            parts,
+            wire: None,
+            state,
+        }
+    }
+
+    /// A context over the request, as the `pre` stage sees it.
+    pub fn ctx(&mut self) -> FilterCtx<'_> {
+        let p = &mut self.parts;
+        FilterCtx::lent(&mut self.state, &p.uri, &mut p.headers, &mut self.wire)
+    }
+}
+
+impl<'r> FilterCtx<'r> {
+    /// `pre` and `route`: a context over the request head where the proxy stage keeps it:
+    /// the target of `uri`, and the fields in `wire` when it holds them, else in `map`.
+    pub(crate) fn lent(
+        state: &'r mut State,
+        uri: &'r http::Uri,
+        map: &'r mut HeaderMap,
+        wire: &'r mut Option<Box<WireHead>>,
+    ) -> Self {
+        let target = uri.path_and_query();
+        FilterCtx {
+            state,
+            request: RequestRef::Lent { target, map, wire },
+            view: View::new(),
+            response: None,
+        }
+    }
+
+    /// Past the proxy stage (`post`, `error`): a context over what the state kept of the
+    /// request.
+    pub(crate) fn kept(state: &'r mut State) -> Self {
+        FilterCtx {
+            state,
+            request: RequestRef::Kept,
+            view: View::new(),
+            response: None,
+        }
+    }
+
+    /// The same context for a shorter while, without a response head.
+    pub(super) fn reborrow(&mut self) -> FilterCtx<'_> {
+        let request = match &mut self.request {
+            RequestRef::Lent { target, map, wire } => RequestRef::Lent {
+                target: *target,
+                map,
+                wire,
+            },
+            RequestRef::Kept => RequestRef::Kept,
+        };
+        FilterCtx {
+            state: self.state,
+            request,
+            view: std::mem::take(&mut self.view),
+            response: None,
+        }
+    }
+
+    /// `post`: the response head to show, its fields in `raw` when it holds them (the map
+    /// is empty then), else in `map`.
+    pub(super) fn show_response(
+        &mut self,
+        status: &'r mut StatusCode,
+        map: &'r mut HeaderMap,
+        raw: &'r mut Option<RawHead>,
+    ) {
+        self.response = Some(ResponseRef {
+            status,
+            map,
+            raw,
+            view: View::new(),
+        });
+    }
+}
+
+impl FilterCtx<'_> {
+    /// The request target: the lent one, or the one the state kept.
+    fn target(&self) -> Option<&PathAndQuery> {
+        match &self.request {
+            RequestRef::Lent { target, .. } => *target,
+            RequestRef::Kept => self.state.kept.as_deref()?.target.as_ref(),
+        }
+    }
+
+    /// The request fields as a map and a wire form (`None`: past the proxy stage with none
+    /// kept).
+    fn request_fields(&self) -> Option<(&HeaderMap, Option<&WireHead>)> {
+        match &self.request {
+            RequestRef::Lent { map, wire, .. } => Some((map, wire.as_deref())),
+            RequestRef::Kept => {
+                let k = self.state.kept.as_deref()?;
+                Some((&k.map, k.wire.as_deref()))
+            }
+        }
+    }
+
+    /// The request fields, writable (past the proxy stage with none kept, an empty set is
+    /// made: a change there reaches no one).
+    fn request_fields_mut(&mut self) -> (&mut HeaderMap, &mut Option<Box<WireHead>>) {
+        match &mut self.request {
+            RequestRef::Lent { map, wire, .. } => (map, wire),
+            RequestRef::Kept => {
+                let k = self.state.kept.get_or_insert_with(Box::default);
+                (&mut k.map, &mut k.wire)
+            }
+        }
+    }
+
+    /// The wire-form request fields, to change a field in place, if they are in wire form
+    /// and the field is not one the head scan looks at (`scanned`:
+    /// [`crate::headers::affects_head_scan`] of its name, as [`RawRequestFields::may_edit`]
+    /// requires).
+    fn wire_to_change(&mut self, scanned: bool) -> Option<&mut RawRequestFields> {
+        if scanned {
+            return None;
+        }
+        self.view.take();
+        let (_, wire) = self.request_fields_mut();
+        Some(&mut wire.as_deref_mut()?.fields)
+    }
+
+    /// The request fields as a map: a wire form turned into one (its view if built).
+    fn request_map_mut(&mut self) -> &mut HeaderMap {
+        let view = self.view.take();
+        let (map, wire) = self.request_fields_mut();
+        if let Some(w) = wire.take() {
+            crate::headers::replace_map(map, view.map_or_else(|| w.fields.to_map(), |m| *m));
+        }
+        map
     }
 
     /// The stage now running.
     pub fn stage(&self) -> FilterStage {
-        self.stage
+        self.state.stage
     }
     pub fn method(&self) -> &Method {
-        &self.method
+        &self.state.method
     }
-    /// The request path as the client sent it.
+    /// The request path as the client sent it. In `post` and `error`, empty unless a filter
+    /// of those stages reads the request line ([`super::Filter::reads_request_line`]).
     pub fn path(&self) -> &str {
-        self.target.as_ref().map_or("", PathAndQuery::path)
+        self.target().map_or("", PathAndQuery::path)
     }
     pub fn query(&self) -> Option<&str> {
-        self.target.as_ref()?.query()
+        self.target()?.query()
     }
     /// Request headers. Changes take effect in `pre` and `route`. In `post` and `error` this
     /// is a copy as it was after the `route` stage when a filter of those stages declares
-    /// [`Filter::needs_request_headers`] (or matches on headers), and empty otherwise.
+    /// [`super::Filter::needs_request_headers`] (or matches on headers), and empty
+    /// otherwise.
     pub fn request_headers(&self) -> &HeaderMap {
-        match &self.headers {
+        match self.request_fields() {
             None => &NO_HEADERS,
-            Some(RequestFields::Map(m)) => m,
-            Some(RequestFields::Wire(w, view)) => view.get_or_init(|| Box::new(w.fields.to_map())),
+            Some((map, None)) => map,
+            Some((_, Some(w))) => self.view.get_or_init(|| Box::new(w.fields.to_map())),
         }
     }
     /// The first value of the request field `name` (any case), without the whole map
@@ -336,9 +476,9 @@ impl FilterCtx {
         &'a self,
         name: &'n str,
     ) -> impl Iterator<Item = &'a [u8]> + use<'a, 'n> {
-        let (map, wire) = match &self.headers {
-            Some(RequestFields::Map(m)) => (Some(m), None),
-            Some(RequestFields::Wire(w, _)) => (None, Some(&w.fields)),
+        let (map, wire) = match self.request_fields() {
+            Some((map, None)) => (Some(map), None),
+            Some((_, Some(w))) => (None, Some(&w.fields)),
             None => (None, None),
         };
         let in_map = map.into_iter().flat_map(move |m| m.get_all(name));
@@ -349,126 +489,109 @@ impl FilterCtx {
     /// Any change through this handle makes the proxy stage re-scan the request head; the
     /// `set`/`append`/`remove_request_header` methods do so only for the fields it scans.
     pub fn request_headers_mut(&mut self) -> &mut HeaderMap {
-        self.head_touched = true;
-        self.may_set_request_id = true;
-        self.fields().map_mut()
-    }
-    /// The request's fields, writable (an empty map if they went upstream without a copy).
-    fn fields(&mut self) -> &mut RequestFields {
-        self.headers
-            .get_or_insert_with(|| RequestFields::Map(HeaderMap::new()))
+        self.state.head_touched = true;
+        self.state.may_set_request_id = true;
+        self.request_map_mut()
     }
     pub fn set_request_header(&mut self, name: HeaderName, value: HeaderValue) {
-        let scanned = crate::headers::affects_head_scan(&name);
-        self.head_touched |= scanned;
-        self.may_set_request_id |= name.as_str().len() == self.request_id_len;
-        let fields = self.fields();
-        match fields.wire_for(scanned) {
+        let scanned = self.note_change(&name);
+        match self.wire_to_change(scanned) {
             Some(w) => w.set(name, value),
             None => {
-                fields.map_mut().insert(name, value);
+                self.request_map_mut().insert(name, value);
             }
         }
     }
     pub fn append_request_header(&mut self, name: HeaderName, value: HeaderValue) {
-        let scanned = crate::headers::affects_head_scan(&name);
-        self.head_touched |= scanned;
-        self.may_set_request_id |= name.as_str().len() == self.request_id_len;
-        let fields = self.fields();
-        match fields.wire_for(scanned) {
+        let scanned = self.note_change(&name);
+        match self.wire_to_change(scanned) {
             Some(w) => w.append(name, value),
             None => {
-                fields.map_mut().append(name, value);
+                self.request_map_mut().append(name, value);
             }
         }
     }
-    pub fn remove_request_header(&mut self, name: &HeaderName) {
+    /// A change to the request field `name` is coming: noted for the proxy stage. Returns
+    /// whether the head scan looks at that field.
+    fn note_change(&mut self, name: &HeaderName) -> bool {
         let scanned = crate::headers::affects_head_scan(name);
-        self.head_touched |= scanned;
-        if let Some(fields) = self.headers.as_mut() {
-            match fields.wire_for(scanned) {
-                Some(w) => w.remove(name),
-                None => {
-                    fields.map_mut().remove(name);
-                }
+        self.state.head_touched |= scanned;
+        self.state.may_set_request_id |= name.as_str().len() == self.state.request_id_len;
+        scanned
+    }
+    pub fn remove_request_header(&mut self, name: &HeaderName) {
+        if self.request_fields().is_none() {
+            return; // past the proxy stage with none kept: nothing to remove
+        }
+        let scanned = crate::headers::affects_head_scan(name);
+        self.state.head_touched |= scanned;
+        match self.wire_to_change(scanned) {
+            Some(w) => w.remove(name),
+            None => {
+                self.request_map_mut().remove(name);
             }
         }
     }
     /// Apply compiled header edits to the request.
     pub(crate) fn edit_request_headers(&mut self, edits: &crate::headers::HeaderEdits) {
-        self.head_touched |= edits.affects_head_scan();
-        self.may_set_request_id |= edits.sets_name_of_len(self.request_id_len);
-        let fields = self.fields();
-        match fields {
-            RequestFields::Wire(w, view) if !edits.affects_head_scan() => {
-                view.take();
-                edits.apply_wire(&mut w.fields);
-            }
-            _ => edits.apply(fields.map_mut()),
+        let scanned = edits.affects_head_scan();
+        self.state.head_touched |= scanned;
+        self.state.may_set_request_id |= edits.sets_name_of_len(self.state.request_id_len);
+        match self.wire_to_change(scanned) {
+            Some(w) => edits.apply_wire(w),
+            None => edits.apply(self.request_map_mut()),
         }
-    }
-    /// Whether a filter may have set the request id field (see `may_set_request_id`).
-    pub(crate) fn may_have_set_request_id(&self) -> bool {
-        self.may_set_request_id
-    }
-    /// Whether a filter may have changed a field the proxy stage's head scan looks at.
-    pub(crate) fn head_touched(&self) -> bool {
-        self.head_touched
     }
     /// The TCP peer (not X-Forwarded-For).
     pub fn client_addr(&self) -> SocketAddr {
-        self.client
+        self.state.client
     }
     pub fn client_ip(&self) -> IpAddr {
-        self.client.ip()
+        self.state.client.ip()
     }
     /// Whether the request came over a TLS listener.
     pub fn is_tls(&self) -> bool {
-        self.tls.is_some()
+        self.state.tls.is_some()
     }
     /// TLS listeners with client certificates: the verified client identity (subject CN,
     /// else the first DNS name).
     pub fn tls_client_identity(&self) -> Option<&str> {
-        self.tls.as_ref().and_then(|i| i.as_deref())
+        self.state.tls.as_ref().and_then(|i| i.as_deref())
     }
     /// The matched route's name.
     pub fn route(&self) -> &str {
-        &self.route
+        &self.state.route
     }
     /// Per-request values shared by the filters of one request.
     pub fn meta(&self) -> &HashMap<String, String> {
-        self.extras_ref().map_or(&NO_META, |x| &x.meta)
+        self.state.extras_ref().map_or(&NO_META, |x| &x.meta)
     }
     pub fn meta_mut(&mut self) -> &mut HashMap<String, String> {
-        &mut self.extras().meta
+        &mut self.state.extras().meta
     }
 
     /// Route stage (or pre): send to this cluster instead of the route's. An unknown name
     /// fails the request with 500.
     pub fn set_cluster(&mut self, name: impl Into<Arc<str>>) {
-        self.cluster = Some(ClusterChoice::Named(name.into()));
+        self.state.cluster = Some(ClusterChoice::Named(name.into()));
     }
     /// [`Self::set_cluster`] with the cluster itself, found when the chain was built (it
     /// belongs to the same config version as the request).
     pub(crate) fn choose_cluster(&mut self, cluster: Arc<crate::upstream::Cluster>) {
-        self.cluster = Some(ClusterChoice::Resolved(cluster));
-    }
-    /// After the route stage: the cluster a filter chose, if any.
-    pub(crate) fn take_cluster(&mut self) -> Option<ClusterChoice> {
-        self.cluster.take()
+        self.state.cluster = Some(ClusterChoice::Resolved(cluster));
     }
     /// Route stage (or pre): the path and query sent upstream; replaces the route's rewrite.
     /// An invalid one (not an origin-form target) fails the request with 500.
     pub fn set_upstream_path(&mut self, path_and_query: impl Into<String>) {
-        self.extras().path = Some(path_and_query.into());
+        self.state.extras().path = Some(path_and_query.into());
     }
     /// Route stage (or pre): the Host sent upstream; replaces the route's host policy.
     pub fn set_upstream_host(&mut self, host: HeaderValue) {
-        self.extras().host = Some(host);
+        self.state.extras().host = Some(host);
     }
     /// The cluster chosen by a filter so far, if any.
     pub fn upstream_cluster(&self) -> Option<&str> {
-        match self.cluster.as_ref()? {
+        match self.state.cluster.as_ref()? {
             ClusterChoice::Named(name) => Some(name),
             ClusterChoice::Resolved(c) => Some(&c.config.name),
         }
@@ -484,7 +607,7 @@ impl FilterCtx {
         headers: HeaderMap,
         body: impl Into<bytes::Bytes>,
     ) {
-        self.local = Some(Box::new(LocalResponse {
+        self.state.local = Some(Box::new(LocalResponse {
             status,
             headers,
             body: body.into(),
@@ -492,12 +615,12 @@ impl FilterCtx {
     }
     /// Whether a filter has answered the request.
     pub fn responded(&self) -> bool {
-        self.local.is_some()
+        self.state.local.is_some()
     }
 
     /// `post`: the response status.
     pub fn response_status(&self) -> Option<StatusCode> {
-        Some(self.response.as_ref()?.status)
+        Some(*self.response.as_ref()?.status)
     }
     /// `post`: a final status (a 1xx one is ignored: it would tell the client that another
     /// response follows, or that the connection switched protocols).
@@ -506,18 +629,19 @@ impl FilterCtx {
             return;
         }
         if let Some(r) = self.response.as_mut() {
-            r.status = status;
+            *r.status = status;
         }
     }
     /// `post`: the response headers.
     pub fn response_headers(&self) -> Option<&HeaderMap> {
-        Some(match &self.response.as_ref()?.fields {
-            ResponseFields::Wire(raw, view) => view.get_or_init(|| Box::new(raw.to_map())),
-            ResponseFields::Map(m) => m,
+        let r = self.response.as_ref()?;
+        Some(match r.raw.as_ref() {
+            Some(raw) => r.view.get_or_init(|| Box::new(raw.to_map())),
+            None => r.map,
         })
     }
     pub fn response_headers_mut(&mut self) -> Option<&mut HeaderMap> {
-        Some(self.response.as_mut()?.fields.map_mut())
+        Some(self.response.as_mut()?.map_mut())
     }
     /// `post`: append a response field (cheaper than through [`Self::response_headers_mut`]
     /// while the origin's head is still in wire form).
@@ -530,16 +654,16 @@ impl FilterCtx {
         let Some(r) = self.response.as_mut() else {
             return;
         };
-        match &mut r.fields {
-            ResponseFields::Wire(raw, view) if RawHead::may_append(name) => {
+        match r.raw.as_mut() {
+            Some(raw) if RawHead::may_append(name) => {
                 raw.push(name.as_str().as_bytes(), value.as_bytes());
-                if let Some(view) = view.get_mut() {
+                if let Some(view) = r.view.get_mut() {
                     view.append(name.clone(), value.clone());
                 }
             }
             // A field hyper derives or acts on (the map path handles it), or a map already.
-            fields => {
-                fields.map_mut().append(name.clone(), value.clone());
+            _ => {
+                r.map_mut().append(name.clone(), value.clone());
             }
         }
     }
@@ -551,37 +675,22 @@ impl FilterCtx {
         let Some(r) = self.response.as_mut() else {
             return;
         };
-        match &mut r.fields {
-            ResponseFields::Wire(raw, view) => {
+        match r.raw.as_mut() {
+            Some(raw) => {
                 raw.push_line(f.line());
-                if let Some(view) = view.get_mut() {
+                if let Some(view) = r.view.get_mut() {
                     view.append(f.name.clone(), f.value.clone());
                 }
             }
-            ResponseFields::Map(map) => {
-                map.append(f.name.clone(), f.value.clone());
+            None => {
+                r.map.append(f.name.clone(), f.value.clone());
             }
         }
     }
 
     /// `error` (and the `post` filters after it): what failed.
     pub fn failure(&self) -> Option<&Failure> {
-        self.extras_ref()?.failure.as_ref()
-    }
-
-    /// Debug mode: the trace to add entries to.
-    pub(super) fn debug_trace(&mut self) -> Option<&mut Vec<String>> {
-        self.extras_mut()?.debug.as_mut()
-    }
-
-    /// After the route stage: the request body buffered for filters, and the upstream path
-    /// and Host a filter set (`None`: nothing touched the rarely used parts of the context,
-    /// so there is none of them).
-    pub(crate) fn take_rare_choices(
-        &mut self,
-    ) -> Option<(Option<bytes::Bytes>, Option<String>, Option<HeaderValue>)> {
-        let x = self.extras_mut()?;
-        Some((x.request_body.take(), x.path.take(), x.host.take()))
+        self.state.extras_ref()?.failure.as_ref()
     }
 }
 
@@ -589,9 +698,12 @@ impl FilterCtx {
 mod tests {
     use super::*;
 
+    fn client() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 1))
+    }
+
     #[test]
     fn path_and_query_read_as_from_the_uri() {
-        let client = SocketAddr::from(([127, 0, 0, 1], 1));
         for target in [
             "/a/b?x=1",
             "/",
@@ -601,61 +713,115 @@ mod tests {
             "h.example:443",
         ] {
             let uri: http::Uri = target.parse().unwrap();
-            let ctx = FilterCtx::for_test(Method::GET, target, HeaderMap::new(), client);
+            let mut req = TestRequest::new(Method::GET, target, HeaderMap::new(), client());
+            let ctx = req.ctx();
             assert_eq!(ctx.path(), uri.path(), "{target}");
             assert_eq!(ctx.query(), uri.query(), "{target}");
         }
     }
 
-    /// A context made after another one was dropped on the same thread reuses its
-    /// allocation, and nothing of the earlier request: every part starts fresh.
+    /// A state made after another one was dropped on the same thread reuses its allocation,
+    /// and nothing of the earlier request: every part starts fresh.
     #[test]
-    fn a_reused_context_allocation_keeps_nothing_of_the_earlier_request() {
-        let client = SocketAddr::from(([127, 0, 0, 1], 1));
+    fn a_reused_state_allocation_keeps_nothing_of_the_earlier_request() {
         let mut headers = HeaderMap::new();
         headers.insert("x-old", HeaderValue::from_static("1"));
-        let mut first = FilterCtx::for_test(Method::POST, "/old?q=1", headers, client);
-        first.meta_mut().insert("k".into(), "v".into());
-        first.set_request_header(
+        let mut first = TestRequest::new(Method::POST, "/old?q=1", headers, client());
+        let mut ctx = first.ctx();
+        ctx.meta_mut().insert("k".into(), "v".into());
+        ctx.set_request_header(
             HeaderName::from_static("x-set"),
             HeaderValue::from_static("1"),
         );
-        first.set_cluster("elsewhere");
-        first.set_upstream_path("/there");
-        first.respond(StatusCode::FORBIDDEN, HeaderMap::new(), "no");
-        first.response = Some(ResponseHead {
-            status: StatusCode::OK,
-            fields: ResponseFields::Map(HeaderMap::new()),
-        });
-        first.stage = FilterStage::Post;
-        let old = &**first.0 as *const CtxState;
+        ctx.set_cluster("elsewhere");
+        ctx.set_upstream_path("/there");
+        ctx.respond(StatusCode::FORBIDDEN, HeaderMap::new(), "no");
+        first.state.stage = FilterStage::Post;
+        first.state.kept = Some(Box::default());
+        let old = &**first.state.0 as *const State;
         drop(first);
 
-        let mut second = FilterCtx::for_test(Method::GET, "/new", HeaderMap::new(), client);
+        let mut second = TestRequest::new(Method::GET, "/new", HeaderMap::new(), client());
         assert_eq!(
-            &**second.0 as *const CtxState, old,
+            &**second.state.0 as *const State, old,
             "the allocation is reused"
         );
-        assert_eq!(second.stage(), FilterStage::Pre);
-        assert_eq!(second.method(), Method::GET);
-        assert_eq!((second.path(), second.query()), ("/new", None));
-        assert!(second.request_headers().is_empty());
-        assert_eq!(second.request_header("x-old"), None);
-        assert_eq!(second.request_header("x-set"), None);
-        assert!(second.meta().is_empty());
-        assert_eq!(second.upstream_cluster(), None);
-        assert!(second.take_rare_choices().is_none());
-        assert!(!second.responded());
-        assert!(second.failure().is_none());
-        assert_eq!(second.response_status(), None);
-        assert!(second.response_headers().is_none());
-        assert!(!second.head_touched() && !second.may_have_set_request_id());
-        // Two live contexts: the second one gets an allocation of its own.
-        let third = FilterCtx::for_test(Method::GET, "/", HeaderMap::new(), client);
+        assert!(second.state.kept.is_none());
+        let ctx = second.ctx();
+        assert_eq!(ctx.stage(), FilterStage::Pre);
+        assert_eq!(ctx.method(), Method::GET);
+        assert_eq!((ctx.path(), ctx.query()), ("/new", None));
+        assert!(ctx.request_headers().is_empty());
+        assert_eq!(ctx.request_header("x-old"), None);
+        assert_eq!(ctx.request_header("x-set"), None);
+        assert!(ctx.meta().is_empty());
+        assert_eq!(ctx.upstream_cluster(), None);
+        assert!(!ctx.responded());
+        assert!(ctx.failure().is_none());
+        assert_eq!(ctx.response_status(), None);
+        assert!(ctx.response_headers().is_none());
+        assert!(second.state.take_rare_choices().is_none());
+        assert!(!second.state.head_touched() && !second.state.may_have_set_request_id());
+        // Two live states: the second one gets an allocation of its own.
+        let third = TestRequest::new(Method::GET, "/", HeaderMap::new(), client());
         assert_ne!(
-            &**third.0 as *const CtxState,
-            &**second.0 as *const CtxState
+            &**third.state.0 as *const State,
+            &**second.state.0 as *const State
         );
+    }
+
+    /// Past the proxy stage a context shows what the state kept of the request, or an empty
+    /// path and map; the response head it borrows is changed where it lies: appending keeps
+    /// the wire form, any other change turns it into the map.
+    #[test]
+    fn a_post_context_shows_the_kept_request_and_changes_the_response_in_place() {
+        let mut req = TestRequest::new(Method::GET, "/p?q=1", HeaderMap::new(), client());
+        let state = &mut *req.state;
+        let ctx = FilterCtx::kept(state);
+        assert_eq!((ctx.path(), ctx.query()), ("", None));
+        assert!(ctx.request_headers().is_empty());
+        let mut map = HeaderMap::new();
+        map.insert("x-kept", HeaderValue::from_static("1"));
+        state.kept = Some(Box::new(KeptRequest {
+            target: Some(PathAndQuery::from_static("/p?q=1")),
+            map,
+            wire: None,
+        }));
+
+        let (mut status, mut map) = (StatusCode::OK, HeaderMap::new());
+        let mut raw = Some(RawHead {
+            block: bytes::BytesMut::from(&b"x-origin: 1\r\n"[..]),
+            has_date: false,
+            has_request_id: false,
+            content_length: None,
+        });
+        let mut ctx = FilterCtx::kept(state);
+        ctx.show_response(&mut status, &mut map, &mut raw);
+        assert_eq!((ctx.path(), ctx.query()), ("/p", Some("q=1")));
+        assert_eq!(ctx.request_header("x-kept"), Some(&b"1"[..]));
+        assert_eq!(ctx.response_headers().unwrap()["x-origin"], "1");
+        ctx.append_response_header(
+            HeaderName::from_static("x-added"),
+            HeaderValue::from_static("2"),
+        );
+        // The view built by the read above follows the append.
+        assert_eq!(ctx.response_headers().unwrap()["x-added"], "2");
+        ctx.set_response_status(StatusCode::CONTINUE); // ignored: not a final status
+        ctx.set_response_status(StatusCode::ACCEPTED);
+        drop(ctx);
+        assert_eq!(status, StatusCode::ACCEPTED);
+        assert!(map.is_empty(), "appending keeps the wire form");
+        assert!(raw.is_some());
+
+        let mut ctx = FilterCtx::kept(state);
+        ctx.show_response(&mut status, &mut map, &mut raw);
+        ctx.response_headers_mut()
+            .unwrap()
+            .remove(HeaderName::from_static("x-origin"));
+        drop(ctx);
+        assert!(raw.is_none(), "a removal turns the head into the map");
+        assert_eq!(map.len(), 1);
+        assert_eq!(map["x-added"], "2");
     }
 
     #[test]

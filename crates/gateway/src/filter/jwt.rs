@@ -167,7 +167,7 @@ impl Filter for Jwt {
     fn has_should_filter(&self) -> bool {
         false
     }
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         // Claim headers come only from a verified token, never from the client.
         for (_, h) in &self.claims {
             ctx.request_headers_mut().remove(h);

@@ -19,8 +19,8 @@ pub(crate) use body::{
     read_request as read_request_body, read_response as read_response_body,
     set_length as set_body_length,
 };
-pub(crate) use ctx::ClusterChoice;
-pub use ctx::{CtxState, FilterCtx};
+pub(crate) use ctx::{ClusterChoice, FilterState, State};
+pub use ctx::{FilterCtx, TestRequest};
 pub(crate) use source::collect as collect_sources;
 pub use source::{FilterSource, Reloader};
 pub(crate) use stage::{staged, Staged};
@@ -85,7 +85,7 @@ impl<T: Into<String>> From<T> for FilterError {
 /// does the work. Both may panic: the chain catches it and treats it as a failure.
 pub trait Filter: Send + Sync + 'static {
     /// Whether to run for this request (default: always).
-    fn should_filter(&self, _ctx: &FilterCtx) -> bool {
+    fn should_filter(&self, _ctx: &FilterCtx<'_>) -> bool {
         true
     }
     /// `false` for a filter whose `should_filter` is the default (always `true`): the chain
@@ -94,7 +94,7 @@ pub trait Filter: Send + Sync + 'static {
         true
     }
     /// Do the filter's work. Synchronous filters return [`done`].
-    fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a>;
+    fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a>;
     /// `true` for a filter whose `run` always finishes without awaiting anything: it returns
     /// [`done`] (the built-ins and Lua files that cannot suspend say so). The chain runs such
     /// filters in a plain loop, without an async frame; a future one returns anyway is
@@ -108,6 +108,13 @@ pub trait Filter: Send + Sync + 'static {
     /// about as much as a small filter). Pass facts from `pre` to `post` in `meta` instead.
     fn needs_request_headers(&self) -> bool {
         false
+    }
+    /// Whether a `post` or `error` filter may read the request's path or query
+    /// ([`FilterCtx::path`], [`FilterCtx::query`]). Say `false` only for filters that never
+    /// do: when no filter of those stages reads them and none matches on a path, the chain
+    /// keeps no copy of the request target past the proxy stage (they read as empty there).
+    fn reads_request_line(&self) -> bool {
+        true
     }
     /// Whether the filter may read the request headers (through
     /// [`FilterCtx::request_headers`], also in `should_filter`). Say `false` only for filters
@@ -216,18 +223,18 @@ impl Matcher {
     }
 
     #[inline(always)]
-    fn matches(&self, ctx: &FilterCtx) -> bool {
+    fn matches(&self, ctx: &FilterCtx<'_>) -> bool {
         self.always || self.check(ctx)
     }
 
     /// Every condition given holds.
-    fn check(&self, ctx: &FilterCtx) -> bool {
-        (self.routes.is_empty() || self.routes.iter().any(|r| **r == *ctx.route))
+    fn check(&self, ctx: &FilterCtx<'_>) -> bool {
+        (self.routes.is_empty() || self.routes.iter().any(|r| **r == *ctx.route()))
             && self
                 .path_prefix
                 .as_deref()
                 .is_none_or(|p| ctx.path().starts_with(p))
-            && (self.methods.is_empty() || self.methods.contains(&ctx.method))
+            && (self.methods.is_empty() || self.methods.contains(ctx.method()))
             && self
                 .headers
                 .iter()
@@ -265,6 +272,8 @@ pub(crate) struct FilterChain {
     empty: bool,
     /// Post or error filters read request headers: they get a copy.
     outbound: bool,
+    /// Post or error filters may read the request target: they get a copy.
+    outbound_line: bool,
     /// Some filter reads the request headers (or a match names one): a generated request
     /// id goes into the map for filters to see.
     reads_request_headers: bool,
@@ -347,6 +356,11 @@ impl FilterChain {
             .copied()
             .flatten()
             .any(|e| e.filter.needs_request_headers() || !e.matcher.headers.is_empty());
+        let outbound_line = stages[2..]
+            .iter()
+            .copied()
+            .flatten()
+            .any(|e| e.filter.reads_request_line() || e.matcher.path_prefix.is_some());
         let request_body = stages[..2]
             .iter()
             .copied()
@@ -363,6 +377,7 @@ impl FilterChain {
             debug,
             empty: entries.is_empty(),
             outbound,
+            outbound_line,
             entries,
             bounds,
         })

@@ -17,9 +17,10 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
-use super::ctx::{RequestFields, ResponseFields, ResponseHead};
+use super::ctx::KeptRequest;
 use super::{
     builtin, Entry, Failure, FilterChain, FilterCtx, FilterError, FilterFuture, FilterStage, Run,
+    State,
 };
 use crate::body::ResponseBody;
 
@@ -62,7 +63,7 @@ enum Admission {
 impl FilterChain {
     /// Run `entries` (one stage's filters, or pre and route's): `Err` is the first failure
     /// (pre/route/post); the error stage runs every filter whatever happens and never fails.
-    async fn run_stage(&self, entries: &[Entry], ctx: &mut FilterCtx) -> Result<(), Failure> {
+    async fn run_stage(&self, entries: &[Entry], ctx: &mut FilterCtx<'_>) -> Result<(), Failure> {
         match self.run_sync(entries, 0, ctx)? {
             None => Ok(()),
             Some(at) => self.run_from(entries, at, ctx).await,
@@ -78,14 +79,15 @@ impl FilterChain {
         &self,
         entries: &[Entry],
         from: usize,
-        ctx: &mut FilterCtx,
+        ctx: &mut FilterCtx<'_>,
     ) -> Result<Option<usize>, Failure> {
         for (at, e) in entries.iter().enumerate().skip(from) {
-            ctx.stage = e.stage;
-            if ctx.local.is_some() && matches!(e.stage, FilterStage::Pre | FilterStage::Route) {
+            ctx.state.stage = e.stage;
+            if ctx.state.local.is_some() && matches!(e.stage, FilterStage::Pre | FilterStage::Route)
+            {
                 break; // answered: the rest of pre/route is skipped
             }
-            if e.plain && !ctx.timed {
+            if e.plain && !ctx.state.timed {
                 // Nothing to decide and no clock to read: count it and run it.
                 e.metrics.invocations.inc();
                 let ran = match run_now(e, ctx) {
@@ -126,7 +128,7 @@ impl FilterChain {
         &self,
         entries: &[Entry],
         mut at: usize,
-        ctx: &mut FilterCtx,
+        ctx: &mut FilterCtx<'_>,
     ) -> Result<(), Failure> {
         loop {
             let e = &entries[at];
@@ -144,7 +146,7 @@ impl FilterChain {
 
     /// One filter that may suspend: its future is awaited (a panic while it is polled is
     /// caught like one in `run`).
-    async fn run_suspending(&self, e: &Entry, ctx: &mut FilterCtx) -> Result<(), Failure> {
+    async fn run_suspending(&self, e: &Entry, ctx: &mut FilterCtx<'_>) -> Result<(), Failure> {
         match self.admit(e, ctx) {
             Admission::Run => {}
             Admission::Skip => return Ok(()),
@@ -166,7 +168,7 @@ impl FilterChain {
     /// The declarative match, then `should_filter` (a panic there is a failure of the
     /// filter). A skip is counted and traced here.
     #[inline(always)]
-    fn admit(&self, e: &Entry, ctx: &mut FilterCtx) -> Admission {
+    fn admit(&self, e: &Entry, ctx: &mut FilterCtx<'_>) -> Admission {
         let should = e.matcher.matches(ctx)
             && (!e.asks
                 || match std::panic::catch_unwind(AssertUnwindSafe(|| e.filter.should_filter(ctx)))
@@ -181,7 +183,7 @@ impl FilterChain {
             return Admission::Run;
         }
         e.metrics.skips.inc();
-        if let Some(d) = ctx.debug_trace() {
+        if let Some(d) = ctx.state.debug_trace() {
             d.push(format!("{}:{}=skip", e.stage.as_str(), e.name));
         }
         Admission::Skip
@@ -193,14 +195,14 @@ impl FilterChain {
     fn finish(
         &self,
         e: &Entry,
-        ctx: &mut FilterCtx,
+        ctx: &mut FilterCtx<'_>,
         outcome: Outcome,
         started: Option<Instant>,
     ) -> Result<(), Failure> {
         if let Some(started) = started {
             let took = started.elapsed();
             e.metrics.duration.observe(took.as_secs_f64());
-            if let Some(d) = ctx.debug_trace() {
+            if let Some(d) = ctx.state.debug_trace() {
                 let what = match &outcome {
                     Ok(Ok(())) => "ran",
                     _ => "failed",
@@ -233,37 +235,37 @@ impl FilterChain {
     }
 
     /// A filter failed: drop any response it set and run the error stage.
-    async fn fail(&self, ctx: &mut FilterCtx, f: Failure) {
-        ctx.local = None;
-        ctx.extras().failure = Some(f);
-        ctx.stage = FilterStage::Error;
+    async fn fail(&self, ctx: &mut FilterCtx<'_>, f: Failure) {
+        ctx.state.local = None;
+        ctx.state.extras().failure = Some(f);
+        ctx.state.stage = FilterStage::Error;
         self.run_error_stage(ctx).await;
     }
 
     /// Every error filter, whatever happens (their failures are counted and passed over).
-    async fn run_error_stage(&self, ctx: &mut FilterCtx) {
+    async fn run_error_stage(&self, ctx: &mut FilterCtx<'_>) {
         let _ = self.run_stage(self.stage(FilterStage::Error), ctx).await;
     }
 
     /// Debug mode: when the request carries the secret, trace this request's filters (and
     /// remove the header so it never reaches the origin).
     #[inline]
-    fn start_debug(&self, ctx: &mut FilterCtx) {
+    fn start_debug(&self, ctx: &mut FilterCtx<'_>) {
         if self.debug.is_some() {
             self.check_debug_secret(ctx);
         }
     }
 
     #[cold]
-    fn check_debug_secret(&self, ctx: &mut FilterCtx) {
+    fn check_debug_secret(&self, ctx: &mut FilterCtx<'_>) {
         if let Some((name, secret)) = &self.debug {
             let hit = ctx
                 .request_header(name.as_str())
                 .is_some_and(|v| builtin::constant_time_eq(v, secret));
             if hit {
                 ctx.remove_request_header(name);
-                ctx.extras().debug = Some(Vec::new());
-                ctx.timed = true;
+                ctx.state.extras().debug = Some(Vec::new());
+                ctx.state.timed = true;
             }
         }
     }
@@ -271,22 +273,22 @@ impl FilterChain {
     /// Debug mode: the trace as the `x-keymaster-filters` response header.
     #[inline]
     fn stamp_debug(
-        ctx: &mut FilterCtx,
+        state: &mut State,
         headers: &mut HeaderMap,
         raw: &mut Option<crate::headers::RawHead>,
     ) {
-        if ctx.debug_trace().is_some() {
-            Self::stamp_trace(ctx, headers, raw);
+        if state.debug_trace().is_some() {
+            Self::stamp_trace(state, headers, raw);
         }
     }
 
     #[cold]
     fn stamp_trace(
-        ctx: &mut FilterCtx,
+        state: &mut State,
         headers: &mut HeaderMap,
         raw: &mut Option<crate::headers::RawHead>,
     ) {
-        if let Some(d) = ctx.extras_mut().and_then(|x| x.debug.take()) {
+        if let Some(d) = state.extras_mut().and_then(|x| x.debug.take()) {
             if let Some(r) = raw.take() {
                 *headers = r.to_map();
             }
@@ -299,17 +301,17 @@ impl FilterChain {
     /// Run `pre` then `route`. `true`: proxy the request. `false`: answer it with
     /// [`FilterChain::local_response`] (a filter responded, or one failed). Ready at once
     /// when every filter ran synchronously and none failed. Debug mode starts here.
-    pub(crate) fn inbound<'a>(&'a self, ctx: &'a mut FilterCtx) -> Staged<'a, bool> {
+    pub(crate) fn inbound<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> Staged<'a, bool> {
         self.start_debug(ctx);
         let entries = self.pre_and_route();
         match self.run_sync(entries, 0, ctx) {
-            Ok(None) => Staged::Ready(ctx.local.is_none()),
+            Ok(None) => Staged::Ready(ctx.state.local.is_none()),
             Ok(Some(at)) => Staged::boxed(async move {
                 if let Err(f) = self.run_from(entries, at, ctx).await {
                     self.fail(ctx, f).await;
                     return false;
                 }
-                ctx.local.is_none()
+                ctx.state.local.is_none()
             }),
             Err(f) => Staged::boxed(async move {
                 self.fail(ctx, f).await;
@@ -318,36 +320,47 @@ impl FilterChain {
         }
     }
 
-    /// After `inbound`: the request fields to forward, into `wire` when they are still in
-    /// wire form, else into `dst`, which holds the placeholder [`FilterCtx::new`] left (a copy
-    /// stays for post/error filters that asked for one).
-    pub(crate) fn put_back_request_headers(
+    /// After `inbound` let the request through: what the `post` and `error` filters may
+    /// read of it (its target, its fields as they are now), copied into `state` before the
+    /// proxy stage takes the request (nothing when no filter of those stages reads them).
+    pub(crate) fn keep_request(
         &self,
-        ctx: &mut FilterCtx,
-        dst: &mut HeaderMap,
-        wire: &mut Option<Box<crate::headers::WireHead>>,
+        state: &mut State,
+        uri: &http::Uri,
+        map: &HeaderMap,
+        wire: Option<&crate::headers::WireHead>,
     ) {
-        let fields = if self.outbound {
-            ctx.headers.as_ref().map(RequestFields::copy)
-        } else {
-            ctx.headers.take()
-        };
-        match fields {
-            Some(RequestFields::Map(h)) => crate::headers::replace_map(dst, h),
-            Some(RequestFields::Wire(f, _)) => *wire = Some(f),
-            None => {}
+        if !(self.outbound || self.outbound_line) {
+            return;
         }
+        let mut kept = KeptRequest::default();
+        if self.outbound_line {
+            kept.target = uri.path_and_query().cloned();
+        }
+        if self.outbound {
+            match wire {
+                // The wire form's block is shared.
+                Some(w) => {
+                    let fields = w.fields.clone();
+                    let facts = Default::default();
+                    kept.wire = Some(Box::new(crate::headers::WireHead { fields, facts }));
+                }
+                None => kept.map = map.clone(),
+            }
+        }
+        state.kept = Some(Box::new(kept));
     }
 
-    /// Run `post` over a proxied response head. `Err(response)`: a post filter failed and
-    /// this (error-stage or 500) response replaces the origin's (boxed: the stage's result
-    /// stays two words, and moves as such). Ready at once when every post filter ran
-    /// synchronously and none failed.
+    /// Run `post` over a response head, which `ctx` shows for the stage and which is
+    /// changed where it lies. `Err(response)`: a post filter failed and this (error-stage
+    /// or 500) response replaces the origin's (boxed: the stage's result stays two words,
+    /// and moves as such). Ready at once when every post filter ran synchronously and none
+    /// failed.
     /// `raw`: the origin's head in wire form, when kept so (`headers` is then empty); it
     /// comes back as it is, with fields appended, or as `None` with the fields in `headers`.
     pub(crate) fn outbound<'a>(
         &'a self,
-        ctx: &'a mut FilterCtx,
+        mut ctx: FilterCtx<'a>,
         status: &'a mut StatusCode,
         headers: &'a mut HeaderMap,
         raw: &'a mut Option<crate::headers::RawHead>,
@@ -355,22 +368,14 @@ impl FilterChain {
     ) -> Staged<'a, Result<(), Box<Response<ResponseBody>>>> {
         let post = self.stage(FilterStage::Post);
         if post.is_empty() {
-            Self::stamp_debug(ctx, headers, raw);
+            Self::stamp_debug(ctx.state, headers, raw);
             return Staged::Ready(Ok(()));
         }
-        // The fields move in as they are: the wire-form head, else the map.
-        let fields = match raw.take() {
-            Some(r) => ResponseFields::Wire(r, Default::default()),
-            None => ResponseFields::Map(std::mem::take(headers)),
-        };
-        ctx.response = Some(ResponseHead {
-            status: *status,
-            fields,
-        });
+        ctx.show_response(status, headers, raw);
         // `Ok(at)`: the filter the stage goes on with, asynchronously; `Err`: a failure.
-        let next = match self.run_sync(post, 0, ctx) {
+        let next = match self.run_sync(post, 0, &mut ctx) {
             Ok(None) => {
-                Self::head_back(ctx, status, headers, raw);
+                Self::head_back(ctx);
                 return Staged::Ready(Ok(()));
             }
             Ok(Some(at)) => Ok(at),
@@ -378,45 +383,35 @@ impl FilterChain {
         };
         Staged::boxed(async move {
             let ran = match next {
-                Ok(at) => self.run_from(post, at, ctx).await,
+                Ok(at) => self.run_from(post, at, &mut ctx).await,
                 Err(f) => Err(f),
             };
             match ran {
                 Ok(()) => {
-                    Self::head_back(ctx, status, headers, raw);
+                    Self::head_back(ctx);
                     Ok(())
                 }
                 Err(f) => {
                     // The error stage sees the origin's head as a map.
                     let _ = ctx.response_headers_mut();
-                    self.fail(ctx, f).await;
-                    let mut r = Self::assemble(ctx, &failed).0;
-                    Self::stamp_debug(ctx, r.headers_mut(), &mut None);
+                    self.fail(&mut ctx, f).await;
+                    let mut r = Self::assemble(ctx.state, &failed).0;
+                    Self::stamp_debug(ctx.state, r.headers_mut(), &mut None);
                     Err(Box::new(r))
                 }
             }
         })
     }
 
-    /// After the post stage: the response head back from the context (the status, and the
-    /// fields as a map or still in wire form), with the debug trace.
+    /// After the post stage: the debug trace on the response head the context showed.
     #[inline(always)]
-    fn head_back(
-        ctx: &mut FilterCtx,
-        status: &mut StatusCode,
-        headers: &mut HeaderMap,
-        raw: &mut Option<crate::headers::RawHead>,
-    ) {
-        if let Some(r) = ctx.response.take() {
-            *status = r.status;
-            // A map (moved in, or built from the wire form by a change) replaces the
-            // fields; a wire-form head goes back as it is.
-            match r.fields {
-                ResponseFields::Wire(h, _) => *raw = Some(h),
-                ResponseFields::Map(h) => crate::headers::replace_map(headers, h),
-            }
+    fn head_back(ctx: FilterCtx<'_>) {
+        let FilterCtx {
+            state, response, ..
+        } = ctx;
+        if let Some(r) = response {
+            Self::stamp_debug(state, r.map, r.raw);
         }
-        Self::stamp_debug(ctx, headers, raw);
     }
 
     /// The response for a request answered by the chain: the filter's response, the error
@@ -424,11 +419,11 @@ impl FilterChain {
     /// filter runs the error stage and its response goes out without another post pass).
     pub(crate) async fn local_response(
         &self,
-        ctx: &mut FilterCtx,
+        ctx: &mut FilterCtx<'_>,
         request_id: (&HeaderName, &HeaderValue),
         failed: impl Fn() -> Response<ResponseBody>,
     ) -> (Response<ResponseBody>, bool) {
-        let (resp, was_failure) = Self::assemble(ctx, &failed);
+        let (resp, was_failure) = Self::assemble(ctx.state, &failed);
         let (mut parts, body) = resp.into_parts();
         if !parts.headers.contains_key(request_id.0) {
             parts
@@ -438,6 +433,7 @@ impl FilterChain {
         let mut status = parts.status;
         let mut no_raw = None;
         let headers = &mut parts.headers;
+        let ctx = ctx.reborrow();
         match staged!(self.outbound(ctx, &mut status, headers, &mut no_raw, &failed)) {
             Ok(()) => {
                 parts.status = status;
@@ -452,22 +448,23 @@ impl FilterChain {
     /// their response, or `resp`, then goes through the post filters.
     pub(crate) async fn proxy_error(
         &self,
-        ctx: &mut FilterCtx,
+        state: &mut State,
         category: &'static str,
         resp: Response<ResponseBody>,
         failed: &impl Fn() -> Response<ResponseBody>,
     ) -> Response<ResponseBody> {
+        let mut ctx = FilterCtx::kept(state);
         let (mut parts, mut body) = resp.into_parts();
         if !self.stage(FilterStage::Error).is_empty() {
-            ctx.local = None;
-            ctx.extras().failure = Some(Failure {
+            ctx.state.local = None;
+            ctx.state.extras().failure = Some(Failure {
                 filter: "proxy".into(),
                 stage: FilterStage::Route,
                 message: category.to_string(),
             });
-            ctx.stage = FilterStage::Error;
-            self.run_error_stage(ctx).await;
-            if let Some(l) = ctx.local.take() {
+            ctx.state.stage = FilterStage::Error;
+            self.run_error_stage(&mut ctx).await;
+            if let Some(l) = ctx.state.local.take() {
                 // Keep the gateway's own duties (request id, Connection: close) unless the
                 // error filter set them.
                 let mut headers = l.headers;
@@ -493,13 +490,13 @@ impl FilterChain {
         }
     }
 
-    /// `ctx.local` as a response, else `failed()`; the flag says whether it is a failure. A
+    /// `ctx.state.local` as a response, else `failed()`; the flag says whether it is a failure. A
     /// response with a 1xx status is no final response: `failed()` answers instead.
     fn assemble(
-        ctx: &mut FilterCtx,
+        state: &mut State,
         failed: &impl Fn() -> Response<ResponseBody>,
     ) -> (Response<ResponseBody>, bool) {
-        match ctx.local.take() {
+        match state.local.take() {
             Some(l) if l.status.is_informational() => {
                 tracing::warn!(status = %l.status, "a filter answered with a 1xx status");
                 (failed(), true)
@@ -508,7 +505,8 @@ impl FilterChain {
                 let mut r = Response::new(ResponseBody::full(l.body));
                 *r.status_mut() = l.status;
                 *r.headers_mut() = l.headers;
-                (r, ctx.failure().is_some())
+                let failure = state.extras_ref().is_some_and(|x| x.failure.is_some());
+                (r, failure)
             }
             None => (failed(), true),
         }
@@ -518,16 +516,16 @@ impl FilterChain {
 /// The invocation is counted; the run is timed when its request is sampled (see
 /// [`sample_timing`]).
 #[inline(always)]
-fn start(e: &Entry, ctx: &FilterCtx) -> Option<Instant> {
+fn start(e: &Entry, ctx: &FilterCtx<'_>) -> Option<Instant> {
     e.metrics.invocations.inc();
-    ctx.timed.then(Instant::now)
+    ctx.state.timed.then(Instant::now)
 }
 
 /// `run` of a synchronous filter, a panic caught. A future it returns anyway is polled
 /// once and must be finished then: the filter fails otherwise.
 /// One `catch_unwind` covers `run` and the one poll of a future it returns anyway.
 #[inline(always)]
-fn run_now(e: &Entry, ctx: &mut FilterCtx) -> Outcome {
+fn run_now(e: &Entry, ctx: &mut FilterCtx<'_>) -> Outcome {
     let c = &mut *ctx;
     std::panic::catch_unwind(AssertUnwindSafe(move || {
         let c = c; // moved in: the closure is FnOnce, so the future may borrow it

@@ -1,6 +1,6 @@
 //! The proxy stage's side of the filter chain (docs/filters.md): after the `pre` and `route`
-//! stages let a request through, the request fields go back where the proxy stage keeps them
-//! and what the filters chose (a cluster, an upstream path or Host, a buffered body, edits
+//! stages let a request through, what later stages may read of the request is kept, and
+//! what the filters chose (a cluster, an upstream path or Host, a buffered body, edits
 //! that need the head scanned again) is handed over as one [`Chosen`].
 
 use bytes::Bytes;
@@ -8,7 +8,7 @@ use http::header::{HeaderName, HeaderValue};
 use std::sync::Arc;
 
 use crate::error::{Error, Kind};
-use crate::filter::{ClusterChoice, FilterCtx};
+use crate::filter::{ClusterChoice, State};
 use crate::headers::WireHead;
 use crate::snapshot::Snapshot;
 use crate::upstream::Cluster;
@@ -33,12 +33,12 @@ pub(super) struct Chosen {
     pub(super) request_id_set: bool,
 }
 
-/// After the `pre` and `route` stages let the request through: the request fields back
-/// where the proxy stage keeps them (`parts.headers`, or `wire` in wire form), and what the
-/// filters chose into `chosen`. `Err`: a filter chose a cluster this config version lacks.
+/// After the `pre` and `route` stages let the request through: what the `post` and `error`
+/// filters may read of the request kept in `state`, and what the filters chose into
+/// `chosen`. `Err`: a filter chose a cluster this config version lacks.
 pub(super) fn handoff(
     snapshot: &Snapshot,
-    ctx: &mut FilterCtx,
+    state: &mut State,
     parts: &mut http::request::Parts,
     wire: &mut Option<Box<WireHead>>,
     request_id: &HeaderName,
@@ -46,23 +46,23 @@ pub(super) fn handoff(
 ) -> Result<(), Error> {
     snapshot
         .filters
-        .put_back_request_headers(ctx, &mut parts.headers, wire);
-    if ctx.may_have_set_request_id() {
+        .keep_request(state, &parts.uri, &parts.headers, wire.as_deref());
+    if state.may_have_set_request_id() {
         chosen.request_id_set = match wire {
             Some(w) => w.fields.get(request_id.as_str()).is_some(),
             None => parts.headers.contains_key(request_id),
         };
     }
     // The body, a path and a Host are in the context's rarely used parts.
-    if let Some((body, path, host)) = ctx.take_rare_choices() {
+    if let Some((body, path, host)) = state.take_rare_choices() {
         if let Some(b) = body {
             super::to_map(&mut parts.headers, wire);
             chosen.body = Some(b);
         }
         (chosen.upstream_path, chosen.upstream_host) = (path, host);
     }
-    chosen.head_touched = ctx.head_touched();
-    match ctx.take_cluster() {
+    chosen.head_touched = state.head_touched();
+    match state.take_cluster() {
         None => {}
         Some(ClusterChoice::Resolved(c)) => chosen.cluster = Some(c),
         Some(ClusterChoice::Named(name)) => {
