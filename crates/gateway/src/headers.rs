@@ -649,6 +649,25 @@ static HEX_PAIRS: [u8; 512] = {
 
 #[cfg(test)]
 mod tests {
+    /// `replace_map` over a placeholder left by `mem::take`, and over a map with fields.
+    #[test]
+    fn replace_map_replaces_placeholders_and_maps() {
+        let map = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-a", HeaderValue::from_static(v));
+            h
+        };
+        // A placeholder left by `mem::take` (forgotten: it owns nothing).
+        let mut dst = map("1");
+        let taken = std::mem::take(&mut dst);
+        assert_eq!(dst.capacity(), 0);
+        replace_map(&mut dst, taken);
+        assert_eq!(dst["x-a"], "1");
+        // A map with contents in `dst` is replaced (and dropped) all the same.
+        replace_map(&mut dst, map("2"));
+        assert_eq!(dst["x-a"], "2");
+        assert_eq!(dst.len(), 1);
+    }
 
     /// `discard_map` forgets only maps that own no memory: those that never held a field.
     #[test]

@@ -351,16 +351,12 @@ impl FilterChain {
             )),
             None => None,
         };
-        let outbound = stages[2..]
-            .iter()
-            .copied()
-            .flatten()
+        // The post and error filters: what they read of the request is kept for them.
+        let after_proxy = || stages[2..].iter().copied().flatten();
+        let outbound = after_proxy()
             .any(|e| e.filter.needs_request_headers() || !e.matcher.headers.is_empty());
-        let outbound_line = stages[2..]
-            .iter()
-            .copied()
-            .flatten()
-            .any(|e| e.filter.reads_request_line() || e.matcher.path_prefix.is_some());
+        let outbound_line =
+            after_proxy().any(|e| e.filter.reads_request_line() || e.matcher.path_prefix.is_some());
         let request_body = stages[..2]
             .iter()
             .copied()

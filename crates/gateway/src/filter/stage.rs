@@ -375,7 +375,7 @@ impl FilterChain {
         // `Ok(at)`: the filter the stage goes on with, asynchronously; `Err`: a failure.
         let next = match self.run_sync(post, 0, &mut ctx) {
             Ok(None) => {
-                Self::head_back(ctx);
+                Self::stamp_shown_head(ctx);
                 return Staged::Ready(Ok(()));
             }
             Ok(Some(at)) => Ok(at),
@@ -388,7 +388,7 @@ impl FilterChain {
             };
             match ran {
                 Ok(()) => {
-                    Self::head_back(ctx);
+                    Self::stamp_shown_head(ctx);
                     Ok(())
                 }
                 Err(f) => {
@@ -403,9 +403,10 @@ impl FilterChain {
         })
     }
 
-    /// After the post stage: the debug trace on the response head the context showed.
+    /// After the post stage: the debug trace on the response head the context showed (the
+    /// filters changed it where it lies, so nothing else goes back).
     #[inline(always)]
-    fn head_back(ctx: FilterCtx<'_>) {
+    fn stamp_shown_head(ctx: FilterCtx<'_>) {
         let FilterCtx {
             state, response, ..
         } = ctx;
