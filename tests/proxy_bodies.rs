@@ -361,9 +361,10 @@ async fn request_line_origin() -> RawOrigin {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn request_target_is_forwarded_verbatim() {
+async fn request_target_is_forwarded_verbatim_with_the_raw_path_policy() {
     let origin = request_line_origin().await;
-    let g = start_gateway(&config_text(origin.addr, "", ""));
+    let raw_path = "path = { forward = \"raw\", escaped_slashes = \"keep\" }";
+    let g = start_gateway(&config_text(origin.addr, raw_path, ""));
     for target in [
         "/a%2Fb/../c?x=%20&y",
         "/./x//y/%2e%2e/z?q=a+b&q=%3D#",
@@ -390,13 +391,13 @@ async fn absolute_form_target_is_sent_in_origin_form() {
     let g = start_gateway(&config_text(origin.addr, "", ""));
     let raw = raw(
         g.addr,
-        b"GET http://example.com/a%2Fb?x=1 HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n",
+        b"GET http://example.com/a%2Cb?x=1 HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n",
         Duration::from_secs(5),
     )
     .await;
     let (head, rest) = split_head(&raw);
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
-    assert_eq!(String::from_utf8_lossy(rest), "GET /a%2Fb?x=1 HTTP/1.1");
+    assert_eq!(String::from_utf8_lossy(rest), "GET /a%2Cb?x=1 HTTP/1.1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -256,6 +256,53 @@ pub struct ListenerConfig {
     /// Peers (CIDR blocks or addresses) allowed to send a PROXY header; required when
     /// `proxy_protocol` is on. Connections from anyone else are closed.
     pub proxy_protocol_from: Vec<String>,
+    /// `path`: how the request path is made canonical before routing (docs/security.md).
+    pub path: PathConfig,
+}
+
+/// A listener's `path` table: the canonical path routing, filters and the origin see.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PathConfig {
+    /// Merge runs of `/` into one (nginx's `merge_slashes`).
+    pub merge_slashes: bool,
+    /// An encoded `/` or `\` (`%2F`, `%5C`): `"reject"` (400) or `"keep"` (left encoded).
+    pub escaped_slashes: EscapedSlashes,
+    /// What the origin gets: `"canonical"`, or `"raw"`, the client's path as sent unless a
+    /// rewrite or a filter changed it.
+    pub forward: ForwardPath,
+}
+
+impl Default for PathConfig {
+    fn default() -> Self {
+        Self {
+            merge_slashes: true,
+            escaped_slashes: EscapedSlashes::Reject,
+            forward: ForwardPath::Canonical,
+        }
+    }
+}
+
+/// `path.escaped_slashes`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EscapedSlashes {
+    /// Refuse the request (400).
+    #[default]
+    Reject,
+    /// Keep the escape: it is no separator for routing, and the origin decides.
+    Keep,
+}
+
+/// `path.forward`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardPath {
+    /// The canonical path the route and the filters saw.
+    #[default]
+    Canonical,
+    /// The client's path as sent, when no rewrite or filter changed it.
+    Raw,
 }
 
 /// Which PROXY protocol versions (HAProxy's, v1 text or v2 binary) a listener accepts.
@@ -292,6 +339,7 @@ impl Default for ListenerConfig {
             tls: None,
             proxy_protocol: ProxyProtocol::Off,
             proxy_protocol_from: Vec::new(),
+            path: PathConfig::default(),
         }
     }
 }

@@ -588,3 +588,19 @@ fn cluster_proxy_protocol() {
         errors(&BASE.replace("[[routes]]", "proxy_protocol = \"v2\"\n\n[[routes]]")).is_empty()
     );
 }
+
+#[test]
+fn listener_path_policy() {
+    let l = "[[listeners]]\nname = \"b\"\naddress = \"127.0.0.1:8090\"\n";
+    let ok = format!("{BASE}{l}path = {{ merge_slashes = false, escaped_slashes = \"keep\", forward = \"raw\" }}\n");
+    assert!(errors(&ok).is_empty());
+    let bad = errors(&format!(
+        "{BASE}{l}[listeners.path]\nescaped_slashes = \"decode\"\n"
+    ));
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].key, "listeners[1].path.escaped_slashes");
+    assert_eq!(bad[0].line, Some(16));
+    let typo = errors(&format!("{BASE}{l}path = {{ merge_slash = true }}\n"));
+    assert_eq!(typo.len(), 1, "{typo:?}");
+    assert!(typo[0].key.starts_with("listeners[1].path"), "{typo:?}");
+}

@@ -186,6 +186,24 @@ pub(crate) fn validate_request_head(
     if method.as_str().len() + target_len + 10 > limits.max_request_line {
         return Err(Error::new(Kind::UriTooLong, "request line too long"));
     }
+    // `*` names the server as a whole: only OPTIONS may ask it (RFC 9110 §7.1).
+    if uri.path() == "*" && method != Method::OPTIONS {
+        return Err(Error::new(
+            Kind::BadRequest,
+            "'*' is a target for OPTIONS only",
+        ));
+    }
+    // A request target carries no userinfo (RFC 9110 §4.2.4, RFC 9113 §8.3.1).
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err(Error::new(
+            Kind::BadRequest,
+            "userinfo in the request target",
+        ));
+    }
+    // HTTP/1 counts fields as it parses the head; HTTP/2's come as a map.
+    if version == Version::HTTP_2 && headers.len() > limits.max_headers {
+        return Err(Error::new(Kind::HeadersTooLarge, "too many header fields"));
+    }
     if scan.bytes > limits.max_header_bytes {
         return Err(Error::new(
             Kind::HeadersTooLarge,

@@ -14,6 +14,7 @@
 //! | `framing` | HTTP/1.1 body framing shared by both sides: declared length, the body decoder |
 //! | `io` | the TCP or TLS stream under an HTTP/1.1 connection (either side), and what a 101 leaves of it |
 //! | `headers` | head validation, hop-by-hop, `Via`, `X-Forwarded-*`, request ids |
+//! | `path` | the canonical request path, made before routing |
 //! | `route` | compiled routes, matching and path rewrites |
 //! | `upstream` | clusters, balancing, per-worker connection pools (HTTP/1.1 and multiplexed HTTP/2), connect, outbound TLS, health checks and outlier ejection, cluster caps and retry budgets |
 //! | `body` | streaming request/response bodies with caps |
@@ -39,6 +40,7 @@ mod headers;
 mod io;
 pub mod metrics;
 mod overload;
+mod path;
 mod proxy;
 mod proxy_protocol;
 mod respond;

@@ -251,6 +251,8 @@ async fn proxy(
         &scan,
         &listener.limits,
     )?;
+    // One canonical path for routing, the filters and the origin (path.rs).
+    let raw_target = crate::path::canonicalise(&mut parts.uri, &listener.path)?;
 
     // Request id: propagate the client's or make one. A new one goes into the map when a
     // filter may read the request headers, else it is sent with the other added fields
@@ -455,7 +457,8 @@ async fn proxy(
         }
     }
 
-    // Request target: verbatim unless a rewrite is configured; origin-form upstream.
+    // Request target: the canonical path (or the client's, `path.forward = "raw"`) unless a
+    // rewrite or a filter set one; origin-form upstream.
     let authority_form = parts.uri.authority().is_some();
     // A path a filter set that is no valid target is the filter's failure, not the client's.
     let rewritten = match chosen.upstream_path {
@@ -469,6 +472,8 @@ async fn proxy(
     };
     if let Some((target, kind, detail)) = rewritten {
         parts.uri = Uri::try_from(target).map_err(|_| Error::new(kind, detail))?;
+    } else if let Some(raw) = raw_target {
+        parts.uri = Uri::from(raw);
     } else if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
         let pq = parts
             .uri

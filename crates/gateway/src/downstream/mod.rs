@@ -55,6 +55,8 @@ pub(crate) struct ListenerCtx {
     pub(crate) tls: Option<Arc<ListenerTls>>,
     /// PROXY protocol header before TLS/HTTP (`proxy_protocol.rs`).
     pub(crate) proxy: crate::proxy_protocol::Settings,
+    /// How the request path is made canonical before routing.
+    pub(crate) path: crate::path::PathPolicy,
 }
 
 impl ListenerCtx {
@@ -96,6 +98,7 @@ impl ListenerCtx {
                 &cfg.proxy_protocol_from,
             )
             .map_err(|e| format!("listener {}: {e}", cfg.name))?,
+            path: crate::path::PathPolicy::new(&cfg.path),
         })
     }
 }
