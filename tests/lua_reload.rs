@@ -183,6 +183,7 @@ async fn admin_reload_rebuilds_the_lua_set() {
     write(dir.path(), "w.lua", &stamp("two"));
     let mut c = Client::connect(g.admin).await;
     let req = http::Request::post("/reload")
+        .header(http::header::CONTENT_TYPE, "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .unwrap();
     let r = c.send(req).await;
@@ -195,6 +196,7 @@ async fn admin_reload_rebuilds_the_lua_set() {
         "return { stage = 'post', run = function(ctx)\n  ctx:x(\nend }\n",
     );
     let req = http::Request::post("/reload")
+        .header(http::header::CONTENT_TYPE, "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .unwrap();
     let r = c.send(req).await;

@@ -2,8 +2,6 @@
 //! changes apply to new requests, invalid configs are rejected with the old one kept, and a
 //! reload under continuous keep-alive load fails nothing and never mixes versions.
 mod support;
-use bytes::Bytes;
-use http_body_util::Full;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -152,13 +150,7 @@ fn file_gateway(path: &std::path::Path, text: &str) -> TestGateway {
 }
 
 async fn admin_reload(g: &TestGateway) -> Reply {
-    let mut c = Client::connect(g.admin).await;
-    c.send(
-        http::Request::post("/reload")
-            .body(Full::new(Bytes::new()))
-            .unwrap(),
-    )
-    .await
+    admin_post(g, "/reload").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -160,16 +160,6 @@ async fn relative_paths_follow_the_config_file_and_admin_reload_rereads_them() {
     tokio::task::spawn_blocking(move || drop(g)).await.unwrap();
 }
 
-async fn admin_post(g: &TestGateway, path: &str) -> Reply {
-    let mut c = Client::connect(g.admin).await;
-    c.send(
-        http::Request::post(path)
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .unwrap(),
-    )
-    .await
-}
-
 trait ClonePaths {
     fn clone_paths(&self) -> Issued;
 }

@@ -203,6 +203,20 @@ pub async fn admin_get(g: &TestGateway, path: &str) -> Reply {
     get(g.admin, path).await
 }
 
+/// POST to an admin path on a fresh connection, as the admin's cross-site guard requires
+/// (`Content-Type: application/json`).
+pub async fn admin_post(g: &TestGateway, path: &str) -> Reply {
+    Client::connect(g.admin)
+        .await
+        .send(
+            http::Request::post(path)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+}
+
 /// The value of a Prometheus sample line that starts with `prefix` (e.g.
 /// `keymaster_upstream_reused_total{cluster="origin"}`), or 0.
 pub fn metric(text: &str, prefix: &str) -> f64 {

@@ -139,6 +139,34 @@ pub struct AdminConfig {
     /// Absent means the default, 127.0.0.1:9901.
     #[serde(with = "admin_listen")]
     pub listen: Option<SocketAddr>,
+    /// Time a client has to send a complete request head, from its connection and from the
+    /// first byte of each later head (slowloris guard).
+    pub header_read_timeout: Duration,
+    /// How long an idle keep-alive connection is kept, and how long a response write may
+    /// make no progress (a client that stops reading).
+    pub idle_timeout: Duration,
+    /// Cap on open admin connections; past it new connections are closed at once.
+    pub max_connections: usize,
+    /// Bearer token that `GET /config` and `POST /reload` require (redacted in `/config`).
+    pub token: Option<String>,
+    /// Name of an environment variable that holds the token (instead of `token`).
+    pub token_env: Option<String>,
+}
+
+impl AdminConfig {
+    /// The bearer token the admin listener requires: `token`, or the value of the
+    /// environment variable `token_env` names; `None` when neither is set (validation
+    /// refuses a named variable that is unset or empty).
+    pub fn resolved_token(&self) -> Option<String> {
+        if let Some(t) = &self.token {
+            return Some(t.clone());
+        }
+        let name = self.token_env.as_deref()?;
+        if name.is_empty() || name.contains(['=', '\0']) {
+            return None;
+        }
+        std::env::var(name).ok().filter(|v| !v.is_empty())
+    }
 }
 
 /// `admin.listen` as TOML: "ip:port", or "off" for none (TOML has no null).
@@ -170,6 +198,11 @@ impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 9901))),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 64,
+            token: None,
+            token_env: None,
         }
     }
 }

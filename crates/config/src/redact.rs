@@ -6,10 +6,14 @@ use crate::model::Config;
 pub const REDACTED: &str = "<redacted>";
 
 impl Config {
-    /// A copy with every secret replaced by [`REDACTED`]: API keys, JWT shared secrets, the
-    /// filter-debug secret and credentials in the Redis URL. Served by the admin `/config`.
+    /// A copy with every secret replaced by [`REDACTED`]: the admin token, API keys, JWT
+    /// shared secrets, the filter-debug secret and credentials in the Redis URL. Served by the
+    /// admin `/config`.
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
+        if c.admin.token.is_some() {
+            c.admin.token = Some(REDACTED.into());
+        }
         if c.filter_debug.secret.is_some() {
             c.filter_debug.secret = Some(REDACTED.into());
         }
@@ -65,6 +69,8 @@ mod tests {
     #[test]
     fn secrets_are_redacted() {
         let text = r#"
+[admin]
+token = "admin-token-0123456789"
 [filter_debug]
 secret = "debug-secret-0123456789"
 [redis]
@@ -92,6 +98,7 @@ jwt_keys = [{ alg = "HS256", secret = "hmac-secret-0123456789" }]
         let cfg = crate::load_str(text, "t.toml").expect("valid config");
         let shown = serde_json::to_string(&cfg.redacted()).expect("serializes");
         for secret in [
+            "admin-token-0123456789",
             "debug-secret-0123456789",
             "p4ss",
             "k1",

@@ -3,7 +3,8 @@
 
 use crate::locate::KeyPath;
 use crate::model::{
-    Config, HeaderEdits, HostPolicy, ListenerConfig, ListenerProtocol, RouteConfig, TlsConfig,
+    AdminConfig, Config, HeaderEdits, HostPolicy, ListenerConfig, ListenerProtocol, RouteConfig,
+    TlsConfig,
 };
 use crate::units::Duration;
 use crate::{ClusterConfig, OriginServerConfig, TlsVersion, UpstreamProtocol};
@@ -70,6 +71,7 @@ pub(crate) fn check(config: &Config) -> Vec<Problem> {
         );
     }
 
+    check_admin(&config.admin, &mut p);
     check_listeners(config, &mut p);
     let clusters = check_clusters(config, &mut p);
     for (i, route) in config.routes.iter().enumerate() {
@@ -99,6 +101,55 @@ fn check_dns(config: &Config, p: &mut Problems) {
         }
     }
     p.positive(at.key("timeout"), config.dns.timeout);
+}
+
+/// `[admin]`: positive timeouts and cap; a token of at least 16 visible characters, given
+/// either in the file or through an environment variable that is set.
+fn check_admin(admin: &AdminConfig, p: &mut Problems) {
+    let at = KeyPath::root().key("admin");
+    p.positive(at.key("header_read_timeout"), admin.header_read_timeout);
+    p.positive(at.key("idle_timeout"), admin.idle_timeout);
+    if admin.max_connections == 0 {
+        p.push(at.key("max_connections"), "must be greater than zero");
+    }
+    match (&admin.token, &admin.token_env) {
+        (Some(_), Some(_)) => p.push(
+            at.key("token_env"),
+            "token is set too; expected one of token and token_env",
+        ),
+        (Some(token), None) => check_token(token, "", at.key("token"), p),
+        (None, Some(name)) => {
+            let at = at.key("token_env");
+            if name.is_empty() || name.contains(['=', '\0']) {
+                p.push(at, format!("{name:?} is not an environment variable name; expected e.g. \"KEYMASTER_ADMIN_TOKEN\""));
+                return;
+            }
+            match std::env::var(name) {
+                Ok(token) if !token.is_empty() => {
+                    check_token(&token, &format!("the value of {name} "), at, p)
+                }
+                Ok(_) => p.push(at, format!("the environment variable {name} is empty; expected it to hold the admin token")),
+                Err(_) => p.push(at, format!("the environment variable {name} is not set; expected it to hold the admin token")),
+            }
+        }
+        (None, None) => {}
+    }
+}
+
+/// An admin bearer token: long enough to guess at, and sendable as `Bearer <token>`.
+/// `what` names where it came from; the token itself never goes into the message.
+fn check_token(token: &str, what: &str, at: KeyPath, p: &mut Problems) {
+    if token.len() < 16 {
+        p.push(
+            at,
+            format!("{what}is too short; expected at least 16 characters (it guards /reload and /config)"),
+        );
+    } else if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        p.push(
+            at,
+            format!("{what}has spaces, control or non-ASCII characters; expected visible ASCII characters only"),
+        );
+    }
 }
 
 /// Names must be non-empty and unique; the later duplicate is reported.

@@ -244,12 +244,71 @@ fn admin_can_be_turned_off() {
     let c = load_str(&text, "t.toml").expect("valid");
     assert_eq!(c.admin.listen, None);
     assert_eq!(
-        serde_json::to_value(&c.admin).ok(),
-        Some(serde_json::json!({"listen": "off"}))
+        serde_json::to_value(&c.admin)
+            .ok()
+            .map(|a| a["listen"].clone()),
+        Some(serde_json::json!("off"))
     );
     let e = load_str("[admin]\nlisten = \"9901\"\n", "t.toml").expect_err("bad");
     assert_eq!(e.errors()[0].key, "admin.listen");
     assert!(e.errors()[0].message.contains("expected \"ip:port\""));
+}
+
+/// The default config with `keys` added to its `[admin]` table.
+fn with_admin_keys(keys: &str) -> String {
+    let listen = "listen = \"127.0.0.1:9901\"";
+    DEFAULT_CONFIG.replace(listen, &format!("{listen}\n{keys}"))
+}
+
+#[test]
+fn admin_guard_defaults() {
+    let a = default_config().admin;
+    assert_eq!(a.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(a.idle_timeout, Duration::from_secs(60));
+    assert_eq!(a.max_connections, 64);
+    assert_eq!((a.token.as_deref(), a.token_env.as_deref()), (None, None));
+    assert_eq!(a.resolved_token(), None);
+    // The admin listener's head timeout is the main listeners'.
+    assert_eq!(
+        a.header_read_timeout,
+        ListenerConfig::default().header_read_timeout
+    );
+    let c = load_str(
+        &with_admin_keys(
+            "header_read_timeout = \"300ms\"\nidle_timeout = \"2s\"\nmax_connections = 3\ntoken = \"0123456789abcdef\"",
+        ),
+        "t.toml",
+    )
+    .expect("valid");
+    assert_eq!(c.admin.header_read_timeout, Duration::from_millis(300));
+    assert_eq!(c.admin.idle_timeout, Duration::from_secs(2));
+    assert_eq!(c.admin.max_connections, 3);
+    assert_eq!(
+        c.admin.resolved_token().as_deref(),
+        Some("0123456789abcdef")
+    );
+}
+
+#[test]
+fn admin_token_from_the_environment() {
+    // A name no other test uses: tests run on parallel threads of one process.
+    std::env::set_var(
+        "KEYMASTER_TEST_ADMIN_TOKEN_LOAD",
+        "from-the-environment-0123",
+    );
+    let c = load_str(
+        &with_admin_keys("token_env = \"KEYMASTER_TEST_ADMIN_TOKEN_LOAD\""),
+        "t.toml",
+    )
+    .expect("valid");
+    assert_eq!(
+        c.admin.resolved_token().as_deref(),
+        Some("from-the-environment-0123")
+    );
+    // The name is shown, the value never is.
+    let shown = serde_json::to_string(&c.redacted()).expect("serializes");
+    assert!(shown.contains("KEYMASTER_TEST_ADMIN_TOKEN_LOAD"), "{shown}");
+    assert!(!shown.contains("from-the-environment-0123"), "{shown}");
 }
 
 #[test]

@@ -604,3 +604,86 @@ fn listener_path_policy() {
     assert_eq!(typo.len(), 1, "{typo:?}");
     assert!(typo[0].key.starts_with("listeners[1].path"), "{typo:?}");
 }
+
+#[test]
+fn admin_fields() {
+    one(
+        "[admin]\nheader_read_timeout = \"0s\"\n",
+        "admin.header_read_timeout",
+        13,
+        "greater than zero",
+    );
+    one(
+        "[admin]\nidle_timeout = \"0s\"\n",
+        "admin.idle_timeout",
+        13,
+        "greater than zero",
+    );
+    one(
+        "[admin]\nmax_connections = 0\n",
+        "admin.max_connections",
+        13,
+        "greater than zero",
+    );
+    one(
+        "[admin]\ntoken = \"short\"\n",
+        "admin.token",
+        13,
+        "at least 16 characters",
+    );
+    one(
+        "[admin]\ntoken = \"with a space 0123456789\"\n",
+        "admin.token",
+        13,
+        "visible ASCII",
+    );
+    one(
+        "[admin]\ntoken = \"0123456789abcdef\"\ntoken_env = \"KEYMASTER_TEST_ADMIN_BOTH\"\n",
+        "admin.token_env",
+        14,
+        "one of token and token_env",
+    );
+    one(
+        "[admin]\ntoken_env = \"\"\n",
+        "admin.token_env",
+        13,
+        "not an environment variable name",
+    );
+}
+
+#[test]
+fn admin_token_env_must_be_set_and_usable() {
+    // Names no other test uses: tests run on parallel threads of one process.
+    let unset = "KEYMASTER_TEST_ADMIN_TOKEN_NEVER_SET";
+    std::env::remove_var(unset);
+    one(
+        &format!("[admin]\ntoken_env = \"{unset}\"\n"),
+        "admin.token_env",
+        13,
+        "KEYMASTER_TEST_ADMIN_TOKEN_NEVER_SET is not set",
+    );
+    let e = &errors(&format!("{BASE}[admin]\ntoken_env = \"{unset}\"\n"))[0];
+    assert!(
+        e.to_string().starts_with("t.toml:13:1: admin.token_env: "),
+        "file:line:key first: {e}"
+    );
+
+    std::env::set_var("KEYMASTER_TEST_ADMIN_TOKEN_EMPTY", "");
+    one(
+        "[admin]\ntoken_env = \"KEYMASTER_TEST_ADMIN_TOKEN_EMPTY\"\n",
+        "admin.token_env",
+        13,
+        "is empty",
+    );
+    std::env::set_var("KEYMASTER_TEST_ADMIN_TOKEN_SHORT", "tiny-secret");
+    one(
+        "[admin]\ntoken_env = \"KEYMASTER_TEST_ADMIN_TOKEN_SHORT\"\n",
+        "admin.token_env",
+        13,
+        "the value of KEYMASTER_TEST_ADMIN_TOKEN_SHORT is too short",
+    );
+    let e = &errors(&format!(
+        "{BASE}[admin]\ntoken_env = \"KEYMASTER_TEST_ADMIN_TOKEN_SHORT\"\n"
+    ))[0];
+    assert!(!e.message.contains("tiny-secret"), "the value leaked: {e}");
+}

@@ -322,6 +322,7 @@ impl Gateway {
             None => None,
         };
         let admin = admin_socket.as_ref().and_then(|s| s.local_addr().ok());
+        let admin_settings = crate::admin::Settings::new(&config.admin);
         let (admin_shutdown, admin_rx) = watch::channel(false);
         let mut admin_thread = None;
 
@@ -370,7 +371,7 @@ impl Gateway {
             let t = crate::runtime_thread::spawn("keymaster-admin", move || async move {
                 let _ = sock.set_nonblocking(true);
                 match tokio::net::TcpListener::from_std(sock) {
-                    Ok(l) => crate::admin::serve(shared, l, rx).await,
+                    Ok(l) => crate::admin::serve(shared, admin_settings, l, rx).await,
                     Err(e) => tracing::error!(error = %e, "cannot start admin listener"),
                 }
             })

@@ -33,6 +33,10 @@ pub struct Metrics {
     proxy_protocol_rejected: IntCounterVec,
     pub(crate) config_version: IntGauge,
     pub(crate) reloads: IntCounterVec,
+    /// Admin connections closed at once because the admin listener was at max_connections.
+    pub(crate) admin_rejected: IntCounter,
+    /// Admin requests refused by the admin guard, by reason.
+    pub(crate) admin_refused: IntCounterVec,
     filter_invocations: IntCounterVec,
     filter_skips: IntCounterVec,
     filter_errors: IntCounterVec,
@@ -183,6 +187,13 @@ impl Metrics {
         let config_version = IntGauge::new("config_version", "Active config version").expect("ok");
         r.register(Box::new(config_version.clone()))
             .expect("registered once");
+        let admin_rejected = IntCounter::new(
+            "admin_connections_rejected_total",
+            "Admin connections closed at once because the admin listener was at max_connections",
+        )
+        .expect("valid metric definition");
+        r.register(Box::new(admin_rejected.clone()))
+            .expect("registered once");
         Metrics {
             requests: counter_vec(
                 &r,
@@ -291,6 +302,13 @@ impl Metrics {
                 "config_reloads_total",
                 "Config reloads by result",
                 &["result"],
+            ),
+            admin_rejected,
+            admin_refused: counter_vec(
+                &r,
+                "admin_requests_refused_total",
+                "Admin requests refused by the admin guard, by reason (cross_origin, simple_request, unauthorized)",
+                &["reason"],
             ),
             filter_invocations: counter_vec(
                 &r,

@@ -7,7 +7,8 @@
 //! and whenever no request is in flight, the client must finish a request head within
 //! `header_read_timeout` of its first byte (slowloris) and must not sit idle past
 //! `idle_timeout`: [`ConnState`] keeps the deadline, which the HTTP/1.1 server reads
-//! directly and [`TimedIo`] enforces under hyper's HTTP/2 server. A response write that
+//! directly and [`TimedIo`] enforces under hyper's HTTP/2 server (and under the admin
+//! listener's hyper HTTP/1.1 server). A response write that
 //! makes no progress for `send_timeout` (a client that stopped reading) resets the
 //! connection: `h1`'s writer and [`SendClock`] under HTTP/2.
 
@@ -137,14 +138,19 @@ pub(crate) struct ConnState {
     /// When the connection's timer is armed to fire. The timer is lazy: it is moved only when
     /// the deadline comes earlier; a later deadline is picked up when the timer fires.
     armed: AtomicU64,
-    /// The connection task, parked in a read while requests were in flight: woken when the
-    /// last one finishes and the idle deadline is earlier than the armed timer (only possible
-    /// when `idle_timeout < header_read_timeout`).
+    /// The connection task, parked in a read: woken when the last request in flight
+    /// finishes and the idle deadline is earlier than the armed timer (only possible when
+    /// `idle_timeout < header_read_timeout`, the only case it is kept in).
     reader: Mutex<Option<std::task::Waker>>,
 }
 
 impl ConnState {
-    fn new(now: Instant, head_clock: bool, header_timeout: Duration, idle: Duration) -> Self {
+    pub(crate) fn new(
+        now: Instant,
+        head_clock: bool,
+        header_timeout: Duration,
+        idle: Duration,
+    ) -> Self {
         let first = header_timeout.as_nanos() as u64;
         ConnState {
             inflight: AtomicU32::new(0),
@@ -231,21 +237,34 @@ pub(crate) struct TimedIo<S> {
     send: SendClock,
 }
 
+impl<S> TimedIo<S> {
+    /// `inner` under `state`'s header-read and idle deadlines and `send`'s write clock.
+    pub(crate) fn new(inner: S, state: Arc<ConnState>, send: SendClock) -> Self {
+        TimedIo {
+            inner,
+            sleep: Box::pin(tokio::time::sleep_until(state.at(state.deadline()))),
+            state,
+            send,
+        }
+    }
+}
+
 /// The send timeout under hyper's HTTP/2 server: a write that stays pending (the client
 /// reads nothing) for `timeout` fails the connection; any write that moves bytes stops
 /// the clock.
 pub(crate) struct SendClock {
     timeout: Duration,
-    timeouts: prometheus::IntCounter,
+    /// Counts the connections it failed, where a metric does.
+    timeouts: Option<prometheus::IntCounter>,
     sleep: Option<Pin<Box<Sleep>>>,
     stalled: bool,
 }
 
 impl SendClock {
-    fn new(listener: &ListenerCtx) -> Self {
+    pub(crate) fn new(timeout: Duration, timeouts: Option<prometheus::IntCounter>) -> Self {
         SendClock {
-            timeout: listener.send_timeout,
-            timeouts: listener.metrics.send_timeouts.clone(),
+            timeout,
+            timeouts,
             sleep: None,
             stalled: false,
         }
@@ -277,7 +296,9 @@ impl SendClock {
         if !fired {
             return Poll::Pending;
         }
-        self.timeouts.inc();
+        if let Some(t) = &self.timeouts {
+            t.inc();
+        }
         Poll::Ready(Err(io::Error::new(
             io::ErrorKind::TimedOut,
             "the client read nothing for send_timeout",
@@ -324,7 +345,11 @@ impl<S: Read + Unpin> Read for TimedIo<S> {
                         this.sleep.as_mut().reset(state.at(d));
                         state.armed.store(d, Ordering::Relaxed);
                     }
-                } else if state.idle_timeout < state.header_timeout {
+                }
+                if state.idle_timeout < state.header_timeout {
+                    // A request may start and finish before the next read (hyper's HTTP/1.1
+                    // server polls the socket before it calls the service): its idle
+                    // deadline, earlier than the armed timer, must wake this read.
                     state.set_reader(Some(cx.waker().clone()));
                 }
                 Poll::Pending
@@ -647,12 +672,11 @@ async fn serve_io(
         h1::serve(cx, stream).await;
         return;
     }
-    let io = TimedIo {
-        inner: TokioIo::new(stream),
-        sleep: Box::pin(tokio::time::sleep_until(state.at(state.deadline()))),
-        state,
-        send: SendClock::new(&listener),
-    };
+    let send = SendClock::new(
+        listener.send_timeout,
+        Some(listener.metrics.send_timeouts.clone()),
+    );
+    let io = TimedIo::new(TokioIo::new(stream), state, send);
     let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let req = req.map(crate::body::ClientBody::H2);
         let handled = crate::proxy::handle(cx.clone(), req, None);
