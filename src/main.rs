@@ -162,6 +162,9 @@ fn print_banner(gateway: &Gateway, source: &ConfigSource, stub: Option<SocketAdd
         }
     }
     println!("stop with Ctrl-C (drains in-flight requests); SIGHUP reloads the config");
+    if let Some(a) = gateway.admin_addr() {
+        println!("  (as does: curl -X POST -H 'X-Keymaster-Admin: 1' http://{a}/reload)");
+    }
 }
 
 fn validate(args: ValidateArgs) -> Result<(), String> {
