@@ -5,7 +5,9 @@
 //! |---|---|
 //! | [`LuaFilters`] (here) | the [`FilterSource`] the gateway asks for each config version; the directory watcher |
 //! | `set` | compiling and validating a directory into a filter set (off the request path) |
-//! | `vm` | one sandboxed VM per worker thread, instruction budget, memory cap |
+//! | `vm` | one sandboxed VM per worker thread, its count hook, memory cap |
+//! | `meter` | what one call may spend: instructions and wall-clock time |
+//! | `strlib`, `pattern`, `gsub` | the string functions that charge the meter (Lua patterns in Rust) |
 //! | `ctx` | the `ctx` method table mirroring the native `FilterCtx`, and the lent context it works on |
 //! | `api` | `shared` (process-wide dictionary) and `http` (non-blocking client) |
 //! | [`dict`] | the sharded shared dictionary |
@@ -16,8 +18,12 @@
 mod api;
 mod ctx;
 pub mod dict;
+mod gsub;
+mod meter;
 mod methods;
+mod pattern;
 mod set;
+mod strlib;
 mod vm;
 mod watch;
 
@@ -220,7 +226,7 @@ fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx<'_>) -> FilterR
 async fn run(set: Arc<LuaSet>, index: usize, ctx: &mut FilterCtx<'_>) -> FilterResult {
     let h = vm::handle(&set, index)?;
     let call = h.fns.run.call_async::<()>(&h.fns.ctx);
-    let r = vm::Budgeted::new(call, set.settings.budget, Lent::writable(ctx)).await;
+    let r = meter::Metered::new(call, set.settings.limits, Lent::writable(ctx)).await;
     vm::after_call(&h, set.settings.memory_limit, &r);
     r.map_err(|e| error_text(&e).into())
 }
