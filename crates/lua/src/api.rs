@@ -14,7 +14,7 @@ use mlua::{Lua, Table, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::dict::{DictValue, SharedDict};
+use crate::dict::{DictValue, NoMemory, SharedDict};
 use crate::set::Settings;
 
 fn ttl(v: Option<f64>) -> mlua::Result<Option<Duration>> {
@@ -25,7 +25,22 @@ fn ttl(v: Option<f64>) -> mlua::Result<Option<Duration>> {
     }
 }
 
-/// `shared.get(k)`, `shared.set(k, v, ttl)`, `shared.incr(k, delta, ttl)`, `shared.delete(k)`.
+/// A Lua value as a dictionary value: `None` for nil (`set` then deletes the key).
+fn dict_value(v: Value) -> mlua::Result<Option<DictValue>> {
+    Ok(Some(match v {
+        Value::Integer(i) => DictValue::Number(i as f64),
+        Value::Number(n) => DictValue::Number(n),
+        Value::String(s) => DictValue::Text(Bytes::copy_from_slice(&s.as_bytes())),
+        Value::Nil => return Ok(None),
+        _ => return Err(mlua::Error::runtime("shared values are numbers or strings")),
+    }))
+}
+
+const NO_MEMORY: &str = "no memory";
+
+/// `shared.get(k)`, `shared.set(k, v, ttl)` (`true, nil, forcible` or `nil, "no memory"`),
+/// `shared.safe_set(k, v, ttl)` (`true` or `nil, "no memory"`), `shared.incr(k, delta,
+/// ttl)`, `shared.delete(k)`.
 pub(crate) fn shared_table(lua: &Lua, dict: Arc<SharedDict>) -> mlua::Result<Table> {
     let t = lua.create_table()?;
     let d = dict.clone();
@@ -42,19 +57,33 @@ pub(crate) fn shared_table(lua: &Lua, dict: Arc<SharedDict>) -> mlua::Result<Tab
     let d = dict.clone();
     t.set(
         "set",
-        lua.create_function(move |_, (k, v, t): (String, Value, Option<f64>)| {
-            let v = match v {
-                Value::Integer(i) => DictValue::Number(i as f64),
-                Value::Number(n) => DictValue::Number(n),
-                Value::String(s) => DictValue::Text(s.to_str()?.to_string()),
-                Value::Nil => {
-                    d.delete(&k);
-                    return Ok(());
-                }
-                _ => return Err(mlua::Error::runtime("shared values are numbers or strings")),
+        lua.create_function(move |lua, (k, v, t): (String, Value, Option<f64>)| {
+            let Some(v) = dict_value(v)? else {
+                d.delete(&k);
+                return Ok((Value::Boolean(true), Value::Nil, Value::Boolean(false)));
             };
-            d.set(&k, v, ttl(t)?);
-            Ok(())
+            Ok(match d.set(&k, v, ttl(t)?) {
+                Ok(forcible) => (Value::Boolean(true), Value::Nil, Value::Boolean(forcible)),
+                Err(NoMemory) => (
+                    Value::Nil,
+                    Value::String(lua.create_string(NO_MEMORY)?),
+                    Value::Nil,
+                ),
+            })
+        })?,
+    )?;
+    let d = dict.clone();
+    t.set(
+        "safe_set",
+        lua.create_function(move |lua, (k, v, t): (String, Value, Option<f64>)| {
+            let Some(v) = dict_value(v)? else {
+                d.delete(&k);
+                return Ok((Value::Boolean(true), Value::Nil));
+            };
+            Ok(match d.safe_set(&k, v, ttl(t)?) {
+                Ok(()) => (Value::Boolean(true), Value::Nil),
+                Err(NoMemory) => (Value::Nil, Value::String(lua.create_string(NO_MEMORY)?)),
+            })
         })?,
     )?;
     let d = dict.clone();

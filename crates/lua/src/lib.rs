@@ -83,6 +83,10 @@ impl FilterSource for LuaFilters {
         };
         // Recorded before compiling: a broken file is not retried until it changes again.
         watch::record(&self.inner.watch, Some(&dir), l);
+        self.inner.dict.configure(
+            usize::try_from(l.shared_dict_size.0).unwrap_or(usize::MAX),
+            usize::try_from(l.shared_max_value.0).unwrap_or(usize::MAX),
+        );
         let settings = set::Settings::from_config(l, self.inner.dict.clone());
         let set = Arc::new(set::compile(&dir, settings)?);
         for f in &set.files {
