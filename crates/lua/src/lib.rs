@@ -32,8 +32,9 @@ use keymaster_config::Config;
 use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSource, FilterSpec};
 use keymaster_gateway::{ConfigSource, Gateway};
 use std::cell::RefCell;
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use set::LuaSet;
 
@@ -48,6 +49,9 @@ pub struct LuaFilters {
 struct Inner {
     dict: Arc<dict::SharedDict>,
     watch: Mutex<watch::Target>,
+    /// The admin listener's bound address, once the gateway has started (`ctx.http` may
+    /// not reach it).
+    admin: Arc<OnceLock<SocketAddr>>,
 }
 
 impl LuaFilters {
@@ -87,7 +91,12 @@ impl FilterSource for LuaFilters {
             usize::try_from(l.shared_dict_size.0).unwrap_or(usize::MAX),
             usize::try_from(l.shared_max_value.0).unwrap_or(usize::MAX),
         );
-        let settings = set::Settings::from_config(l, self.inner.dict.clone());
+        let settings = set::Settings::from_config(
+            l,
+            config.admin.listen,
+            self.inner.admin.clone(),
+            self.inner.dict.clone(),
+        );
         let set = Arc::new(set::compile(&dir, settings)?);
         for f in &set.files {
             if let Some(r) = f
@@ -127,6 +136,9 @@ pub fn start_gateway(
     let lua = LuaFilters::new();
     let gateway =
         Gateway::start_with_sources(config, source, Vec::new(), vec![Arc::new(lua.clone())])?;
+    if let Some(admin) = gateway.admin_addr() {
+        let _ = lua.inner.admin.set(admin);
+    }
     lua.spawn_watcher(gateway.reloader())
         .map_err(|e| format!("cannot start the lua watcher thread: {e}"))?;
     Ok((gateway, lua))

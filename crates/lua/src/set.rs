@@ -5,11 +5,13 @@
 
 use keymaster_config::{FilterMatch, FilterStage, LuaConfig};
 use mlua::{Function, Table, Value};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::api::AdminGuard;
 use crate::dict::SharedDict;
 use crate::meter::Limits;
 
@@ -21,11 +23,20 @@ pub(crate) struct Settings {
     pub memory_limit: usize,
     pub http_timeout: Duration,
     pub http_max_body: usize,
+    /// Where `ctx.http` may not connect.
+    pub admin: Arc<AdminGuard>,
     pub dict: Arc<SharedDict>,
 }
 
 impl Settings {
-    pub(crate) fn from_config(c: &LuaConfig, dict: Arc<SharedDict>) -> Settings {
+    /// `c` with the process's dictionary and the admin listener's address: `admin_listen` as
+    /// configured (`[admin] listen`), `admin_bound` once the listener is bound.
+    pub(crate) fn from_config(
+        c: &LuaConfig,
+        admin_listen: Option<SocketAddr>,
+        admin_bound: Arc<OnceLock<SocketAddr>>,
+        dict: Arc<SharedDict>,
+    ) -> Settings {
         Settings {
             limits: Limits {
                 instructions: c.instruction_budget,
@@ -34,6 +45,11 @@ impl Settings {
             memory_limit: usize::try_from(c.memory_limit.0).unwrap_or(usize::MAX),
             http_timeout: c.http_timeout.get(),
             http_max_body: usize::try_from(c.http_max_body.0).unwrap_or(usize::MAX),
+            admin: Arc::new(AdminGuard {
+                allow: c.http_allow_admin,
+                configured: admin_listen,
+                bound: admin_bound,
+            }),
             dict,
         }
     }
@@ -43,6 +59,8 @@ impl Settings {
         self.memory_limit == other.memory_limit
             && self.http_timeout == other.http_timeout
             && self.http_max_body == other.http_max_body
+            && self.admin.allow == other.admin.allow
+            && self.admin.configured == other.admin.configured
             && Arc::ptr_eq(&self.dict, &other.dict)
     }
 }

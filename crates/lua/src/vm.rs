@@ -489,6 +489,11 @@ mod tests {
             memory_limit,
             http_timeout: std::time::Duration::from_secs(1),
             http_max_body: 1024,
+            admin: Arc::new(crate::api::AdminGuard {
+                allow: false,
+                configured: None,
+                bound: Default::default(),
+            }),
             dict: Default::default(),
         }
     }
