@@ -29,12 +29,21 @@ fn ttl(v: Option<f64>) -> mlua::Result<Option<Duration>> {
     }
 }
 
+/// Charge the running call for copying `bytes` bytes into or out of the dictionary.
+fn charge(bytes: usize) -> mlua::Result<()> {
+    crate::meter::charge_bytes(bytes).map_err(mlua::Error::runtime)
+}
+
 /// A Lua value as a dictionary value: `None` for nil (`set` then deletes the key).
 fn dict_value(v: Value) -> mlua::Result<Option<DictValue>> {
     Ok(Some(match v {
         Value::Integer(i) => DictValue::Number(i as f64),
         Value::Number(n) => DictValue::Number(n),
-        Value::String(s) => DictValue::Text(Bytes::copy_from_slice(&s.as_bytes())),
+        Value::String(s) => {
+            let bytes = s.as_bytes();
+            charge(bytes.len())?;
+            DictValue::Text(Bytes::copy_from_slice(&bytes))
+        }
         Value::Nil => return Ok(None),
         _ => return Err(mlua::Error::runtime("shared values are numbers or strings")),
     }))
@@ -53,7 +62,10 @@ pub(crate) fn shared_table(lua: &Lua, dict: Arc<SharedDict>) -> mlua::Result<Tab
         lua.create_function(move |lua, k: String| {
             Ok(match d.get(&k) {
                 Some(DictValue::Number(n)) => Value::Number(n),
-                Some(DictValue::Text(s)) => Value::String(lua.create_string(s)?),
+                Some(DictValue::Text(s)) => {
+                    charge(s.len())?;
+                    Value::String(lua.create_string(s)?)
+                }
                 None => Value::Nil,
             })
         })?,

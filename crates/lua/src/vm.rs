@@ -11,11 +11,14 @@
 //! **Budget.** LuaJIT's count hook does not fire inside JIT-compiled traces, so a hot loop
 //! could escape it. The VM therefore runs with the JIT compiler off (`jit.off()`; LuaJIT's
 //! interpreter is still fast), where the count hook fires every [`HOOK_EVERY`] instructions
-//! without exception. The hook charges the running call's budget (a thread-local set around
-//! every poll of a filter's coroutine, so interleaved calls suspended in `ctx.http` each keep
-//! their own count) and raises an error once it is spent. `pcall`/`xpcall` are wrapped so a
-//! script cannot swallow that error and keep running. Time spent in one C function (a huge
-//! `string.rep`) is not counted; the memory cap bounds those.
+//! without exception. The hook charges the running call's meter ([`crate::meter`]: the
+//! instruction budget and the call's wall-clock limit, per call, across `ctx.http`
+//! suspensions) and raises an error once it is spent. `pcall`/`xpcall` are wrapped so a
+//! script cannot swallow that error and keep running. The string functions whose work the
+//! hook cannot see (pattern matching, `rep`, `format`, `concat`, ...) are replaced before
+//! the sandbox copies the libraries ([`crate::strlib`]) and charge the meter for their work;
+//! other work inside one instruction (the `..` operator on huge strings) is bounded by the
+//! memory cap per operation and by the clock, checked at the next hook.
 //!
 //! **Memory.** mlua's allocator limit ([`mlua::Lua::set_memory_limit`]) works with the
 //! vendored LuaJIT (64-bit GC): an allocation past the cap fails and the call errors. After
