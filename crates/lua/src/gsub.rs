@@ -8,7 +8,7 @@ use mlua::{Function, Lua, LuaString, MultiValue, Table, Value};
 
 use crate::meter;
 use crate::pattern::{Capture, Matcher};
-use crate::strlib::{capture_value, int_arg, string_arg, Fail};
+use crate::strlib::{capture_value, int_arg, string_arg, Fail, Nested};
 
 /// The result is charged each time it has grown by this many bytes.
 const CHARGE_EVERY: usize = 16 * 1024;
@@ -119,12 +119,17 @@ fn add_value(
     let (s, e) = whole;
     let v = match repl {
         Repl::Text(t) => return add_text(m, out, src, whole, &t.as_bytes()),
-        Repl::Table(t) => t.get::<Value>(capture_value(lua, src, m.capture(0, s, e)?)?)?,
+        Repl::Table(t) => {
+            let key = capture_value(lua, src, m.capture(0, s, e)?)?;
+            let _nested = Nested::enter()?;
+            t.get::<Value>(key)?
+        }
         Repl::Call(f) => {
             let mut args = MultiValue::new();
             for i in 0..m.capture_count(true) {
                 args.push_back(capture_value(lua, src, m.capture(i, s, e)?)?);
             }
+            let _nested = Nested::enter()?;
             f.call::<Value>(args)?
         }
     };

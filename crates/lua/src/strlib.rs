@@ -16,6 +16,11 @@
 //!
 //! Charges under [`SMALL`] bytes are skipped: the wrapper's own instructions cover them.
 //!
+//! Calls from these functions back into Lua (a `gsub` replacement function or table,
+//! `__tostring` under `format`, a `sort` comparator) nest at most [`MAX_NESTED`] deep, else
+//! "C stack overflow": LuaJIT does not bound that nesting, and each level holds C and Rust
+//! frames on the worker thread's stack.
+//!
 //! They replace the functions in the real `string` and `table` tables, before the sandbox
 //! copies them, so `s:find(...)` (through the string metatable's `__index`) runs them too.
 //! Errors (a malformed pattern, a bad argument, a spent budget) are raised by a thin Lua
@@ -28,6 +33,39 @@ use crate::pattern::{self, Capture, Matcher};
 
 /// Results under this many bytes are not charged (see the module doc).
 pub const SMALL: usize = 256;
+/// How deep calls from these functions into Lua (a `gsub` replacement function or table,
+/// `__tostring` under `format`, a `sort` comparator) may nest: each level holds C and Rust
+/// frames on the worker's stack, which LuaJIT does not limit (a recursive `gsub` callback
+/// overflowed a 2 MiB thread stack and aborted the process).
+pub const MAX_NESTED: u32 = 32;
+/// The error past [`MAX_NESTED`] (Lua 5.1's message for the same limit).
+pub const NESTED_MSG: &str = "C stack overflow";
+
+thread_local! {
+    /// Calls into Lua from these functions now open on this thread.
+    static NESTED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// One more call into Lua from a string function, until the guard is dropped.
+pub(crate) struct Nested(());
+
+impl Nested {
+    pub(crate) fn enter() -> Result<Nested, Fail> {
+        NESTED.with(|n| {
+            if n.get() >= MAX_NESTED {
+                return Err(Fail::Raise(NESTED_MSG.into()));
+            }
+            n.set(n.get() + 1);
+            Ok(Nested(()))
+        })
+    }
+}
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        NESTED.with(|n| n.set(n.get().saturating_sub(1)));
+    }
+}
 
 /// The marker a Rust function returns first when the wrapper must raise its second result.
 static FAIL_MARK: u8 = 0;
@@ -111,6 +149,26 @@ pub(crate) fn install(lua: &Lua, memory_limit: usize) -> mlua::Result<()> {
             )
         })?,
     )?;
+    // `enter` and `leave` bracket a call of `format` or `sort` that may run Lua code.
+    rs.set(
+        "enter",
+        lua.create_function(|lua, ()| {
+            answer(
+                lua,
+                Nested::enter().map(|g| {
+                    std::mem::forget(g);
+                    MultiValue::new()
+                }),
+            )
+        })?,
+    )?;
+    rs.set(
+        "leave",
+        lua.create_function(|_, ()| {
+            drop(Nested(()));
+            Ok(())
+        })?,
+    )?;
     rs.set(
         "rep_check",
         lua.create_function(move |lua, a: MultiValue| {
@@ -135,7 +193,7 @@ local S, T, rs, FAIL, pcall, PER, SMALL = ...
 local error, type, tonumber, select = error, type, tonumber, select
 local ceil, log = math.ceil, math.log
 local find, match, gmatch, gsub, charge = rs.find, rs.match, rs.gmatch, rs.gsub, rs.charge
-local rep_check = rs.rep_check
+local rep_check, enter, leave = rs.rep_check, rs.enter, rs.leave
 local rep, upper, lower, reverse, format = S.rep, S.upper, S.lower, S.reverse, S.format
 local concat, sort, c_gsub = T.concat, T.sort, S.gsub
 -- Tail-called by the wrappers: level 2 is the wrapper's caller.
@@ -147,11 +205,13 @@ end
 local function pre(x, m)
   if x == FAIL then error(m, 3) end
 end
--- `concat` run by pcall cannot name itself in an argument error, nor say where it was
--- called: every error it raises is its own (it runs no Lua code), so it gets both back.
-local function named(e)
-  if type(e) ~= "string" then return e, 0 end
-  return (c_gsub(e, "^(bad argument #%d+ to )'%?'", "%1'concat'")), 2
+-- A C function run by pcall cannot say where it was called, nor name itself in an argument
+-- error: its own errors (all start so) get both back; errors of Lua code it ran keep theirs.
+local function own(e, name)
+  if type(e) == "string" and (e:sub(1, 13) == "bad argument " or e:sub(1, 8) == "invalid ") then
+    return (c_gsub(e, "^(bad argument #%d+ to )'%?'", "%1'" .. name .. "'")), 2
+  end
+  return e, 0
 end
 S.find = function(...) return check(find(...)) end
 S.match = function(...) return check(match(...)) end
@@ -177,29 +237,42 @@ S.upper, S.lower, S.reverse = sized(upper), sized(lower), sized(reverse)
 -- value: widths and precisions are at most 99), so `format` itself is tail-called and raises
 -- its own errors at the caller's line.
 S.format = function(...)
-  local size = 0
+  local size, plain = 0, true
   for i = 1, select('#', ...) do
     local v = select(i, ...)
-    size = size + (type(v) == "string" and #v or 32)
+    local t = type(v)
+    size = size + (t == "string" and #v or 32)
+    plain = plain and (t == "string" or t == "number")
   end
   if size >= SMALL then pre(charge(size / PER)) end
-  return format(...)
+  if plain then return format(...) end
+  -- Another value may have a `__tostring` that calls `format` again: one more nested call.
+  pre(enter())
+  local ok, s = pcall(format, ...)
+  leave()
+  if not ok then error(own(s, "format")) end
+  return s
 end
 T.concat = function(...)
   local ok, s = pcall(concat, ...)
-  if not ok then error(named(s)) end
+  if not ok then error(own(s, "concat")) end
   local t, _, i, j = ...
   local n = (tonumber(j) or #t) - (tonumber(i) or 1) + 1
   if #s >= SMALL or n * PER >= SMALL then pre(charge(#s / PER + n)) end
   return s
 end
 T.sort = function(...)
-  local t = ...
+  local t, less = ...
   if type(t) == "table" then
     local n = #t
     if n > 16 then pre(charge(n * ceil(log(n) / log(2)))) end
   end
-  return sort(...)
+  if less == nil then return sort(...) end
+  -- The comparator may sort again: one more nested call.
+  pre(enter())
+  local ok, e = pcall(sort, ...)
+  leave()
+  if not ok then error(own(e, "sort")) end
 end
 "#;
 

@@ -252,3 +252,44 @@ fn size_proportional_functions_are_charged() {
     let (r, _) = timed(&lua, u64::MAX, "local s = string.rep('x', 2^27)");
     assert!(r.unwrap_err().contains("over the VM's memory limit"));
 }
+
+/// Calls from string functions into Lua nest at most `MAX_NESTED` deep: a recursive `gsub`
+/// callback (or `__tostring` under `format`, or `sort` comparator) fails with an error
+/// instead of overflowing the thread's stack: here 1 MiB, half a worker thread's, so the
+/// limit leaves room for the gateway's own frames below the filter call.
+#[test]
+fn nested_calls_into_lua_are_bounded() {
+    let t = std::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(|| {
+            let lua = vm();
+            let errors: Vec<String> = lua
+                .load(
+                    r#"
+local function g(s) return (s:gsub(".", g)) end
+local t = setmetatable({}, { __tostring = function(x) return string.format("%s", x) end })
+local function s() table.sort({ 3, 2, 1 }, function(a, b) s() return a < b end) end
+local h
+h = setmetatable({}, { __index = function(_, k) return (("x"):gsub("x", h)) end })
+local out = {}
+for _, f in ipairs({ function() return g("x") end, function() return tostring(t) end, s,
+    function() return ("x"):gsub("x", h) end }) do
+  local ok, e = pcall(f)
+  out[#out + 1] = tostring(e)
+end
+-- Unwound: the depth is back to zero, so nesting works again.
+out[#out + 1] = tostring(select(2, pcall(function() return ("ab"):gsub("%w", { a = "1" }) end)))
+return out
+"#,
+                )
+                .eval::<Vec<String>>()
+                .unwrap();
+            errors
+        })
+        .unwrap();
+    let errors = t.join().expect("no stack overflow");
+    for e in &errors[..4] {
+        assert!(e.contains(NESTED_MSG), "{errors:?}");
+    }
+    assert_eq!(errors[4], "1b");
+}
