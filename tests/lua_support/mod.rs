@@ -79,6 +79,21 @@ pub fn try_start(toml: &str) -> Result<TestGateway, String> {
     })
 }
 
+/// [`start`], keeping the Lua host (its shared dictionary).
+pub fn start_with_host(toml: &str) -> (TestGateway, keymaster_lua::LuaFilters) {
+    let config = keymaster_config::load_str(toml, "<test>").unwrap_or_else(|e| panic!("{e}"));
+    let (gw, lua) = keymaster_lua::start_gateway(config, ConfigSource::Memory)
+        .unwrap_or_else(|e| panic!("gateway starts: {e}"));
+    let addr = gw.listener_addr("main").expect("listener main");
+    let admin = gw.admin_addr().expect("admin listener");
+    let g = TestGateway {
+        gw: Some(gw),
+        addr,
+        admin,
+    };
+    (g, lua)
+}
+
 pub fn start(toml: &str) -> TestGateway {
     try_start(toml).unwrap_or_else(|e| panic!("gateway starts: {e}"))
 }

@@ -28,6 +28,10 @@ impl Default for FilterBodyConfig {
     }
 }
 
+/// The Lua `shared` dictionary is split into this many independently locked shards, each
+/// with an equal share of `shared_dict_size`: a value must fit one shard's share.
+pub const SHARED_DICT_SHARDS: u64 = 32;
+
 /// Lua filters: one `.lua` file per filter in `dir`, compiled into a filter set on start and
 /// on every reload (and when a file in `dir` changes, if `watch` is on).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -50,6 +54,16 @@ pub struct LuaConfig {
     pub http_timeout: Duration,
     /// Largest response body `ctx.http` reads; a longer one fails the call.
     pub http_max_body: ByteSize,
+    /// Let `ctx.http` reach the admin listener (off: such a call returns `nil, err`).
+    pub http_allow_admin: bool,
+    /// Wall-clock time one `should_filter` or `run` call may take while it runs (time
+    /// suspended in `ctx.http` does not count); checked with the instruction budget.
+    pub max_call_time: Duration,
+    /// Bytes the process-wide `shared` dictionary may hold (keys, values and a fixed
+    /// overhead per entry); past it `shared.set` evicts the least recently used entries.
+    pub shared_dict_size: ByteSize,
+    /// Largest value (string) `shared.set` stores; a longer one gets `nil, "no memory"`.
+    pub shared_max_value: ByteSize,
 }
 
 impl Default for LuaConfig {
@@ -62,6 +76,10 @@ impl Default for LuaConfig {
             memory_limit: ByteSize(64 * 1024 * 1024),
             http_timeout: Duration::from_secs(1),
             http_max_body: ByteSize(1024 * 1024),
+            http_allow_admin: false,
+            max_call_time: Duration::from_millis(100),
+            shared_dict_size: ByteSize(64 * 1024 * 1024),
+            shared_max_value: ByteSize(1024 * 1024),
         }
     }
 }

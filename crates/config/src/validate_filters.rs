@@ -203,6 +203,35 @@ fn check_lua(config: &Config, p: &mut Problems) {
             "must be greater than zero; expected a size like \"1MiB\"",
         );
     }
+    if l.max_call_time.get() < std::time::Duration::from_millis(1) {
+        p.push(
+            at.key("max_call_time"),
+            "too short; expected at least \"1ms\", like \"100ms\"",
+        );
+    }
+    check_shared_dict(l, &at, p);
+}
+
+/// `[lua] shared_dict_size` and `shared_max_value`: a value must fit one shard's share.
+fn check_shared_dict(l: &crate::LuaConfig, at: &KeyPath, p: &mut Problems) {
+    if l.shared_dict_size.0 < 1024 * 1024 {
+        p.push(
+            at.key("shared_dict_size"),
+            "too small; expected at least \"1MiB\", like \"64MiB\"",
+        );
+    } else if l.shared_max_value.0 == 0
+        || l.shared_max_value.0 > l.shared_dict_size.0 / crate::SHARED_DICT_SHARDS
+    {
+        p.push(
+            at.key("shared_max_value"),
+            format!(
+                "must be between 1 byte and shared_dict_size / {} ({} bytes, one shard's \
+                 share); expected a size like \"1MiB\"",
+                crate::SHARED_DICT_SHARDS,
+                l.shared_dict_size.0 / crate::SHARED_DICT_SHARDS
+            ),
+        );
+    }
 }
 
 pub(crate) fn check_methods(methods: &[String], at: &KeyPath, p: &mut Problems) {

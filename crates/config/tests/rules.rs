@@ -512,6 +512,36 @@ fn lua_and_filter_body_rules() {
         "greater than zero",
     );
     one(
+        "\n[lua]\nmax_call_time = \"0s\"\n",
+        "lua.max_call_time",
+        14,
+        "too short",
+    );
+    one(
+        "\n[lua]\nshared_dict_size = \"64KiB\"\n",
+        "lua.shared_dict_size",
+        14,
+        "too small",
+    );
+    one(
+        "\n[lua]\nshared_max_value = 0\n",
+        "lua.shared_max_value",
+        14,
+        "between 1 byte and shared_dict_size / 32",
+    );
+    // A value must fit one shard's share: 32 MiB / 32 = 1 MiB.
+    one(
+        "\n[lua]\nshared_dict_size = \"32MiB\"\nshared_max_value = \"2MiB\"\n",
+        "lua.shared_max_value",
+        15,
+        "(1048576 bytes, one shard's share)",
+    );
+    assert!(errors(&format!(
+        "{BASE}\n[lua]\nshared_dict_size = \"32MiB\"\nshared_max_value = \"1MiB\"\n\
+         max_call_time = \"50ms\"\nhttp_allow_admin = true\n"
+    ))
+    .is_empty());
+    one(
         "\n[filter_body]\nmax_request = 0\n",
         "filter_body.max_request",
         14,

@@ -166,7 +166,7 @@ pub(crate) fn with_ref<R>(f: impl FnOnce(&FilterCtx<'_>) -> R) -> Result<R, Unre
     let _back = Return(lent);
     // SAFETY: `lent.ptr` was made from a reference (`&FilterCtx` or `&mut FilterCtx`) that
     // the host holds, unused, for as long as the lent value is installed: `Lent::during`
-    // around a synchronous call, or `vm::Budgeted` around each poll of a suspended call's
+    // around a synchronous call, or `meter::Metered` around each poll of a suspended call's
     // future, which borrows the context for its whole life. The `Installed` guard removes
     // it when that call or poll returns or unwinds, and methods run on this thread inside
     // that window. The value was taken out of `LENT`, so no other reference made from it

@@ -5,7 +5,9 @@
 //! |---|---|
 //! | [`LuaFilters`] (here) | the [`FilterSource`] the gateway asks for each config version; the directory watcher |
 //! | `set` | compiling and validating a directory into a filter set (off the request path) |
-//! | `vm` | one sandboxed VM per worker thread, instruction budget, memory cap |
+//! | `vm` | one sandboxed VM per worker thread, its count hook, memory cap |
+//! | `meter` | what one call may spend: instructions and wall-clock time |
+//! | `strlib`, `pattern`, `gsub` | the string functions that charge the meter (Lua patterns in Rust) |
 //! | `ctx` | the `ctx` method table mirroring the native `FilterCtx`, and the lent context it works on |
 //! | `api` | `shared` (process-wide dictionary) and `http` (non-blocking client) |
 //! | [`dict`] | the sharded shared dictionary |
@@ -16,8 +18,12 @@
 mod api;
 mod ctx;
 pub mod dict;
+mod gsub;
+mod meter;
 mod methods;
+mod pattern;
 mod set;
+mod strlib;
 mod vm;
 mod watch;
 
@@ -26,8 +32,9 @@ use keymaster_config::Config;
 use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSource, FilterSpec};
 use keymaster_gateway::{ConfigSource, Gateway};
 use std::cell::RefCell;
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use set::LuaSet;
 
@@ -42,6 +49,9 @@ pub struct LuaFilters {
 struct Inner {
     dict: Arc<dict::SharedDict>,
     watch: Mutex<watch::Target>,
+    /// The admin listener's bound address, once the gateway has started (`ctx.http` may
+    /// not reach it).
+    admin: Arc<OnceLock<SocketAddr>>,
 }
 
 impl LuaFilters {
@@ -77,7 +87,16 @@ impl FilterSource for LuaFilters {
         };
         // Recorded before compiling: a broken file is not retried until it changes again.
         watch::record(&self.inner.watch, Some(&dir), l);
-        let settings = set::Settings::from_config(l, self.inner.dict.clone());
+        self.inner.dict.configure(
+            usize::try_from(l.shared_dict_size.0).unwrap_or(usize::MAX),
+            usize::try_from(l.shared_max_value.0).unwrap_or(usize::MAX),
+        );
+        let settings = set::Settings::from_config(
+            l,
+            config.admin.listen,
+            self.inner.admin.clone(),
+            self.inner.dict.clone(),
+        );
         let set = Arc::new(set::compile(&dir, settings)?);
         for f in &set.files {
             if let Some(r) = f
@@ -117,6 +136,9 @@ pub fn start_gateway(
     let lua = LuaFilters::new();
     let gateway =
         Gateway::start_with_sources(config, source, Vec::new(), vec![Arc::new(lua.clone())])?;
+    if let Some(admin) = gateway.admin_addr() {
+        let _ = lua.inner.admin.set(admin);
+    }
     lua.spawn_watcher(gateway.reloader())
         .map_err(|e| format!("cannot start the lua watcher thread: {e}"))?;
     Ok((gateway, lua))
@@ -220,7 +242,7 @@ fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx<'_>) -> FilterR
 async fn run(set: Arc<LuaSet>, index: usize, ctx: &mut FilterCtx<'_>) -> FilterResult {
     let h = vm::handle(&set, index)?;
     let call = h.fns.run.call_async::<()>(&h.fns.ctx);
-    let r = vm::Budgeted::new(call, set.settings.budget, Lent::writable(ctx)).await;
+    let r = meter::Metered::new(call, set.settings.limits, Lent::writable(ctx)).await;
     vm::after_call(&h, set.settings.memory_limit, &r);
     r.map_err(|e| error_text(&e).into())
 }

@@ -5,30 +5,51 @@
 
 use keymaster_config::{FilterMatch, FilterStage, LuaConfig};
 use mlua::{Function, Table, Value};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::api::AdminGuard;
 use crate::dict::SharedDict;
+use crate::meter::Limits;
 
 /// VM-wide settings from `[lua]` (a worker's VM is rebuilt when they change).
 #[derive(Clone)]
 pub(crate) struct Settings {
-    pub budget: u64,
+    /// What one call may spend (per call: not part of the VM).
+    pub limits: Limits,
     pub memory_limit: usize,
     pub http_timeout: Duration,
     pub http_max_body: usize,
+    /// Where `ctx.http` may not connect.
+    pub admin: Arc<AdminGuard>,
     pub dict: Arc<SharedDict>,
 }
 
 impl Settings {
-    pub(crate) fn from_config(c: &LuaConfig, dict: Arc<SharedDict>) -> Settings {
+    /// `c` with the process's dictionary and the admin listener's address: `admin_listen` as
+    /// configured (`[admin] listen`), `admin_bound` once the listener is bound.
+    pub(crate) fn from_config(
+        c: &LuaConfig,
+        admin_listen: Option<SocketAddr>,
+        admin_bound: Arc<OnceLock<SocketAddr>>,
+        dict: Arc<SharedDict>,
+    ) -> Settings {
         Settings {
-            budget: c.instruction_budget,
+            limits: Limits {
+                instructions: c.instruction_budget,
+                time: c.max_call_time.get(),
+            },
             memory_limit: usize::try_from(c.memory_limit.0).unwrap_or(usize::MAX),
             http_timeout: c.http_timeout.get(),
             http_max_body: usize::try_from(c.http_max_body.0).unwrap_or(usize::MAX),
+            admin: Arc::new(AdminGuard {
+                allow: c.http_allow_admin,
+                configured: admin_listen,
+                bound: admin_bound,
+            }),
             dict,
         }
     }
@@ -38,6 +59,8 @@ impl Settings {
         self.memory_limit == other.memory_limit
             && self.http_timeout == other.http_timeout
             && self.http_max_body == other.http_max_body
+            && self.admin.allow == other.admin.allow
+            && self.admin.configured == other.admin.configured
             && Arc::ptr_eq(&self.dict, &other.dict)
     }
 }
@@ -93,7 +116,7 @@ pub(crate) fn compile(dir: &Path, settings: Settings) -> Result<LuaSet, String> 
     let lua = crate::vm::new_vm(&settings).map_err(|e| format!("lua VM: {e}"))?;
     let mut files = Vec::new();
     for path in lua_files(dir)? {
-        files.push(compile_file(&lua, &path, settings.budget)?);
+        files.push(compile_file(&lua, &path, settings.limits)?);
     }
     Ok(LuaSet {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -102,7 +125,7 @@ pub(crate) fn compile(dir: &Path, settings: Settings) -> Result<LuaSet, String> 
     })
 }
 
-fn compile_file(lua: &mlua::Lua, path: &Path, budget: u64) -> Result<LuaFile, String> {
+fn compile_file(lua: &mlua::Lua, path: &Path, limits: Limits) -> Result<LuaFile, String> {
     let shown = path.display().to_string();
     let source = std::fs::read(path).map_err(|e| format!("{shown}: {e}"))?;
     let name = path
@@ -121,7 +144,7 @@ fn compile_file(lua: &mlua::Lua, path: &Path, budget: u64) -> Result<LuaFile, St
         .into_function()
         .map_err(|e| crate::error_text(&e))?;
     let bytecode = f.dump(false);
-    let t = crate::vm::declare(&f, budget).map_err(|e| {
+    let t = crate::vm::declare(&f, limits).map_err(|e| {
         let text = crate::error_text(&e);
         if text.contains(&shown) {
             text

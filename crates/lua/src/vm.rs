@@ -11,11 +11,14 @@
 //! **Budget.** LuaJIT's count hook does not fire inside JIT-compiled traces, so a hot loop
 //! could escape it. The VM therefore runs with the JIT compiler off (`jit.off()`; LuaJIT's
 //! interpreter is still fast), where the count hook fires every [`HOOK_EVERY`] instructions
-//! without exception. The hook charges the running call's budget (a thread-local set around
-//! every poll of a filter's coroutine, so interleaved calls suspended in `ctx.http` each keep
-//! their own count) and raises an error once it is spent. `pcall`/`xpcall` are wrapped so a
-//! script cannot swallow that error and keep running. Time spent in one C function (a huge
-//! `string.rep`) is not counted; the memory cap bounds those.
+//! without exception. The hook charges the running call's meter ([`crate::meter`]: the
+//! instruction budget and the call's wall-clock limit, per call, across `ctx.http`
+//! suspensions) and raises an error once it is spent. `pcall`/`xpcall` are wrapped so a
+//! script cannot swallow that error and keep running. The string functions whose work the
+//! hook cannot see (pattern matching, `rep`, `format`, `concat`, ...) are replaced before
+//! the sandbox copies the libraries ([`crate::strlib`]) and charge the meter for their work;
+//! other work inside one instruction (the `..` operator on huge strings) is bounded by the
+//! memory cap per operation and by the clock, checked at the next hook.
 //!
 //! **Memory.** mlua's allocator limit ([`mlua::Lua::set_memory_limit`]) works with the
 //! vendored LuaJIT (64-bit GC): an allocation past the cap fails and the call errors. After
@@ -27,23 +30,17 @@ use mlua::chunk::ChunkMode;
 use mlua::{ffi, Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Thread, Value, VmState};
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll};
 
 use crate::ctx::Lent;
+use crate::meter::{self, with_limits, Limits};
 use crate::set::{LuaSet, Settings};
 
 /// The count hook fires every this many VM instructions.
 pub const HOOK_EVERY: u32 = 1000;
-/// The error a spent budget raises.
-pub const BUDGET_MSG: &str = "instruction budget exceeded";
 
 thread_local! {
     static WORKER: RefCell<Option<WorkerVm>> = const { RefCell::new(None) };
-    /// Instructions left for the Lua call running on this thread, if any.
-    static BUDGET: Cell<Option<i64>> = const { Cell::new(None) };
     static GENERATION: Cell<u64> = const { Cell::new(0) };
     /// Calls on this thread until the next memory check (`over_cap`).
     static UNCHECKED: Cell<u32> = const { Cell::new(CHECK_EVERY) };
@@ -64,10 +61,14 @@ pub(crate) fn new_vm(settings: &Settings) -> mlua::Result<Lua> {
     }
     lua.set_global_hook(
         HookTriggers::new().every_nth_instruction(HOOK_EVERY),
-        |_, _| charge(),
+        |_, _| match meter::charge(u64::from(HOOK_EVERY)) {
+            Ok(()) => Ok(VmState::Continue),
+            Err(why) => Err(mlua::Error::runtime(why)),
+        },
     )?;
     crate::ctx::register(&lua)?;
-    let spent = lua.create_function(|_, ()| Ok(spent()))?;
+    crate::strlib::install(&lua, settings.memory_limit)?;
+    let spent = lua.create_function(|_, ()| Ok(meter::spent()))?;
     let log = lua.create_function(|_, msg: mlua::LuaString| {
         tracing::info!(target: "keymaster_lua", "{}", msg.to_string_lossy());
         Ok(())
@@ -123,65 +124,6 @@ pub(crate) fn new_env(lua: &Lua) -> mlua::Result<Table> {
     mt.set("__index", base)?;
     env.set_metatable(Some(mt))?;
     Ok(env)
-}
-
-fn charge() -> mlua::Result<VmState> {
-    BUDGET.with(|b| match b.get() {
-        None => Ok(VmState::Continue),
-        Some(left) => {
-            let left = left - i64::from(HOOK_EVERY);
-            b.set(Some(left));
-            if left < 0 {
-                Err(mlua::Error::runtime(BUDGET_MSG))
-            } else {
-                Ok(VmState::Continue)
-            }
-        }
-    })
-}
-
-fn spent() -> bool {
-    BUDGET.with(|b| b.get().is_some_and(|l| l < 0))
-}
-
-/// Run `f` (synchronous Lua code) with `budget` instructions.
-pub(crate) fn with_budget<R>(budget: u64, f: impl FnOnce() -> R) -> R {
-    let prev = BUDGET.with(|b| b.replace(Some(budget.min(i64::MAX as u64) as i64)));
-    let r = f();
-    BUDGET.with(|b| b.set(prev));
-    r
-}
-
-/// A Lua call's future that carries its own budget across suspensions: the budget is
-/// installed for each poll and what is left is kept for the next one.
-pub(crate) struct Budgeted<F> {
-    inner: Pin<Box<F>>,
-    left: i64,
-    /// The request context lent to this call (installed for each poll like the budget).
-    ctx: Lent,
-}
-
-impl<F> Budgeted<F> {
-    pub(crate) fn new(inner: F, budget: u64, ctx: Lent) -> Self {
-        Budgeted {
-            inner: Box::pin(inner),
-            left: budget.min(i64::MAX as u64) as i64,
-            ctx,
-        }
-    }
-}
-
-impl<F: Future> Future for Budgeted<F> {
-    type Output = F::Output;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.get_mut();
-        let prev = BUDGET.with(|b| b.replace(Some(this.left)));
-        let installed = this.ctx.install();
-        let r = this.inner.as_mut().poll(cx);
-        this.left = BUDGET.with(|b| b.replace(prev)).unwrap_or(0);
-        drop(installed);
-        r
-    }
 }
 
 /// A filter file's functions, instantiated in one VM.
@@ -311,8 +253,8 @@ struct WorkerVm {
 
 /// Run a filter file's chunk (source or bytecode already loaded as `f`) and read its
 /// declaration table's functions.
-pub(crate) fn declare(f: &Function, budget: u64) -> mlua::Result<Table> {
-    match with_budget(budget, || f.call::<Value>(()))? {
+pub(crate) fn declare(f: &Function, limits: Limits) -> mlua::Result<Table> {
+    match with_limits(limits, || f.call::<Value>(()))? {
         Value::Table(t) => Ok(t),
         other => Err(mlua::Error::runtime(format!(
             "the file must return a table (stage, order, run, ...), not {}",
@@ -330,7 +272,7 @@ fn instantiate(lua: &Lua, set: &LuaSet) -> mlua::Result<Vec<Fns>> {
             .set_mode(ChunkMode::Binary)
             .set_environment(new_env(lua)?)
             .into_function()?;
-        let t = declare(&f, set.settings.budget)?;
+        let t = declare(&f, set.settings.limits)?;
         let should: Option<Function> = t.get("should_filter")?;
         let run: Function = t.get("run")?;
         let ctx = crate::ctx::table_for_file(lua)?;
@@ -438,7 +380,7 @@ fn try_call(set: &LuaSet, index: usize, entry: Entry, lent: Lent) -> Option<Resu
             (Entry::ShouldFilter, false) => return Some((Ok(true), None)),
         };
         let truth = matches!(entry, Entry::ShouldFilter);
-        let r = with_budget(set.settings.budget, || {
+        let r = with_limits(set.settings.limits, || {
             lent.during(|| pcall(&vm.lua, fns, f, truth))
         });
         let memory_error = matches!(&r, Err(e) if e.memory);
@@ -546,10 +488,15 @@ mod tests {
 
     fn settings(memory_limit: usize) -> Settings {
         Settings {
-            budget: 100_000,
+            limits: Limits::instructions(100_000),
             memory_limit,
             http_timeout: std::time::Duration::from_secs(1),
             http_max_body: 1024,
+            admin: Arc::new(crate::api::AdminGuard {
+                allow: false,
+                configured: None,
+                bound: Default::default(),
+            }),
             dict: Default::default(),
         }
     }
@@ -587,7 +534,7 @@ mod tests {
             std::fs::write(dir.path().join(format!("{name}.lua")), src).unwrap();
         }
         let mut set_settings = settings(64 << 20);
-        set_settings.budget = 1_000_000;
+        set_settings.limits = Limits::instructions(1_000_000);
         let set = Arc::new(crate::set::compile(dir.path(), set_settings).unwrap());
         let client = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
         let mut req = TestRequest::new(http::Method::GET, "/", Default::default(), client);
@@ -619,17 +566,20 @@ mod tests {
         let status: bool = lua.load("return jit.status()").eval().unwrap();
         assert!(!status, "JIT compiler off, so count hooks always fire");
         let f = sandboxed(&lua, "local i = 0 while true do i = i + 1 end");
-        let e = with_budget(100_000, || f.call::<()>(())).unwrap_err();
-        assert!(crate::error_text(&e).contains(BUDGET_MSG), "{e}");
+        let e = with_limits(Limits::instructions(100_000), || f.call::<()>(())).unwrap_err();
+        assert!(crate::error_text(&e).contains(meter::BUDGET_MSG), "{e}");
         let f = sandboxed(
             &lua,
             "while true do pcall(function() while true do end end) end",
         );
-        let e = with_budget(100_000, || f.call::<()>(())).unwrap_err();
-        assert!(crate::error_text(&e).contains(BUDGET_MSG), "{e}");
+        let e = with_limits(Limits::instructions(100_000), || f.call::<()>(())).unwrap_err();
+        assert!(crate::error_text(&e).contains(meter::BUDGET_MSG), "{e}");
         // Within budget, the same VM runs normally afterwards.
         let f = sandboxed(&lua, "local s = 0 for i = 1, 100 do s = s + i end return s");
-        assert_eq!(with_budget(100_000, || f.call::<i64>(())).unwrap(), 5050);
+        assert_eq!(
+            with_limits(Limits::instructions(100_000), || f.call::<i64>(())).unwrap(),
+            5050
+        );
     }
 
     #[test]
@@ -639,7 +589,7 @@ mod tests {
             &lua,
             "keep = {} for i = 1, 1e7 do keep[i] = string.rep('x', 64) .. i end",
         );
-        let e = with_budget(u64::MAX, || f.call::<()>(())).unwrap_err();
+        let e = with_limits(Limits::instructions(u64::MAX), || f.call::<()>(())).unwrap_err();
         assert!(
             matches!(e, mlua::Error::MemoryError(_)) || e.to_string().contains("memory"),
             "{e:?}"
