@@ -93,8 +93,10 @@ async fn a_client_chosen_header_cannot_stall_the_worker() {
         let (r, took) = probe.await.expect("probe task");
         assert_eq!(r.status, 503, "{}", body(&r));
         assert_eq!(header(&r, "x-failed"), Some("probe"));
+        // The budget stops it; in an unoptimised build the call's clock may come first.
         assert!(
-            failure(&r).contains("instruction budget exceeded"),
+            failure(&r).contains("instruction budget exceeded")
+                || failure(&r).contains("call time limit exceeded"),
             "{}",
             failure(&r)
         );
