@@ -23,8 +23,10 @@ use std::task::{ready, Context, Poll};
 
 use super::ConnIo;
 use crate::error::{Error, Kind};
-use crate::framing::{self, Declared, Decoder, Step};
-use crate::headers::{HeadFacts, HeadLimits, NameSummary, RawRequestFields, WireHead};
+use crate::framing::{self, Declared, Decoder, FramingError, Step};
+use crate::headers::{
+    ClientLength, HeadFacts, HeadLimits, NameSummary, RawRequestFields, WireHead,
+};
 
 /// Header fields parsed on the stack; a listener allowing more parses into a heap slice.
 const STACK_FIELDS: usize = 128;
@@ -156,7 +158,14 @@ pub(super) fn parse_head(
         heap.resize_with(limits.max_headers, MaybeUninit::uninit);
         &mut heap[..]
     };
-    parse_complete(&head, fields, limits, request_id).map(Some)
+    let parsed = parse_complete(&head, fields, limits, request_id)?;
+    // A chunked body that came with its head is decoded (in place) before the head goes
+    // anywhere: broken framing is refused here, and never reaches an origin. A body still
+    // to come streams, and is checked as it does.
+    if matches!(parsed.body, Decoder::Chunked(_)) && !buf.is_empty() {
+        parsed.body.check(buf).map_err(FramingError::by_client)?;
+    }
+    Ok(Some(parsed))
 }
 
 /// Parse a complete head (`head` ends with its empty line) with room for `fields.len()`
@@ -275,9 +284,15 @@ fn parse_complete<'h>(
         Version::HTTP_11 => !close,
         _ => keep_alive_token && !close,
     };
+    // A length given more than once (identical, or `declared` refused it) leaves as one line.
+    let length = match &content_lengths[..n_content_lengths] {
+        [] => ClientLength::None,
+        [one] if !one.contains(&b',') => ClientLength::AsSent,
+        _ => ClientLength::Rewritten,
+    };
     let wire = fields.map(|block| {
         Box::new(WireHead {
-            fields: RawRequestFields::new(block, n_content_lengths > 0, names),
+            fields: RawRequestFields::new(block, length, names),
             facts,
         })
     });
@@ -372,6 +387,9 @@ impl http_body::Body for RequestBody {
 fn gone(e: std::io::Error) -> Error {
     Error::new(Kind::ClientGone, "reading the client's body failed").with_source(e)
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {
