@@ -66,7 +66,7 @@ async fn handle_in(
     wire: Option<Box<WireHead>>,
 ) -> Result<ClientResponse, Infallible> {
     let start = Instant::now();
-    cx.state.request_started();
+    cx.state.request_started(start);
     let mut inflight = InFlight(Some(cx.state.clone()));
     let snapshot = cx.worker.shared.snapshot.load_full();
     // Counted only while load shedding is on (a reload turning it on mid-flight misses the
