@@ -29,6 +29,7 @@ pub struct Metrics {
     downstream_accepted: IntCounterVec,
     downstream_rejected: IntCounterVec,
     downstream_send_timeouts: IntCounterVec,
+    downstream_body_timeouts: IntCounterVec,
     downstream_retired: IntCounterVec,
     tls_handshake_failures: IntCounterVec,
     proxy_protocol_rejected: IntCounterVec,
@@ -124,6 +125,9 @@ pub(crate) struct ListenerMetrics {
     pub(crate) rejected: IntCounter,
     /// Connections reset because a response write made no progress for `send_timeout`.
     pub(crate) send_timeouts: IntCounter,
+    /// Requests ended with 408 (or cut off) because the client's body stalled past the
+    /// route's `client_body_timeout`.
+    pub(crate) body_timeouts: IntCounter,
     /// Connections closed gracefully at `max_requests_per_connection`.
     pub(crate) retired_requests: IntCounter,
     /// Connections closed gracefully at `max_connection_age`.
@@ -277,6 +281,12 @@ impl Metrics {
                 &r,
                 "downstream_send_timeouts_total",
                 "Client connections reset because a response write made no progress for send_timeout",
+                &["listener"],
+            ),
+            downstream_body_timeouts: counter_vec(
+                &r,
+                "downstream_body_timeouts_total",
+                "Requests failed because the client sent nothing of its body for the route's client_body_timeout",
                 &["listener"],
             ),
             downstream_retired: counter_vec(
@@ -452,6 +462,7 @@ impl Metrics {
             accepted: self.downstream_accepted.with_label_values(&[name]),
             rejected: self.downstream_rejected.with_label_values(&[name]),
             send_timeouts: self.downstream_send_timeouts.with_label_values(&[name]),
+            body_timeouts: self.downstream_body_timeouts.with_label_values(&[name]),
             retired_requests: self
                 .downstream_retired
                 .with_label_values(&[name, "requests"]),
