@@ -157,14 +157,32 @@ fn assert_counted_as_body_timeouts(g: &TestGateway, n: f64) {
     assert_eq!((by_category, by_listener), (n, n), "{m}");
 }
 
+/// The first line of a JSON access log, once written (within 5 s).
+async fn first_log_line(path: &std::path::Path) -> serde_json::Value {
+    for _ in 0..500 {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(line) = text.lines().next() {
+            return serde_json::from_str(line).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no access log line in {}", path.display());
+}
+
 /// A body streaming to an HTTP/1.1 origin stalls: the client gets 408 at the body timeout
 /// (not 504 at the shorter response-header wait), its connection closes, the origin's
 /// connection is closed mid-request, and nothing is held against the origin: it still
-/// serves the next request, unejected.
+/// serves the next request, unejected. The access log says `client_body_timeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_body_gets_408_and_the_origin_is_not_blamed() {
     let origin = echo_origin(true).await;
-    let g = start_gateway(&config(origin.raw.addr, &body_wait(), ""));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let g = start_gateway(&format!(
+        "{}\n[access_log]\nenabled = true\nformat = \"json\"\npath = \"{}\"\n",
+        config(origin.raw.addr, &body_wait(), ""),
+        log.display()
+    ));
     let (resp, closed, took) = stall(
         g.addr,
         b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc",
@@ -184,8 +202,63 @@ async fn a_stalled_body_gets_408_and_the_origin_is_not_blamed() {
     );
     assert_counted_as_body_timeouts(&g, 1.0);
     assert!(origin_blamed(&g).is_empty(), "{:?}", origin_blamed(&g));
+    let line = first_log_line(&log).await;
+    assert_eq!(
+        (&line["status"], &line["category"]),
+        (
+            &serde_json::json!(408),
+            &serde_json::json!("client_body_timeout")
+        ),
+        "{line}"
+    );
     let r = get(g.addr, "/after").await;
     assert_eq!(r.status, 200, "the origin still serves");
+    assert!(origin_blamed(&g).is_empty(), "{:?}", origin_blamed(&g));
+}
+
+/// The origin answers before the body is in (its response streams while the request body
+/// still goes out), then the client's body stalls: the response is cut off (the client's
+/// connection is aborted, never a complete-looking response), and the exchange is the
+/// client's failure, not the origin's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stalls_after_an_early_answer_cuts_the_response_off() {
+    let origin = raw_origin(|mut s, _| async move {
+        let mut carry = Vec::new();
+        if read_head(&mut s, &mut carry).await.is_some() {
+            let early = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nearly\r\n";
+            let _ = s.write_all(early).await;
+            let _ = read_until_body_or_close(&mut s, &mut carry, usize::MAX).await;
+        }
+    })
+    .await;
+    let g = start_gateway(&config(origin.addr, &body_wait(), ""));
+    let (resp, closed, took) = stall(
+        g.addr,
+        b"POST /early HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc",
+    )
+    .await;
+    let text = String::from_utf8_lossy(&resp);
+    assert_eq!(status_of(&resp), Some(200), "after {took:?}: {text}");
+    assert!(text.contains("early"), "{text}");
+    assert!(
+        !text.ends_with("0\r\n\r\n"),
+        "never complete-looking: {text}"
+    );
+    assert!(closed, "{text}");
+    assert!(
+        took >= Duration::from_millis(1900),
+        "cut off after {took:?}"
+    );
+    let cut_off = eventually(Duration::from_secs(5), || {
+        let m = g.gateway().metrics_text();
+        metric(
+            &m,
+            "keymaster_errors_total{category=\"client_body_timeout\",side=\"client\"}",
+        ) == 1.0
+    })
+    .await;
+    assert!(cut_off, "{}", g.gateway().metrics_text());
+    assert_counted_as_body_timeouts(&g, 1.0);
     assert!(origin_blamed(&g).is_empty(), "{:?}", origin_blamed(&g));
 }
 
