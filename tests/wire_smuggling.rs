@@ -539,7 +539,8 @@ async fn identical_content_lengths_reach_the_origin_as_one() {
 /// Chunked bodies whose framing is broken in the bytes that came with the head: a size
 /// that overflows, a negative size, a `0x` prefix, data longer than its size. Each gets
 /// 400 and the connection closes, and the origin (which counts its connections) never hears
-/// of the request: the head is held until the body that came with it is checked.
+/// of the request: the body that came with the head is checked before the head goes
+/// anywhere, and the refusal is counted like any bad request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_chunks_that_came_with_the_head_never_reach_the_origin() {
     let origin = framing_echo_origin().await;
@@ -568,6 +569,13 @@ async fn malformed_chunks_that_came_with_the_head_never_reach_the_origin() {
         "no malformed body reached the origin"
     );
     assert_eq!(upstream_requests(&g), 0.0);
+    // Refused by the proxy stage like any bad request: counted (and logged) as one.
+    let m = g.gateway().metrics_text();
+    let counted = metric(
+        &m,
+        "keymaster_errors_total{category=\"client_bad_request\",side=\"client\"}",
+    );
+    assert_eq!(counted, 6.0, "{m}");
 }
 
 /// A chunked body that comes after its head still streams (never buffered unless a route

@@ -137,6 +137,18 @@ pub enum ClientBody {
     H2(Incoming),
 }
 
+impl ClientBody {
+    /// The body is known to be malformed before any of it is read (keymaster's HTTP/1.1
+    /// server checked the chunked body that came with the head): the request is refused
+    /// before any origin hears of it.
+    pub(crate) fn refused(&self) -> Option<Error> {
+        match self {
+            ClientBody::H1(b) => b.refused(),
+            ClientBody::Empty | ClientBody::H2(_) => None,
+        }
+    }
+}
+
 impl Body for ClientBody {
     type Data = Bytes;
     type Error = Error;

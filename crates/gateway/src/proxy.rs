@@ -254,6 +254,9 @@ async fn proxy(
         &scan,
         &listener.limits,
     )?;
+    if let Some(err) = body.refused() {
+        return Err(err);
+    }
     // One canonical path for routing, the filters and the origin (path.rs).
     let raw_target = crate::path::canonicalise(&mut parts.uri, &listener.path)?;
 

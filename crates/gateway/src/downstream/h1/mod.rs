@@ -66,6 +66,9 @@ pub(crate) struct ConnIo {
     body: Decoder,
     /// The body failed (bad framing, the client went away): nothing more is read.
     body_failed: bool,
+    /// The chunked body that came with the request's head has broken framing: the request
+    /// is refused before any origin hears of it ([`RequestBody::refused`]).
+    body_refused: Option<crate::framing::FramingError>,
     /// Bytes of a `100 Continue` still to be written before the body is read.
     continue_left: usize,
     /// The client closed its side (or the read failed).
@@ -190,6 +193,7 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
         rbuf: BytesMut::new(),
         body: Decoder::Done,
         body_failed: false,
+        body_refused: None,
         continue_left: 0,
         read_closed: false,
     }));
@@ -330,6 +334,7 @@ fn request(conn: &Rc<RefCell<ConnIo>>, head: Head) -> (Request<ClientBody>, Opti
         let mut c = conn.borrow_mut();
         c.body = head.body;
         c.body_failed = false;
+        c.body_refused = head.body_refused;
         c.continue_left = if head.expect_continue {
             response::CONTINUE.len()
         } else {

@@ -49,6 +49,9 @@ pub(super) struct Head {
     pub(super) expect_continue: bool,
     /// `TE: trailers`: the client accepts trailer fields in a chunked response.
     pub(super) accepts_trailers: bool,
+    /// The chunked body that came with the head is malformed: the proxy stage refuses the
+    /// request before any origin hears of it (see [`super::ConnIo`]).
+    pub(super) body_refused: Option<FramingError>,
 }
 
 /// Where the search for the end of a head stopped, so bytes trickling in are scanned once.
@@ -158,12 +161,13 @@ pub(super) fn parse_head(
         heap.resize_with(limits.max_headers, MaybeUninit::uninit);
         &mut heap[..]
     };
-    let parsed = parse_complete(&head, fields, limits, request_id)?;
+    let mut parsed = parse_complete(&head, fields, limits, request_id)?;
     // A chunked body that came with its head is decoded (in place) before the head goes
-    // anywhere: broken framing is refused here, and never reaches an origin. A body still
-    // to come streams, and is checked as it does.
+    // anywhere: broken framing is noted here, and the proxy stage refuses the request (a
+    // 400, counted and logged like any) before any origin hears of it. A body still to come
+    // streams, and is checked as it does.
     if matches!(parsed.body, Decoder::Chunked(_)) && !buf.is_empty() {
-        parsed.body.check(buf).map_err(FramingError::by_client)?;
+        parsed.body_refused = parsed.body.check(buf).err();
     }
     Ok(Some(parsed))
 }
@@ -306,6 +310,7 @@ fn parse_complete<'h>(
         body,
         keep_alive,
         accepts_trailers,
+        body_refused: None,
     })
 }
 
@@ -334,6 +339,10 @@ impl http_body::Body for RequestBody {
         let conn = &mut *conn;
         if conn.body.is_done() {
             return Poll::Ready(None);
+        }
+        if let Some(e) = conn.body_refused {
+            conn.body_failed = true;
+            return Poll::Ready(Some(Err(e.by_client())));
         }
         if let Err(e) = ready!(conn.poll_continue(cx)) {
             return Poll::Ready(Some(Err(gone(e))));
@@ -381,6 +390,13 @@ impl http_body::Body for RequestBody {
             Some(n) => SizeHint::with_exact(n),
             None => SizeHint::default(),
         }
+    }
+}
+
+impl RequestBody {
+    /// The body's framing was found broken in the bytes that came with its head.
+    pub(crate) fn refused(&self) -> Option<Error> {
+        self.conn.borrow().body_refused.map(FramingError::by_client)
     }
 }
 

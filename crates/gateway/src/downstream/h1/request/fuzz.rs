@@ -16,8 +16,9 @@ fn limits() -> HeadLimits {
     }
 }
 
-/// What a parse gave, comparable: the refusal's status, nothing yet, or the head's parts
-/// and the bytes left after it.
+/// What a parse gave, comparable: the refusal's status (a head whose chunked body came
+/// broken with it counts as refused: the proxy stage refuses it at once), nothing yet, or
+/// the head's parts and the bytes left after it.
 #[derive(Debug, PartialEq, Eq)]
 enum Parsed {
     Refused(u16),
@@ -37,6 +38,11 @@ fn summary(result: Result<Option<Head>, Error>, rest: &[u8]) -> Parsed {
     match result {
         Err(e) => Parsed::Refused(e.status().as_u16()),
         Ok(None) => Parsed::Incomplete,
+        // The proxy stage refuses it before any origin hears of it.
+        Ok(Some(h)) if h.body_refused.is_some() => Parsed::Refused(
+            h.body_refused
+                .map_or(0, |e| e.by_client().status().as_u16()),
+        ),
         Ok(Some(h)) => {
             let map = match &h.wire {
                 Some(w) => w.fields.to_map(),
