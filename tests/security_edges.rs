@@ -148,7 +148,7 @@ async fn path_tricks_over_http1_meet_the_guard_or_a_400() {
     }
     // The absolute form carries the same path.
     for key in [false, true] {
-        let target = format!("http://gw.test//private/./secret.txt");
+        let target = "http://gw.test//private/./secret.txt".to_string();
         let (status, origin, line) = h1_request(g.addr, &target, key).await;
         check(&target, Guarded, key, status, origin.as_deref(), &line);
     }

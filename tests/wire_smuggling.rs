@@ -484,3 +484,140 @@ async fn a_content_length_set_by_a_filter_never_misframes_the_body() {
         "one pooled connection served them all"
     );
 }
+
+// --- Strict framing on every path: nothing ambiguous or malformed leaves as it came ---
+
+/// A length sent more than once (identical lines, or a list of one value) is one length,
+/// and the origin gets it as one `content-length` line, on the default path where the head
+/// stays in wire form and on the map path alike (`X-Forwarded-For` takes the map); the body
+/// and the next request on the pooled connection arrive whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_content_lengths_reach_the_origin_as_one() {
+    use tokio::io::AsyncWriteExt;
+    let origin = framing_echo_origin().await;
+    let g = start_gateway(&config_text(origin.addr, "", ""));
+    let mut s = tokio::net::TcpStream::connect(g.addr).await.unwrap();
+    for extra in ["", "X-Forwarded-For: 192.0.2.1\r\n"] {
+        for lengths in [
+            "Content-Length: 5\r\nContent-Length: 5\r\n",
+            "Content-Length: 5, 5\r\n",
+            "content-length: 5\r\nX-A: 1\r\nCONTENT-LENGTH: 5,5\r\n",
+            "Content-Length: 5\r\n",
+        ] {
+            let req = format!("POST /dup HTTP/1.1\r\nHost: a\r\n{extra}{lengths}\r\nhello");
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut carry = Vec::new();
+            let head = read_head(&mut s, &mut carry).await.expect("a response");
+            assert!(head.starts_with("HTTP/1.1 200"), "{req:?} got {head}");
+            let n: usize = head_header(&head, "content-length")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let echo = read_exact_body(&mut s, &mut carry, n).await;
+            let echo = String::from_utf8_lossy(&echo);
+            let (sent_head, sent_body) = echo.split_once('|').unwrap();
+            assert_eq!(sent_body, "hello", "{req:?}: the origin read\n{echo}");
+            let sent: Vec<&str> = sent_head
+                .split("\r\n")
+                .filter(|l| l.to_ascii_lowercase().starts_with("content-length:"))
+                .collect();
+            assert_eq!(sent.len(), 1, "{req:?}: {sent_head}");
+            assert_eq!(
+                sent[0].split_once(':').unwrap().1.trim(),
+                "5",
+                "{sent_head}"
+            );
+        }
+    }
+    assert_eq!(
+        origin.connections(),
+        1,
+        "one pooled connection served them all"
+    );
+}
+
+/// Chunked bodies whose framing is broken in the bytes that came with the head: a size
+/// that overflows, a negative size, a `0x` prefix, data longer than its size. Each gets
+/// 400 and the connection closes, and the origin (which counts its connections) never hears
+/// of the request: the body that came with the head is checked before the head goes
+/// anywhere, and the refusal is counted like any bad request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_chunks_that_came_with_the_head_never_reach_the_origin() {
+    let origin = framing_echo_origin().await;
+    let g = start_gateway(&config_text(origin.addr, "", ""));
+    for body in [
+        &b"10000000000000000\r\nhello\r\n0\r\n\r\n"[..],
+        b"-5\r\nhello\r\n0\r\n\r\n",
+        b"0x5\r\nhello\r\n0\r\n\r\n",
+        b"5\r\nhelloEXTRA\r\n0\r\n\r\n",
+        b"5\r\nhelloX",
+        b"3\r\nabc\r\nzz\r\n",
+    ] {
+        let mut req =
+            b"POST /chunks HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        req.extend_from_slice(body);
+        let (resp, closed) = raw_exchange(g.addr, &req, Duration::from_secs(2)).await;
+        let text = String::from_utf8_lossy(&resp);
+        let shown = String::from_utf8_lossy(body);
+        assert_eq!(status_of(&resp), Some(400), "{shown:?} got:\n{text}");
+        assert_eq!(count_responses(&resp), 1, "{shown:?}:\n{text}");
+        assert!(closed, "{shown:?}: the connection closes");
+    }
+    assert_eq!(
+        origin.connections(),
+        0,
+        "no malformed body reached the origin"
+    );
+    assert_eq!(upstream_requests(&g), 0.0);
+    // Refused by the proxy stage like any bad request: counted (and logged) as one.
+    let m = g.gateway().metrics_text();
+    let counted = metric(
+        &m,
+        "keymaster_errors_total{category=\"client_bad_request\",side=\"client\"}",
+    );
+    assert_eq!(counted, 6.0, "{m}");
+}
+
+/// A chunked body that comes after its head still streams (never buffered unless a route
+/// or filter opts in): the origin has the head and the first chunk while the client still
+/// holds back the rest, which then follows through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_body_that_comes_later_still_streams() {
+    use tokio::io::AsyncWriteExt;
+    let (first_in, got_first) = tokio::sync::oneshot::channel::<()>();
+    let first_in = std::sync::Mutex::new(Some(first_in));
+    let origin = raw_origin(move |mut s, _| {
+        let signal = first_in.lock().unwrap().take();
+        async move {
+            let mut carry = Vec::new();
+            let Some(_head) = read_head(&mut s, &mut carry).await else {
+                return;
+            };
+            let first = read_exact_body(&mut s, &mut carry, b"5\r\nhello\r\n".len()).await;
+            assert_eq!(first, b"5\r\nhello\r\n");
+            if let Some(tx) = signal {
+                let _ = tx.send(());
+            }
+            let rest = read_exact_body(&mut s, &mut carry, b"6\r\n world\r\n0\r\n\r\n".len()).await;
+            let resp = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", rest.len());
+            let _ = s.write_all(resp.as_bytes()).await;
+            let _ = s.write_all(&rest).await;
+        }
+    })
+    .await;
+    let g = start_gateway(&config_text(origin.addr, "", ""));
+    let mut s = tokio::net::TcpStream::connect(g.addr).await.unwrap();
+    s.write_all(
+        b"POST /stream HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), got_first)
+        .await
+        .expect("the origin has the first chunk before the rest is sent")
+        .unwrap();
+    s.write_all(b"6\r\n world\r\n0\r\n\r\n").await.unwrap();
+    let mut carry = Vec::new();
+    let head = read_head(&mut s, &mut carry).await.expect("a response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}

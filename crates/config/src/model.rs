@@ -291,6 +291,13 @@ pub struct ListenerConfig {
     pub proxy_protocol_from: Vec<String>,
     /// `path`: how the request path is made canonical before routing (docs/security.md).
     pub path: PathConfig,
+    /// Requests (HTTP/2: streams) served on one client connection before it is closed
+    /// gracefully (`Connection: close` on the last response, GOAWAY); 0 = unlimited.
+    pub max_requests_per_connection: u64,
+    /// Age past which a client connection is closed gracefully after its current request
+    /// (HTTP/2: GOAWAY); each connection's limit is drawn between 90% and 100% of it. `0s`
+    /// turns it off.
+    pub max_connection_age: Duration,
 }
 
 /// A listener's `path` table: the canonical path routing, filters and the origin see.
@@ -373,6 +380,8 @@ impl Default for ListenerConfig {
             proxy_protocol: ProxyProtocol::Off,
             proxy_protocol_from: Vec::new(),
             path: PathConfig::default(),
+            max_requests_per_connection: 0,
+            max_connection_age: Duration::from_secs(3600),
         }
     }
 }
@@ -556,6 +565,12 @@ pub struct RouteConfig {
     pub request_timeout: Option<Duration>,
     /// Largest request body → 413 past it.
     pub max_body_size: ByteSize,
+    /// Longest the client may leave its request body with nothing to read (between reads,
+    /// from the first wait) → 408 past it (nginx's `client_body_timeout`).
+    pub client_body_timeout: Duration,
+    /// Read the whole request body before contacting the origin and send it with a
+    /// Content-Length (nginx's `proxy_request_buffering`).
+    pub request_buffering: bool,
     /// `upgrade`: which HTTP/1.1 `Upgrade` protocols become two-way tunnels.
     pub upgrade: UpgradeConfig,
     /// `retry`: retry policy (default: one attempt, no retries).
@@ -606,6 +621,8 @@ impl Default for RouteConfig {
             read_timeout: None,
             request_timeout: None,
             max_body_size: ByteSize(64 * 1024 * 1024),
+            client_body_timeout: Duration::from_secs(60),
+            request_buffering: false,
             upgrade: UpgradeConfig::default(),
             retry: RetryConfig::default(),
             shed_priority: ShedPriority::Normal,

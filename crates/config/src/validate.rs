@@ -226,6 +226,8 @@ fn check_listener(l: &ListenerConfig, at: &KeyPath, p: &mut Problems) {
     p.positive(at.key("header_read_timeout"), l.header_read_timeout);
     p.positive(at.key("idle_timeout"), l.idle_timeout);
     p.positive(at.key("send_timeout"), l.send_timeout);
+    // `max_connection_age = "0s"` is off, and `max_requests_per_connection = 0` unlimited:
+    // any value is valid.
     for (key, value) in [
         ("max_connections", l.max_connections as u64),
         ("max_request_line", l.max_request_line.get()),
@@ -728,6 +730,7 @@ fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems
     p.positive_opt(at.key("response_header_timeout"), r.response_header_timeout);
     p.positive_opt(at.key("read_timeout"), r.read_timeout);
     p.positive_opt(at.key("request_timeout"), r.request_timeout);
+    p.positive(at.key("client_body_timeout"), r.client_body_timeout);
     if r.max_body_size.get() == 0 {
         p.push(
             at.key("max_body_size"),

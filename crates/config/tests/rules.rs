@@ -296,6 +296,47 @@ fn route_limits_and_timeouts() {
         12,
         "greater than zero",
     );
+    one(
+        "client_body_timeout = \"0s\"\n",
+        "routes[0].client_body_timeout",
+        12,
+        "greater than zero",
+    );
+    one(
+        "request_buffering = \"yes\"\n",
+        "routes[0].request_buffering",
+        12,
+        "invalid type",
+    );
+    assert!(errors(&format!(
+        "{BASE}client_body_timeout = \"5s\"\nrequest_buffering = true\n"
+    ))
+    .is_empty());
+}
+
+/// A listener's connection limits: `0` and `"0s"` turn them off; a negative count or a
+/// malformed age is refused at its key and line.
+#[test]
+fn listener_connection_limits() {
+    let l = "[[listeners]]\nname = \"second\"\naddress = \"127.0.0.1:8090\"\n";
+    one(
+        &format!("{l}max_requests_per_connection = -1\n"),
+        "listeners[1].max_requests_per_connection",
+        15,
+        "invalid value",
+    );
+    one(
+        &format!("{l}max_connection_age = \"soon\"\n"),
+        "listeners[1].max_connection_age",
+        15,
+        "duration",
+    );
+    for ok in [
+        "max_requests_per_connection = 0\nmax_connection_age = \"0s\"\n",
+        "max_requests_per_connection = 100\nmax_connection_age = \"10m\"\n",
+    ] {
+        assert!(errors(&format!("{BASE}{l}{ok}")).is_empty(), "{ok}");
+    }
 }
 
 #[test]

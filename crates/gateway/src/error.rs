@@ -48,6 +48,9 @@ pub(crate) enum Kind {
     NoRoute,
     /// The client went away or failed while sending its body.
     ClientGone,
+    /// The client left its request body with nothing to read for the route's
+    /// `client_body_timeout` (408).
+    ClientBodyTimeout,
     /// Connecting to the origin failed (refused, unreachable) (502).
     Connect,
     /// Connecting to the origin took longer than the connect timeout (502).
@@ -111,7 +114,8 @@ impl Error {
             | Kind::UriTooLong
             | Kind::HeadersTooLarge
             | Kind::BodyTooLarge
-            | Kind::ClientGone => (Side::Client, Retry::Unsafe),
+            | Kind::ClientGone
+            | Kind::ClientBodyTimeout => (Side::Client, Retry::Unsafe),
             Kind::NoRoute | Kind::FilterFailed | Kind::Shed => (Side::Internal, Retry::Unsafe),
             Kind::ClusterFull => (Side::Internal, Retry::Unsafe),
             Kind::NoHealthyOrigin => (Side::Origin, Retry::Unsafe),
@@ -202,6 +206,11 @@ impl Error {
     pub fn is_client_gone(&self) -> bool {
         self.inner.kind == Kind::ClientGone
     }
+    /// The client's request body stalled past `client_body_timeout` (not one of
+    /// [`Error::is_timeout`]'s: those are the origin's).
+    pub fn is_client_body_timeout(&self) -> bool {
+        self.inner.kind == Kind::ClientBodyTimeout
+    }
     /// Retrying is safe whatever the connection was.
     pub fn is_retry_safe(&self) -> bool {
         self.inner.retry == Retry::Safe
@@ -221,6 +230,7 @@ impl Error {
             Kind::NoRoute => StatusCode::NOT_FOUND,
             // Nobody reads it, but the access log records 499 as nginx does.
             Kind::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            Kind::ClientBodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Kind::Connect
             | Kind::ConnectTimeout
             | Kind::OriginTls
@@ -242,6 +252,7 @@ impl Error {
             Kind::BodyTooLarge => "client_body_too_large",
             Kind::NoRoute => "local_no_route",
             Kind::ClientGone => "client_cancelled",
+            Kind::ClientBodyTimeout => "client_body_timeout",
             Kind::Connect => "origin_connectivity",
             Kind::ConnectTimeout => "origin_connect_timeout",
             Kind::OriginTls => "origin_tls",
@@ -260,7 +271,7 @@ impl Error {
 
     /// The gRPC status code for a call the gateway itself failed (the grpc-status of a
     /// gRPC-shaped error response): 14 UNAVAILABLE when the origin could not be reached or
-    /// reset, or the gateway is at a cap, shedding or without a healthy origin, 4 DEADLINE_EXCEEDED for timeouts, 12 UNIMPLEMENTED for no route, 1 CANCELLED
+    /// reset, or the gateway is at a cap, shedding or without a healthy origin, 4 DEADLINE_EXCEEDED for timeouts (the client's body included), 12 UNIMPLEMENTED for no route, 1 CANCELLED
     /// when the client went away, 8 RESOURCE_EXHAUSTED for limits, 3 INVALID_ARGUMENT for a
     /// bad request, 13 INTERNAL otherwise.
     pub fn grpc_status(&self) -> u8 {
@@ -273,7 +284,7 @@ impl Error {
             | Kind::ClusterFull
             | Kind::Shed
             | Kind::NoHealthyOrigin => 14,
-            Kind::ResponseHeaderTimeout | Kind::RequestTimeout => 4,
+            Kind::ResponseHeaderTimeout | Kind::RequestTimeout | Kind::ClientBodyTimeout => 4,
             Kind::NoRoute => 12,
             Kind::ClientGone => 1,
             Kind::BodyTooLarge | Kind::HeadersTooLarge | Kind::UriTooLong => 8,
@@ -343,6 +354,11 @@ mod tests {
         assert_eq!((e.category(), e.grpc_status()), ("origin_tls", 14));
         let e = Error::new(Kind::RequestTimeout, "deadline");
         assert_eq!(e.grpc_status(), 4);
+        let e = Error::new(Kind::ClientBodyTimeout, "stalled body");
+        assert!(e.is_client() && e.is_client_body_timeout() && !e.is_timeout());
+        assert!(!e.is_retry_safe_if_reused());
+        assert_eq!(e.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!((e.category(), e.grpc_status()), ("client_body_timeout", 4));
         let e = Error::new(Kind::NoRoute, "no route");
         assert!(e.is_internal());
         assert_eq!(e.status(), StatusCode::NOT_FOUND);

@@ -136,10 +136,11 @@ pub(crate) fn declared<'a>(
     Ok(length.map_or(Declared::Nothing, Declared::Length))
 }
 
-/// What the body decoder produced from the buffer.
+/// What the body decoder produced from the buffer (`D`: a piece of the body, or only its
+/// length when the bytes are checked in place, see [`Input`]).
 #[derive(Debug)]
-pub(crate) enum Step {
-    Data(Bytes),
+pub(crate) enum Step<D = Bytes> {
+    Data(D),
     Trailers(HeaderMap),
     /// The body is complete.
     End,
@@ -155,6 +156,54 @@ pub(crate) enum Chunk {
     /// The CRLF after a chunk's data.
     DataEnd,
     Trailers,
+}
+
+/// Where the decoder takes its bytes from: a read buffer, whose body bytes come out as
+/// [`Bytes`] without a copy, or a slice that is only checked ([`Decoder::check`]), whose
+/// body bytes come out as their length.
+pub(crate) trait Input {
+    type Data;
+    fn bytes(&self) -> &[u8];
+    /// Drop `n` bytes off the front.
+    fn skip(&mut self, n: usize);
+    /// Take `n` bytes of body off the front.
+    fn take(&mut self, n: usize) -> Self::Data;
+}
+
+impl Input for BytesMut {
+    type Data = Bytes;
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn skip(&mut self, n: usize) {
+        self.advance(n);
+    }
+    fn take(&mut self, n: usize) -> Bytes {
+        self.split_to(n).freeze()
+    }
+}
+
+impl Input for &[u8] {
+    type Data = usize;
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn skip(&mut self, n: usize) {
+        *self = &self[n..];
+    }
+    fn take(&mut self, n: usize) -> usize {
+        self.skip(n);
+        n
+    }
+}
+
+/// What [`Decoder::check`] found in the bytes at hand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Checked {
+    /// The body ends in them: `len` bytes of body, framing included `used` bytes.
+    Complete { len: u64, used: usize },
+    /// Well formed so far; more is to come.
+    Incomplete,
 }
 
 /// A body's decoder: takes body bytes off the front of the read buffer.
@@ -195,36 +244,40 @@ impl Decoder {
     }
 
     /// Decode the next piece of the body from `buf`.
-    pub(crate) fn decode(&mut self, buf: &mut BytesMut) -> Result<Step, FramingError> {
+    pub(crate) fn decode<I: Input>(&mut self, buf: &mut I) -> Result<Step<I::Data>, FramingError> {
         loop {
+            let len = buf.bytes().len();
             match self {
                 Decoder::Done => return Ok(Step::End),
                 Decoder::Length(n) => {
-                    if buf.is_empty() {
+                    if len == 0 {
                         return Ok(Step::More);
                     }
-                    let take = (*n).min(buf.len() as u64) as usize;
+                    let take = (*n).min(len as u64) as usize;
                     *n -= take as u64;
                     if *n == 0 {
                         *self = Decoder::Done;
                     }
-                    return Ok(Step::Data(buf.split_to(take).freeze()));
+                    return Ok(Step::Data(buf.take(take)));
                 }
                 Decoder::Close => {
-                    if buf.is_empty() {
+                    if len == 0 {
                         return Ok(Step::More);
                     }
-                    return Ok(Step::Data(buf.split().freeze()));
+                    return Ok(Step::Data(buf.take(len)));
                 }
                 Decoder::Chunked(Chunk::Size) => {
-                    let Some(lf) = buf.iter().position(|&b| b == b'\n') else {
-                        if buf.len() > MAX_CHUNK_LINE {
+                    let Some(lf) = memchr::memchr(b'\n', buf.bytes()) else {
+                        if len > MAX_CHUNK_LINE {
                             return Err(FramingError::ChunkLineTooLong);
                         }
                         return Ok(Step::More);
                     };
-                    let size = chunk_size(&buf[..lf])?;
-                    buf.advance(lf + 1);
+                    if lf > MAX_CHUNK_LINE {
+                        return Err(FramingError::ChunkLineTooLong);
+                    }
+                    let size = chunk_size(&buf.bytes()[..lf])?;
+                    buf.skip(lf + 1);
                     *self = Decoder::Chunked(if size == 0 {
                         Chunk::Trailers
                     } else {
@@ -232,12 +285,12 @@ impl Decoder {
                     });
                 }
                 Decoder::Chunked(Chunk::Data(n)) => {
-                    if buf.is_empty() {
+                    if len == 0 {
                         return Ok(Step::More);
                     }
-                    let take = (*n).min(buf.len() as u64) as usize;
+                    let take = (*n).min(len as u64) as usize;
                     *n -= take as u64;
-                    let data = buf.split_to(take).freeze();
+                    let data = buf.take(take);
                     if *n == 0 {
                         *self = Decoder::Chunked(Chunk::DataEnd);
                         // Finish the chunk now if its CRLF is here, so a body whose last
@@ -252,49 +305,57 @@ impl Decoder {
                     }
                 }
                 Decoder::Chunked(Chunk::Trailers) => {
-                    if buf.len() < 2 {
+                    if len < 2 {
                         return Ok(Step::More);
                     }
-                    if buf.starts_with(b"\r\n") {
-                        buf.advance(2);
+                    if buf.bytes().starts_with(b"\r\n") {
+                        buf.skip(2);
                         *self = Decoder::Done;
                         return Ok(Step::End);
                     }
-                    let mut slots = [httparse::EMPTY_HEADER; MAX_TRAILER_FIELDS];
-                    match httparse::parse_headers(buf, &mut slots) {
-                        Ok(httparse::Status::Complete((len, fields))) => {
-                            let mut trailers = HeaderMap::with_capacity(fields.len());
-                            for f in fields {
-                                let name = HeaderName::from_bytes(f.name.as_bytes())
-                                    .map_err(|_| FramingError::InvalidTrailers)?;
-                                let value = HeaderValue::from_bytes(f.value)
-                                    .map_err(|_| FramingError::InvalidTrailers)?;
-                                trailers.append(name, value);
-                            }
-                            buf.advance(len);
-                            *self = Decoder::Done;
-                            return Ok(Step::Trailers(trailers));
-                        }
-                        Ok(httparse::Status::Partial) if buf.len() > MAX_TRAILERS => {
-                            return Err(FramingError::TrailersTooLarge)
-                        }
-                        Ok(httparse::Status::Partial) => return Ok(Step::More),
-                        Err(_) => return Err(FramingError::InvalidTrailers),
-                    }
+                    let Some((used, trailers)) = trailers(buf.bytes())? else {
+                        return Ok(Step::More);
+                    };
+                    buf.skip(used);
+                    *self = Decoder::Done;
+                    return Ok(Step::Trailers(trailers));
                 }
             }
         }
     }
 
+    /// Decode what `buf` holds without taking it: whether its framing is broken, or the body
+    /// ends in it. A request body that came with its head is checked so before the head
+    /// goes anywhere: a framing error then never reaches an origin.
+    pub(crate) fn check(mut self, buf: &[u8]) -> Result<Checked, FramingError> {
+        let mut rest = buf;
+        let mut len = 0u64;
+        loop {
+            match self.decode(&mut rest)? {
+                Step::Data(n) => len += n as u64,
+                Step::Trailers(_) | Step::End => {
+                    let used = buf.len() - rest.len();
+                    return Ok(Checked::Complete { len, used });
+                }
+                Step::More => return Ok(Checked::Incomplete),
+            }
+        }
+    }
+
     /// In `DataEnd`: consume the CRLF if it is there. `Ok(false)`: not yet.
-    fn skip_data_end(&mut self, buf: &mut BytesMut) -> Result<bool, FramingError> {
-        if buf.len() < 2 {
+    fn skip_data_end<I: Input>(&mut self, buf: &mut I) -> Result<bool, FramingError> {
+        let bytes = buf.bytes();
+        if bytes.len() < 2 {
+            // A lone byte that cannot start a CRLF is already an overrun.
+            if bytes.first().is_some_and(|&b| b != b'\r') {
+                return Err(FramingError::ChunkOverrun);
+            }
             return Ok(false);
         }
-        if !buf.starts_with(b"\r\n") {
+        if !bytes.starts_with(b"\r\n") {
             return Err(FramingError::ChunkOverrun);
         }
-        buf.advance(2);
+        buf.skip(2);
         *self = Decoder::Chunked(Chunk::Size);
         Ok(true)
     }
@@ -309,6 +370,34 @@ impl Decoder {
             }
             _ => Err(FramingError::Truncated),
         }
+    }
+}
+
+/// A trailer section at the front of `buf` (it does not start with the empty line): its
+/// length and fields, or `None` while it is incomplete.
+fn trailers(buf: &[u8]) -> Result<Option<(usize, HeaderMap)>, FramingError> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_TRAILER_FIELDS];
+    match httparse::parse_headers(buf, &mut slots) {
+        // Too large however it arrived (in pieces it would be refused before its end).
+        Ok(httparse::Status::Complete((len, _))) if len > MAX_TRAILERS => {
+            Err(FramingError::TrailersTooLarge)
+        }
+        Ok(httparse::Status::Complete((len, fields))) => {
+            let mut trailers = HeaderMap::with_capacity(fields.len());
+            for f in fields {
+                let name = HeaderName::from_bytes(f.name.as_bytes())
+                    .map_err(|_| FramingError::InvalidTrailers)?;
+                let value =
+                    HeaderValue::from_bytes(f.value).map_err(|_| FramingError::InvalidTrailers)?;
+                trailers.append(name, value);
+            }
+            Ok(Some((len, trailers)))
+        }
+        Ok(httparse::Status::Partial) if buf.len() > MAX_TRAILERS => {
+            Err(FramingError::TrailersTooLarge)
+        }
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(_) => Err(FramingError::InvalidTrailers),
     }
 }
 
@@ -354,6 +443,9 @@ pub(crate) fn put_chunk_size(dst: &mut BytesMut, len: usize) {
     dst.extend_from_slice(&digits[i..]);
     dst.extend_from_slice(b"\r\n");
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,9 @@ use crate::error::{Error, Kind};
 mod edits;
 mod wire;
 pub(crate) use edits::HeaderEdits;
-pub(crate) use wire::{CompiledField, NameSummary, RawHead, RawRequestFields, WireHead};
+pub(crate) use wire::{
+    ClientLength, CompiledField, NameSummary, RawHead, RawRequestFields, WireHead,
+};
 
 /// Per-connection facts computed once, used by every request on the connection.
 pub(crate) struct ClientFacts {
@@ -239,16 +241,11 @@ pub(crate) fn validate_request_head(
     if !scan.content_length {
         return Ok(());
     }
-    let mut cls = headers.get_all(header::CONTENT_LENGTH).iter();
-    if let Some(first) = cls.next() {
-        let len = parse_content_length(first.as_bytes())
-            .ok_or_else(|| Error::new(Kind::BadRequest, "invalid Content-Length"))?;
-        for other in cls {
-            if parse_content_length(other.as_bytes()) != Some(len) {
-                return Err(Error::new(Kind::BadRequest, "conflicting Content-Length"));
-            }
-        }
-    }
+    // The one rule of the HTTP/1.1 server's parse (`framing::declared`): a list or repeat of
+    // one length is that length (RFC 9110 §8.6), anything else is refused.
+    let lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+    crate::framing::declared(Version::HTTP_11, None, lengths.map(HeaderValue::as_bytes))
+        .map_err(crate::framing::FramingError::by_client)?;
     Ok(())
 }
 

@@ -29,6 +29,8 @@ pub struct Metrics {
     downstream_accepted: IntCounterVec,
     downstream_rejected: IntCounterVec,
     downstream_send_timeouts: IntCounterVec,
+    downstream_body_timeouts: IntCounterVec,
+    downstream_retired: IntCounterVec,
     tls_handshake_failures: IntCounterVec,
     proxy_protocol_rejected: IntCounterVec,
     pub(crate) config_version: IntGauge,
@@ -127,6 +129,13 @@ pub(crate) struct ListenerMetrics {
     pub(crate) rejected: IntCounter,
     /// Connections reset because a response write made no progress for `send_timeout`.
     pub(crate) send_timeouts: IntCounter,
+    /// Requests ended with 408 (or cut off) because the client's body stalled past the
+    /// route's `client_body_timeout`.
+    pub(crate) body_timeouts: IntCounter,
+    /// Connections closed gracefully at `max_requests_per_connection`.
+    pub(crate) retired_requests: IntCounter,
+    /// Connections closed gracefully at `max_connection_age`.
+    pub(crate) retired_age: IntCounter,
     pub(crate) tls_handshake_failures: IntCounter,
     /// Connections closed at the PROXY protocol header, by reason.
     pub(crate) proxy_malformed: IntCounter,
@@ -284,6 +293,18 @@ impl Metrics {
                 "downstream_send_timeouts_total",
                 "Client connections reset because a response write made no progress for send_timeout",
                 &["listener"],
+            ),
+            downstream_body_timeouts: counter_vec(
+                &r,
+                "downstream_body_timeouts_total",
+                "Requests failed because the client sent nothing of its body for the route's client_body_timeout",
+                &["listener"],
+            ),
+            downstream_retired: counter_vec(
+                &r,
+                "downstream_connections_retired_total",
+                "Client connections closed gracefully at a listener's connection limit, by limit (requests, age)",
+                &["listener", "limit"],
             ),
             tls_handshake_failures: counter_vec(
                 &r,
@@ -459,6 +480,11 @@ impl Metrics {
             accepted: self.downstream_accepted.with_label_values(&[name]),
             rejected: self.downstream_rejected.with_label_values(&[name]),
             send_timeouts: self.downstream_send_timeouts.with_label_values(&[name]),
+            body_timeouts: self.downstream_body_timeouts.with_label_values(&[name]),
+            retired_requests: self
+                .downstream_retired
+                .with_label_values(&[name, "requests"]),
+            retired_age: self.downstream_retired.with_label_values(&[name, "age"]),
             tls_handshake_failures: self.tls_handshake_failures.with_label_values(&[name]),
             proxy_malformed: self
                 .proxy_protocol_rejected

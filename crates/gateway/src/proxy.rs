@@ -66,7 +66,7 @@ async fn handle_in(
     wire: Option<Box<WireHead>>,
 ) -> Result<ClientResponse, Infallible> {
     let start = Instant::now();
-    cx.state.request_started();
+    cx.state.request_started(start);
     let mut inflight = InFlight(Some(cx.state.clone()));
     let snapshot = cx.worker.shared.snapshot.load_full();
     // Counted only while load shedding is on (a reload turning it on mid-flight misses the
@@ -103,6 +103,9 @@ async fn handle_in(
         }
         Err(err) => err,
     };
+    if err.is_client_body_timeout() {
+        cx.listener.metrics.body_timeouts.inc();
+    }
     let via = snapshot.stamps.via(Version::HTTP_11);
     let rid = info
         .request_id
@@ -251,6 +254,9 @@ async fn proxy(
         &scan,
         &listener.limits,
     )?;
+    if let Some(err) = body.refused() {
+        return Err(err);
+    }
     // One canonical path for routing, the filters and the origin (path.rs).
     let raw_target = crate::path::canonicalise(&mut parts.uri, &listener.path)?;
 
@@ -327,7 +333,9 @@ async fn proxy(
                 .max_request
                 .0
                 .min(route.max_body_size);
-            ctx.put_request_body(crate::filter::read_request_body(&mut body, cap).await?);
+            let deadline = route.request_timeout.map(|d| start + d);
+            let read = crate::filter::read_request_body(&mut body, cap, &route, deadline);
+            ctx.put_request_body(read.await?);
         }
         if !staged!(snapshot.filters.inbound(&mut ctx)) {
             let id = (&listener.request_id_header, &rid);
@@ -392,19 +400,13 @@ async fn proxy(
     // No body: no shared state to allocate (`None` reads as "finished, not too large").
     let (upstream_body, body_state) = if let Some(b) = chosen.body {
         // Sent whole: finished from the start, and never replayed as bodyless.
-        let state = Rc::new(RequestBodyState::default());
-        state.finished.set(true);
+        let state = Rc::new(RequestBodyState::whole());
         (RequestBody::Buffered(Some(b)), Some(state))
     } else if http_body::Body::is_end_stream(&body) {
         (RequestBody::Empty, None)
     } else {
-        let state = Rc::new(RequestBodyState::default());
-        let stream = RequestBody::Stream {
-            inner: body,
-            limit: route.max_body_size,
-            seen: 0,
-            state: state.clone(),
-        };
+        let (stream, state) =
+            RequestBody::stream(body, route.max_body_size, route.client_body_timeout);
         (stream, Some(state))
     };
 
@@ -533,14 +535,15 @@ async fn proxy(
         raw_head,
         added,
     };
+    // A body the route buffers or the replay buffer takes is read whole first, before the
+    // request takes a place under the cluster's cap: a slow client holds none.
+    let upstream_body = attempt::read_ahead(&up, upstream_body).await?;
     // The cluster's request cap (and queue): held until the response body ends.
     let slot = cluster
         .limits
         .admit(&cluster.config.limits, deadline)
         .await
         .inspect_err(|_| cluster.metrics.overflow.inc())?;
-    let upstream_body =
-        attempt::buffer_for_replay(&up, upstream_body, body_state.as_deref()).await?;
     // Boxed: the request moves through the attempt loop and into the connection, 8 bytes
     // at a time.
     let mut request = Some(Box::new(Request::from_parts(parts, upstream_body)));
@@ -726,9 +729,7 @@ async fn finish_response(
         inner: rbody,
         exchange,
         deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
-        read_timeout: route.read_timeout,
-        read_gap: None,
-        read_since_armed: false,
+        read_gap: crate::body::ReadGap::new(route.read_timeout),
         grpc: info.grpc,
         ended: false,
         raw_head,
@@ -764,7 +765,8 @@ pub(crate) struct Exchange {
     /// `None`: the request had no body.
     body_state: Option<Rc<RequestBodyState>>,
     complete: bool,
-    failure: Option<&'static str>,
+    /// How the body failed: its category, and which side failed it.
+    failure: Option<(&'static str, Side)>,
     bytes: u64,
     status: u16,
     start: Instant,
@@ -786,9 +788,25 @@ impl Exchange {
     pub(crate) fn body_complete(&mut self) {
         self.complete = true;
     }
+    /// The origin's side of the exchange failed while the response body streamed.
     pub(crate) fn fail_body(&mut self, category: &'static str) {
-        self.failure = Some(category);
+        self.failure = Some((category, Side::Origin));
         self.reusable = false;
+    }
+    /// The response body failed: the origin's fault, unless the request body it was still
+    /// being sent failed on the client's side (a stall past `client_body_timeout`).
+    pub(crate) fn fail_body_after_request(&mut self) {
+        let client = self.body_state.as_deref().and_then(RequestBodyState::error);
+        match client {
+            Some(e) => {
+                if e.is_client_body_timeout() {
+                    self.cx.listener.metrics.body_timeouts.inc();
+                }
+                self.failure = Some((e.category(), Side::Client));
+                self.reusable = false;
+            }
+            None => self.fail_body("origin_body_failure"),
+        }
     }
     pub(crate) fn add_body_bytes(&mut self, n: usize) {
         self.bytes += n as u64;
@@ -815,15 +833,15 @@ impl Drop for Exchange {
             }
             // Otherwise the connection drops here and closes: never reuse a half-read one.
         }
-        let category = match (complete, self.failure) {
-            (_, Some(c)) => c,
-            (true, None) => "success",
-            (false, None) => "client_cancelled",
+        let (category, side) = match (complete, self.failure) {
+            (_, Some(failure)) => failure,
+            (true, None) => ("success", Side::Origin),
+            (false, None) => ("client_cancelled", Side::Origin),
         };
         let finished = Finished {
             status: self.status,
             category,
-            side: Side::Origin,
+            side,
             elapsed: now.saturating_duration_since(self.start),
             bytes_out: self.bytes,
         };

@@ -64,6 +64,10 @@ pub struct Route {
     pub(crate) read_timeout: std::time::Duration,
     pub(crate) request_timeout: Option<std::time::Duration>,
     pub(crate) max_body_size: u64,
+    /// Longest the client may leave its request body with nothing to read (408 past it).
+    pub(crate) client_body_timeout: std::time::Duration,
+    /// Read the whole request body before contacting the origin (a Content-Length upstream).
+    pub(crate) request_buffering: bool,
     /// Which `Upgrade` protocols become tunnels (`upgrade.rs`).
     pub(crate) upgrade: crate::upgrade::UpgradePolicy,
     pub(crate) metrics: RouteMetrics,
@@ -159,6 +163,8 @@ impl Route {
             read_timeout: cfg.read_timeout.unwrap_or(c.read_timeout).get(),
             request_timeout: cfg.request_timeout.or(c.request_timeout).map(|d| d.get()),
             max_body_size: cfg.max_body_size.get(),
+            client_body_timeout: cfg.client_body_timeout.get(),
+            request_buffering: cfg.request_buffering,
             upgrade: crate::upgrade::UpgradePolicy::compile(&cfg.upgrade),
             cluster,
             metrics,

@@ -124,7 +124,7 @@ async fn serve_connection(
     let svc = service_fn(move |req| {
         let (shared, settings, state) = (shared.clone(), settings.clone(), state.clone());
         async move {
-            state.request_started();
+            state.request_started(Instant::now());
             let response = respond(&shared, &settings.guard, req).await;
             state.request_finished(Instant::now());
             Ok::<_, Infallible>(response)

@@ -13,6 +13,10 @@
 //! connection: `h1`'s writer and [`SendClock`] under HTTP/2.
 
 pub(crate) mod h1;
+mod retire;
+
+pub(crate) use retire::RetirePolicy;
+use retire::{Retire, Retired, StreamCount};
 
 use http::header::HeaderName;
 use hyper::rt::{Read, ReadBufCursor, Write};
@@ -58,6 +62,9 @@ pub(crate) struct ListenerCtx {
     pub(crate) proxy: crate::proxy_protocol::Settings,
     /// How the request path is made canonical before routing.
     pub(crate) path: crate::path::PathPolicy,
+    /// When a client connection is closed gracefully (`max_requests_per_connection`,
+    /// `max_connection_age`).
+    pub(crate) retire: RetirePolicy,
 }
 
 impl ListenerCtx {
@@ -100,6 +107,10 @@ impl ListenerCtx {
             )
             .map_err(|e| format!("listener {}: {e}", cfg.name))?,
             path: crate::path::PathPolicy::new(&cfg.path),
+            retire: RetirePolicy {
+                max_requests: cfg.max_requests_per_connection,
+                max_age: Some(cfg.max_connection_age.get()).filter(|a| !a.is_zero()),
+            },
         })
     }
 }
@@ -124,7 +135,10 @@ pub(crate) fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListen
 /// state must be `Send`. Instants are stored as nanoseconds since `base`.
 pub(crate) struct ConnState {
     inflight: AtomicU32,
+    /// When the connection was accepted (its age counts from here).
     base: Instant,
+    /// When the latest request started.
+    last_request: AtomicU64,
     /// When a connection with no request in flight times out.
     deadline: AtomicU64,
     /// True between requests: the next byte read starts a request head.
@@ -155,6 +169,7 @@ impl ConnState {
         ConnState {
             inflight: AtomicU32::new(0),
             base: now,
+            last_request: AtomicU64::new(0),
             deadline: AtomicU64::new(first),
             idle: AtomicBool::new(false),
             head_clock,
@@ -187,8 +202,19 @@ impl ConnState {
             Err(p) => std::mem::replace(&mut *p.into_inner(), w),
         }
     }
-    pub(crate) fn request_started(&self) {
+    /// A request started at `at`.
+    pub(crate) fn request_started(&self, at: Instant) {
         self.inflight.fetch_add(1, Ordering::Relaxed);
+        self.last_request
+            .store(self.to_nanos(at), Ordering::Relaxed);
+    }
+    /// The connection's age when its latest request started.
+    pub(crate) fn age_at_last_request(&self) -> Duration {
+        Duration::from_nanos(self.last_request.load(Ordering::Relaxed))
+    }
+    /// When the connection was accepted.
+    pub(crate) fn opened(&self) -> Instant {
+        self.base
     }
     /// A request's response is done (`now` is when it finished).
     pub(crate) fn request_finished(&self, now: Instant) {
@@ -509,23 +535,6 @@ where
     }
 }
 
-/// Drive a hyper server connection; when the worker drains ask it to finish gracefully
-/// (HTTP/1 closes once idle, HTTP/2 sends GOAWAY) and keep driving it until in-flight requests
-/// end. A macro because hyper's HTTP/1 and HTTP/2 connections share no trait for this.
-macro_rules! serve_until_drain {
-    ($conn:ident, $worker:expr) => {{
-        tokio::pin!($conn);
-        tokio::select! {
-            biased;
-            _ = $conn.as_mut() => {}
-            _ = $worker.drain.wait() => {
-                $conn.as_mut().graceful_shutdown();
-                let _ = $conn.await;
-            }
-        }
-    }};
-}
-
 async fn serve_connection(
     listener: Arc<ListenerCtx>,
     mut stream: TcpStream,
@@ -672,21 +681,36 @@ async fn serve_io(
         h1::serve(cx, stream).await;
         return;
     }
+    let opened = state.opened();
     let send = SendClock::new(
         listener.send_timeout,
         Some(listener.metrics.send_timeouts.clone()),
     );
     let io = TimedIo::new(TokioIo::new(stream), state, send);
+    let streams = Rc::new(StreamCount {
+        served: std::cell::Cell::new(0),
+        max: listener.retire.max_requests,
+        reached: tokio::sync::Notify::new(),
+    });
+    let counted = streams.clone();
     let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        counted.add();
         let req = req.map(crate::body::ClientBody::H2);
         let handled = crate::proxy::handle(cx.clone(), req, None);
         async move { handled.await.map(|resp| *resp) }
     });
+    let retire = Retire {
+        streams,
+        aged: listener.retire.age_limit().map(|a| opened + a),
+    };
     // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state size.
-    Box::pin(serve_h2(&listener, &worker, io, svc)).await;
+    Box::pin(serve_h2(&listener, &worker, io, svc, retire)).await;
 }
 
-async fn serve_h2<I, S>(listener: &ListenerCtx, worker: &Worker, io: I, svc: S)
+/// Drive hyper's HTTP/2 server connection. When the worker drains or the connection reaches
+/// a limit of its listener, ask it to finish gracefully (GOAWAY: no new streams, the open
+/// ones finish) and keep driving it until they end.
+async fn serve_h2<I, S>(listener: &ListenerCtx, worker: &Worker, io: I, svc: S, retire: Retire)
 where
     I: Read + Write + Unpin + 'static,
     S: hyper::service::HttpService<hyper::body::Incoming> + 'static,
@@ -698,5 +722,23 @@ where
         // RFC 8441: WebSocket over HTTP/2 (`upgrade.rs`).
         .enable_connect_protocol()
         .serve_connection(io, svc);
-    serve_until_drain!(conn, worker);
+    tokio::pin!(conn);
+    let aged = async {
+        match retire.aged {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    let why = tokio::select! {
+        biased;
+        _ = conn.as_mut() => return,
+        _ = worker.drain.wait() => None,
+        _ = retire.streams.reached.notified() => Some(Retired::Requests),
+        _ = aged => Some(Retired::Age),
+    };
+    if let Some(why) = why {
+        RetirePolicy::count(why, &listener.metrics);
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
 }

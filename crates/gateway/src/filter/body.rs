@@ -4,7 +4,7 @@
 //! request?), the buffering with its caps, and the `FilterCtx` accessors; the proxy stage
 //! only calls it at two points (before `pre`, before `post`).
 
-use crate::body::ClientBody;
+use crate::body::{ClientBody, RequestBody};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 
@@ -88,23 +88,24 @@ pub(crate) fn set_length(headers: &mut http::HeaderMap, len: usize) {
     headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
 }
 
-/// Read the client's body to its end, failing with 413 past `cap` bytes (a declared
-/// Content-Length past the cap fails before reading).
-pub(crate) async fn read_request(body: &mut ClientBody, cap: u64) -> Result<Bytes, Error> {
-    if http_body::Body::size_hint(body).lower() > cap {
-        return Err(too_large_request());
-    }
-    let mut buf = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame?;
-        if let Ok(data) = frame.into_data() {
-            if (buf.len() + data.len()) as u64 > cap {
-                return Err(too_large_request());
-            }
-            buf.extend_from_slice(&data);
-        }
-    }
-    Ok(buf.freeze())
+/// Read the client's body to its end for a filter: 413 past `cap` bytes (a declared length
+/// past it before reading), 408 when the client leaves it with nothing to read for the
+/// route's `client_body_timeout` or the request's `deadline` passes. `body` is at its end
+/// afterwards.
+pub(crate) async fn read_request(
+    body: &mut ClientBody,
+    cap: u64,
+    route: &crate::route::Route,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Bytes, Error> {
+    let inner = std::mem::replace(body, ClientBody::Empty);
+    let (mut stream, state) = RequestBody::stream(inner, cap, route.client_body_timeout);
+    crate::body::read_whole(&mut stream, deadline)
+        .await
+        .map_err(|e| match state.too_large.get() {
+            true => too_large_request(),
+            false => e,
+        })
 }
 
 fn too_large_request() -> Error {

@@ -27,12 +27,25 @@ pub(crate) struct RawRequestFields {
     /// search (a filter usually sets a field of the gateway's own, which the client did not
     /// send).
     names: NameSummary,
-    /// One of the fields is Content-Length.
-    content_length: bool,
+    /// The client's Content-Length, and whether its line goes upstream as sent.
+    content_length: ClientLength,
     /// The changes, no two of them to one name unless all but the first append. The first
     /// two are kept inline: a configured edit (a `headers` filter's) takes no allocation,
     /// whose block would cost a cache miss when it is handed out.
     edits: SmallVec<[FieldEdit; 2]>,
+}
+
+/// The Content-Length a client's wire-form fields hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClientLength {
+    /// None (no body, or a chunked one).
+    None,
+    /// One `Content-Length` line with one value: it goes upstream as sent.
+    AsSent,
+    /// The same length more than once (repeated lines, or a list such as `5, 5`, which the
+    /// server accepted as one length, RFC 9110 §8.6): the lines are left out upstream and
+    /// the origin gets one `content-length` written from the body, as on the map path.
+    Rewritten,
 }
 
 /// A request head's fields in wire form, with what the server's parse noted about them.
@@ -147,8 +160,13 @@ impl NameSummary {
 
 impl RawRequestFields {
     /// `block`: complete CRLF-terminated field lines that passed the server's parse;
-    /// `names`: their names, summarised as the server read them.
-    pub(crate) fn new(block: bytes::Bytes, content_length: bool, names: NameSummary) -> Self {
+    /// `content_length`: what they say of the body's length; `names`: their names,
+    /// summarised as the server read them.
+    pub(crate) fn new(
+        block: bytes::Bytes,
+        content_length: ClientLength,
+        names: NameSummary,
+    ) -> Self {
         debug_assert_eq!(names, NameSummary::of(&block), "the summary of {block:?}");
         RawRequestFields {
             block,
@@ -162,7 +180,11 @@ impl RawRequestFields {
     #[cfg(test)]
     pub(crate) fn from_block(block: bytes::Bytes, content_length: bool) -> Self {
         let names = NameSummary::of(&block);
-        Self::new(block, content_length, names)
+        let length = match content_length {
+            true => ClientLength::AsSent,
+            false => ClientLength::None,
+        };
+        Self::new(block, length, names)
     }
 
     /// Whether the client sent a field called `name` (any case).
@@ -233,9 +255,9 @@ impl RawRequestFields {
         )
     }
 
-    /// One of the fields is Content-Length.
+    /// The client's Content-Length line goes upstream as sent (the origin's framing).
     pub(crate) fn declares_length(&self) -> bool {
-        self.content_length
+        self.content_length == ClientLength::AsSent
     }
 
     /// Whether a filter may change the field `name` here, without a map: not one the proxy
@@ -308,12 +330,15 @@ impl RawRequestFields {
     }
 
     /// Write the fields as `name: value\r\n` lines: the client's as it sent them, without
-    /// the removed ones, then the appended ones.
+    /// the removed ones (and without repeated Content-Length lines, see [`ClientLength`]),
+    /// then the appended ones.
     pub(super) fn write(&self, dst: &mut Vec<u8>) {
-        if self.edits.iter().any(|e| e.replaces) {
+        let drop_length = self.content_length == ClientLength::Rewritten;
+        if drop_length || self.edits.iter().any(|e| e.replaces) {
             for line in self.block.split_inclusive(|&b| b == b'\n') {
                 let name = line.split(|&b| b == b':').next().unwrap_or(line);
-                if !self.removes(name) {
+                let length = drop_length && name.eq_ignore_ascii_case(b"content-length");
+                if !length && !self.removes(name) {
                     dst.extend_from_slice(line);
                 }
             }
@@ -461,6 +486,9 @@ impl RawHead {
         map
     }
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {

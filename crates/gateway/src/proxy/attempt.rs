@@ -27,7 +27,7 @@ use crate::body::{RequestBody, RequestBodyState};
 use crate::downstream::ConnCtx;
 use crate::error::{Error, Kind};
 use crate::route::Route;
-use crate::upstream::conn::{Conn, OriginResponse, SendWithin};
+use crate::upstream::conn::{Conn, HeadTimedOut, HeadWait, OriginResponse, SendWithin};
 use crate::upstream::limits::RetryToken;
 use crate::upstream::pool::checkout;
 use crate::upstream::{Cluster, OriginServer};
@@ -96,55 +96,33 @@ fn idempotent(m: &Method) -> bool {
     )
 }
 
-/// Read a body whose declared length fits the replay buffer, so retries can resend it.
-/// Bodies without a declared length, or larger, are streamed and never retried once sent.
-pub(super) async fn buffer_for_replay(
+/// Read the request body whole before the first attempt when the route buffers requests
+/// (`request_buffering`: the origin gets it with a Content-Length) or when its declared length
+/// fits the replay buffer and retries are on (so a retry can resend it). Other bodies are
+/// streamed, and never retried once sent. The read is bounded by the route's cap (413),
+/// `client_body_timeout` and the request's deadline (408).
+pub(super) async fn read_ahead(
     up: &Upstream<'_>,
-    body: RequestBody,
-    state: Option<&RequestBodyState>,
+    mut body: RequestBody,
 ) -> Result<RequestBody, Error> {
-    let limit = up.route.retry.replay_buffer.get();
+    if !matches!(body, RequestBody::Stream { .. }) {
+        return Ok(body);
+    }
+    let retry = &up.route.retry;
     // The length the client's framing declared (the body's decoder holds it to it), not a
     // Content-Length field, which a filter or an edit may have changed.
     let declared = http_body::Body::size_hint(&body).exact();
-    let fits = declared.is_some_and(|n| n <= limit);
-    if up.route.retry.attempts <= 1 || !fits || !matches!(body, RequestBody::Stream { .. }) {
+    let replays = retry.attempts > 1 && declared.is_some_and(|n| n <= retry.replay_buffer.get());
+    if !(up.route.request_buffering || replays) {
         return Ok(body);
     }
-    let read = http_body_util::BodyExt::collect(body);
-    let collected = match up.deadline {
-        Some(d) => tokio::time::timeout_at(d, read).await.map_err(|_| {
-            Error::new(
-                Kind::RequestTimeout,
-                "request deadline passed while reading the request body",
-            )
-        })?,
-        None => read.await,
-    };
-    match collected {
-        Ok(c) => {
-            let bytes = c.to_bytes();
-            Ok(RequestBody::Buffered((!bytes.is_empty()).then_some(bytes)))
-        }
-        Err(e) => Err(body_error(state).unwrap_or_else(|| {
-            Error::new(Kind::ClientGone, "client request body failed").with_source(e)
-        })),
-    }
+    let whole = crate::body::read_whole(&mut body, up.deadline).await?;
+    Ok(RequestBody::Buffered(Some(whole)))
 }
 
-/// The client's body broke the rules while being sent.
+/// The client's body broke the rules or stalled while being sent.
 fn body_error(state: Option<&RequestBodyState>) -> Option<Error> {
-    let s = state?;
-    if s.too_large.get() {
-        Some(Error::new(
-            Kind::BodyTooLarge,
-            "request body exceeds the route's limit",
-        ))
-    } else if s.malformed.get() {
-        Some(Error::new(Kind::BadRequest, "invalid request body framing"))
-    } else {
-        None
-    }
+    state?.error()
 }
 
 /// One attempt's failure. A request never sent is back in the caller's slot.
@@ -346,7 +324,7 @@ async fn one(
     rebuildable: bool,
     body_state: Option<&RequestBodyState>,
 ) -> Result<(OriginResponse, Conn, u32), Failed> {
-    let (cluster, route) = (up.cluster, up.route);
+    let cluster = up.cluster;
     let proxy_header =
         crate::proxy_protocol::header_for(cluster.config.proxy_protocol, up.cx.peer, up.cx.local);
     let proxy_header = proxy_header.as_deref();
@@ -375,13 +353,12 @@ async fn one(
         }
     }
     let is_reused = conn.requests > 0;
-    let head_timeout = HeadTimeout::new(head_wait(route), up.deadline);
-    let first = start_send(up, &mut conn, slot, head_timeout, 0)?.await;
+    let first = start_send(up, &mut conn, slot, body_state, 0)?.await;
     match first {
         Ok(Ok(resp)) => return Ok((resp, conn, 1)),
-        Err(_) => {
+        Err(late) => {
             return Err(Failed {
-                err: head_timeout.error(),
+                err: head_timeout_error(late),
                 sends: 1,
             })
         }
@@ -415,8 +392,7 @@ async fn one(
         Ok((c, _)) => c,
         Err(err) => return Err(Failed { err, sends: 1 }),
     };
-    let head_timeout = HeadTimeout::new(head_wait(route), up.deadline);
-    let second = start_send(up, &mut conn, slot, head_timeout, 1)?.await;
+    let second = start_send(up, &mut conn, slot, body_state, 1)?.await;
     match second {
         Ok(Ok(resp)) => Ok((resp, conn, 2)),
         Ok(Err(f)) => {
@@ -426,14 +402,15 @@ async fn one(
                 sends: 2,
             })
         }
-        Err(_) => Err(Failed {
-            err: head_timeout.error(),
+        Err(late) => Err(Failed {
+            err: head_timeout_error(late),
             sends: 2,
         }),
     }
 }
 
-/// Take the request from `slot` and start it on `conn`, bounded by `head_timeout`.
+/// Take the request from `slot` and start it on `conn`, its wait for the response head
+/// bounded by the route's response-header (or per-try) timeout and the request's deadline.
 /// `sends`: how many sends this attempt made before, for the failure if there is no request.
 /// (The request moves straight into the returned future: awaiting that as a temporary keeps
 /// no second copy of it in the caller's future.)
@@ -441,7 +418,7 @@ fn start_send<'c>(
     up: &Upstream<'_>,
     conn: &'c mut Conn,
     slot: &mut Option<Box<Request<RequestBody>>>,
-    head_timeout: HeadTimeout,
+    body_state: Option<&'c RequestBodyState>,
     sends: u32,
 ) -> Result<SendWithin<'c>, Failed> {
     let Some(req) = slot.take() else {
@@ -455,7 +432,12 @@ fn start_send<'c>(
     let raw_head = up
         .raw_head
         .then(|| up.cx.listener.request_id_header.clone());
-    Ok(conn.send_within(req, head_timeout.at, raw_head, up.added.as_ref()))
+    let wait = HeadWait {
+        at: Instant::now() + head_wait(up.route),
+        deadline: up.deadline,
+        body: body_state,
+    };
+    Ok(conn.send_within(req, wait, raw_head, up.added.as_ref()))
 }
 
 /// One attempt's wait for the response head: the per-try timeout when it is shorter.
@@ -506,41 +488,19 @@ impl Drop for Outstanding {
     }
 }
 
-/// How long to wait for a response head: the attempt's wait, cut short by the request
-/// deadline when that comes first (then the error is a request timeout).
-#[derive(Clone, Copy)]
-struct HeadTimeout {
-    at: Instant,
-    deadline_bound: bool,
-}
-
-impl HeadTimeout {
-    fn new(header_timeout: std::time::Duration, deadline: Option<Instant>) -> Self {
-        let at = Instant::now() + header_timeout;
-        match deadline {
-            Some(d) if d < at => HeadTimeout {
-                at: d,
-                deadline_bound: true,
-            },
-            _ => HeadTimeout {
-                at,
-                deadline_bound: false,
-            },
-        }
-    }
-
-    fn error(self) -> Error {
-        if self.deadline_bound {
-            Error::new(
-                Kind::RequestTimeout,
-                "request deadline passed before the response head",
-            )
-        } else {
-            Error::new(
-                Kind::ResponseHeaderTimeout,
-                "origin sent no response head in time",
-            )
-        }
+/// The error for a response head that did not come in time: a request timeout when the
+/// request's deadline cut the wait short.
+fn head_timeout_error(late: HeadTimedOut) -> Error {
+    if late.deadline {
+        Error::new(
+            Kind::RequestTimeout,
+            "request deadline passed before the response head",
+        )
+    } else {
+        Error::new(
+            Kind::ResponseHeaderTimeout,
+            "origin sent no response head in time",
+        )
     }
 }
 

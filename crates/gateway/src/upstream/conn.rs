@@ -16,8 +16,9 @@ use tokio::time::{Instant, Sleep};
 use super::h1;
 use super::h2::Lease;
 use super::OriginServer;
-use crate::body::RequestBody;
+use crate::body::{RequestBody, RequestBodyState};
 use crate::error::{BoxError, Error, Kind};
+use std::time::Duration;
 
 pub(crate) use h1::Failure as SendFailure;
 
@@ -82,15 +83,15 @@ impl Conn {
     }
 
     /// Send a request; the future ends with the response head, or with [`HeadTimedOut`] if
-    /// none arrived by `deadline`. `raw_head`: an HTTP/1.1 response head may be kept as bytes
+    /// none arrived within `wait`. `raw_head`: an HTTP/1.1 response head may be kept as bytes
     /// (see [`h1::send`]). `added`: fields to send that are not in the request's map.
-    pub(crate) fn send_within(
-        &mut self,
+    pub(crate) fn send_within<'a>(
+        &'a mut self,
         mut req: Box<Request<RequestBody>>,
-        deadline: Instant,
+        wait: HeadWait<'a>,
         raw_head: Option<http::HeaderName>,
         added: Option<&crate::headers::AddedFields>,
-    ) -> SendWithin<'_> {
+    ) -> SendWithin<'a> {
         let Conn {
             sender,
             server,
@@ -126,8 +127,34 @@ impl Conn {
         SendWithin {
             sending,
             timer: head_timer,
-            deadline,
+            deadline: wait.due(None).0,
+            wait,
             armed: false,
+        }
+    }
+}
+
+/// How long a request may wait for its response head: until `at`, plus the time its body
+/// spent waiting on the client meanwhile (the origin cannot answer a request it does not
+/// have yet; `client_body_timeout` bounds the client's part), never past the request's
+/// `deadline`.
+#[derive(Clone, Copy)]
+pub(crate) struct HeadWait<'a> {
+    pub(crate) at: Instant,
+    pub(crate) deadline: Option<Instant>,
+    /// The request body's state, when it streams from the client.
+    pub(crate) body: Option<&'a RequestBodyState>,
+}
+
+impl HeadWait<'_> {
+    /// When the head is due, with the body's waits on the client up to `now` (none: the
+    /// waits that ended); whether the request's deadline is what bounds it.
+    fn due(&self, now: Option<Instant>) -> (Instant, bool) {
+        let waited = self.body.map_or(Duration::ZERO, |b| b.client_wait(now));
+        let at = self.at + waited;
+        match self.deadline {
+            Some(d) if d <= at => (d, true),
+            _ => (at, false),
         }
     }
 }
@@ -136,15 +163,21 @@ impl Conn {
 pub(crate) struct SendWithin<'a> {
     sending: Sending<'a>,
     timer: &'a mut Option<Pin<Box<Sleep>>>,
+    /// When the head is due as far as known: the timer fires for it, and the wait is
+    /// worked out again then (the client's body may have held the request up meanwhile).
     deadline: Instant,
+    wait: HeadWait<'a>,
     /// The timer is set to this request's deadline (done at the first wait, so an answer
     /// that is ready at once never touches the timer).
     armed: bool,
 }
 
-/// No response head came before the deadline.
+/// No response head came in time; `deadline`: the request's deadline passed (not only the
+/// response-header wait).
 #[derive(Debug)]
-pub(crate) struct HeadTimedOut;
+pub(crate) struct HeadTimedOut {
+    pub(crate) deadline: bool,
+}
 
 impl Future for SendWithin<'_> {
     type Output = Result<Sent, HeadTimedOut>;
@@ -171,7 +204,11 @@ impl Future for SendWithin<'_> {
         this.armed = true;
         while timer.as_mut().poll(cx).is_ready() {
             if timer.deadline() >= this.deadline {
-                return Poll::Ready(Err(HeadTimedOut));
+                let (due, deadline) = this.wait.due(Some(Instant::now()));
+                if due <= timer.deadline() {
+                    return Poll::Ready(Err(HeadTimedOut { deadline }));
+                }
+                this.deadline = due; // the client's body held the request up
             }
             timer.as_mut().reset(this.deadline);
         }
@@ -316,10 +353,16 @@ mod tests {
 
     /// A send whose response head never comes, timed by `timer`.
     fn never<'a>(timer: &'a mut Option<Pin<Box<Sleep>>>, after: Duration) -> SendWithin<'a> {
+        let wait = HeadWait {
+            at: Instant::now() + after,
+            deadline: None,
+            body: None,
+        };
         SendWithin {
             sending: Sending::H2(Box::pin(std::future::pending())),
             timer,
-            deadline: Instant::now() + after,
+            deadline: wait.at,
+            wait,
             armed: false,
         }
     }
@@ -356,7 +399,10 @@ mod tests {
         advance(300).await; // 1400 ms
         assert!(poll(&mut second).is_pending());
         advance(100).await; // 1500 ms
-        assert!(matches!(poll(&mut second), Poll::Ready(Err(HeadTimedOut))));
+        assert!(matches!(
+            poll(&mut second),
+            Poll::Ready(Err(HeadTimedOut { .. }))
+        ));
         drop(second);
 
         // A long deadline, then a shorter one: the timer comes forward.
@@ -368,6 +414,64 @@ mod tests {
         advance(99).await;
         assert!(poll(&mut fourth).is_pending());
         advance(1).await;
-        assert!(matches!(poll(&mut fourth), Poll::Ready(Err(HeadTimedOut))));
+        assert!(matches!(
+            poll(&mut fourth),
+            Poll::Ready(Err(HeadTimedOut { .. }))
+        ));
+    }
+
+    /// The response-header wait leaves out the time the request body waited on the client:
+    /// it is moved on while the client holds the body back, and runs out only once the
+    /// origin has had its whole wait; the request deadline still bounds it.
+    #[tokio::test(start_paused = true)]
+    async fn the_head_wait_leaves_out_the_client_body_wait() {
+        for bounded in [false, true] {
+            let start = Instant::now();
+            let deadline = bounded.then(|| start + Duration::from_millis(2200));
+            let state = RequestBodyState::default();
+            state.set_client_wait(Duration::ZERO, Some(start)); // waiting from the start
+            let mut timer = None;
+            let wait = HeadWait {
+                at: Instant::now() + Duration::from_millis(1000),
+                deadline,
+                body: Some(&state),
+            };
+            let mut send = SendWithin {
+                sending: Sending::H2(Box::pin(std::future::pending())),
+                timer: &mut timer,
+                deadline: wait.due(None).0,
+                wait,
+                armed: false,
+            };
+            assert!(poll(&mut send).is_pending());
+            advance(1000).await; // the client still holds its body back
+            assert!(
+                poll(&mut send).is_pending(),
+                "timed out while the client waited"
+            );
+            advance(500).await; // 1500 ms: the rest of the body comes
+            state.set_client_wait(Duration::from_millis(1500), None);
+            assert!(poll(&mut send).is_pending());
+            advance(690).await; // 2190 ms
+            assert!(poll(&mut send).is_pending());
+            advance(10).await; // 2200 ms: the request's deadline, if it has one
+            if deadline.is_some() {
+                let late = poll(&mut send);
+                assert!(matches!(
+                    late,
+                    Poll::Ready(Err(HeadTimedOut { deadline: true }))
+                ));
+                continue;
+            }
+            assert!(poll(&mut send).is_pending());
+            advance(299).await;
+            assert!(poll(&mut send).is_pending());
+            advance(1).await; // 2500 ms: 1000 ms of the origin's own
+            let late = poll(&mut send);
+            assert!(matches!(
+                late,
+                Poll::Ready(Err(HeadTimedOut { deadline: false }))
+            ));
+        }
     }
 }

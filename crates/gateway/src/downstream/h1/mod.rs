@@ -37,7 +37,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tokio_util::io::poll_read_buf;
 
-use super::ConnCtx;
+use super::{ConnCtx, RetirePolicy};
 use crate::body::{ClientBody, ResponseBody};
 use crate::error::Error;
 use crate::framing::Decoder;
@@ -66,6 +66,9 @@ pub(crate) struct ConnIo {
     body: Decoder,
     /// The body failed (bad framing, the client went away): nothing more is read.
     body_failed: bool,
+    /// The chunked body that came with the request's head has broken framing: the request
+    /// is refused before any origin hears of it ([`RequestBody::refused`]).
+    body_refused: Option<crate::framing::FramingError>,
     /// Bytes of a `100 Continue` still to be written before the body is read.
     continue_left: usize,
     /// The client closed its side (or the read failed).
@@ -190,6 +193,7 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
         rbuf: BytesMut::new(),
         body: Decoder::Done,
         body_failed: false,
+        body_refused: None,
         continue_left: 0,
         read_closed: false,
     }));
@@ -199,6 +203,9 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
     let mut scan = HeadScan::default();
     let mut out = Outbox::default();
     let limits = &cx.listener.limits;
+    let retire = cx.listener.retire;
+    let age_limit = retire.age_limit();
+    let mut served = 0u64;
     let ended = loop {
         let head = match read_head(&cx, &conn, &mut scan, &mut timer, drain.as_mut()).await {
             Ok(Some(head)) => head,
@@ -236,9 +243,17 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             // The client went away: the exchange was dropped (and its origin connection).
             break Ended::Abort;
         };
+        // The connection's last response closes it: the worker drains, or the connection
+        // reached a limit of its listener (Connection: close, so the client reconnects).
+        served += 1;
         let draining = cx.worker.drain.is_draining();
+        let retired = retire.reached(served, cx.state.age_at_last_request(), age_limit);
+        if let Some(why) = retired.filter(|_| facts.keep_alive && !draining) {
+            RetirePolicy::count(why, &cx.listener.metrics);
+        }
+        let keep_alive = !draining && retired.is_none();
         let mut w = Writer::new(&cx.listener, &mut timer, limits.max_head());
-        match write_response(&conn, &mut out, resp, &facts, !draining, &mut w).await {
+        match write_response(&conn, &mut out, resp, &facts, keep_alive, &mut w).await {
             Ended::KeepAlive => {
                 let mut c = conn.borrow_mut();
                 if c.rbuf.is_empty() && c.rbuf.capacity() > MAX_IDLE_BUFFER {
@@ -319,6 +334,7 @@ fn request(conn: &Rc<RefCell<ConnIo>>, head: Head) -> (Request<ClientBody>, Opti
         let mut c = conn.borrow_mut();
         c.body = head.body;
         c.body_failed = false;
+        c.body_refused = head.body_refused;
         c.continue_left = if head.expect_continue {
             response::CONTINUE.len()
         } else {

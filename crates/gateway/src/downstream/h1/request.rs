@@ -23,8 +23,10 @@ use std::task::{ready, Context, Poll};
 
 use super::ConnIo;
 use crate::error::{Error, Kind};
-use crate::framing::{self, Declared, Decoder, Step};
-use crate::headers::{HeadFacts, HeadLimits, NameSummary, RawRequestFields, WireHead};
+use crate::framing::{self, Declared, Decoder, FramingError, Step};
+use crate::headers::{
+    ClientLength, HeadFacts, HeadLimits, NameSummary, RawRequestFields, WireHead,
+};
 
 /// Header fields parsed on the stack; a listener allowing more parses into a heap slice.
 const STACK_FIELDS: usize = 128;
@@ -47,6 +49,9 @@ pub(super) struct Head {
     pub(super) expect_continue: bool,
     /// `TE: trailers`: the client accepts trailer fields in a chunked response.
     pub(super) accepts_trailers: bool,
+    /// The chunked body that came with the head is malformed: the proxy stage refuses the
+    /// request before any origin hears of it (see [`super::ConnIo`]).
+    pub(super) body_refused: Option<FramingError>,
 }
 
 /// Where the search for the end of a head stopped, so bytes trickling in are scanned once.
@@ -156,7 +161,15 @@ pub(super) fn parse_head(
         heap.resize_with(limits.max_headers, MaybeUninit::uninit);
         &mut heap[..]
     };
-    parse_complete(&head, fields, limits, request_id).map(Some)
+    let mut parsed = parse_complete(&head, fields, limits, request_id)?;
+    // A chunked body that came with its head is decoded (in place) before the head goes
+    // anywhere: broken framing is noted here, and the proxy stage refuses the request (a
+    // 400, counted and logged like any) before any origin hears of it. A body still to come
+    // streams, and is checked as it does.
+    if matches!(parsed.body, Decoder::Chunked(_)) && !buf.is_empty() {
+        parsed.body_refused = parsed.body.check(buf).err();
+    }
+    Ok(Some(parsed))
 }
 
 /// Parse a complete head (`head` ends with its empty line) with room for `fields.len()`
@@ -275,9 +288,15 @@ fn parse_complete<'h>(
         Version::HTTP_11 => !close,
         _ => keep_alive_token && !close,
     };
+    // A length given more than once (identical, or `declared` refused it) leaves as one line.
+    let length = match &content_lengths[..n_content_lengths] {
+        [] => ClientLength::None,
+        [one] if !one.contains(&b',') => ClientLength::AsSent,
+        _ => ClientLength::Rewritten,
+    };
     let wire = fields.map(|block| {
         Box::new(WireHead {
-            fields: RawRequestFields::new(block, n_content_lengths > 0, names),
+            fields: RawRequestFields::new(block, length, names),
             facts,
         })
     });
@@ -291,6 +310,7 @@ fn parse_complete<'h>(
         body,
         keep_alive,
         accepts_trailers,
+        body_refused: None,
     })
 }
 
@@ -319,6 +339,10 @@ impl http_body::Body for RequestBody {
         let conn = &mut *conn;
         if conn.body.is_done() {
             return Poll::Ready(None);
+        }
+        if let Some(e) = conn.body_refused {
+            conn.body_failed = true;
+            return Poll::Ready(Some(Err(e.by_client())));
         }
         if let Err(e) = ready!(conn.poll_continue(cx)) {
             return Poll::Ready(Some(Err(gone(e))));
@@ -369,9 +393,19 @@ impl http_body::Body for RequestBody {
     }
 }
 
+impl RequestBody {
+    /// The body's framing was found broken in the bytes that came with its head.
+    pub(crate) fn refused(&self) -> Option<Error> {
+        self.conn.borrow().body_refused.map(FramingError::by_client)
+    }
+}
+
 fn gone(e: std::io::Error) -> Error {
     Error::new(Kind::ClientGone, "reading the client's body failed").with_source(e)
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {

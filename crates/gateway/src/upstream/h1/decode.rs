@@ -335,6 +335,9 @@ pub(super) fn decoder(framing: Framing) -> Decoder {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
