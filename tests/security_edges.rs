@@ -334,6 +334,12 @@ async fn a_malformed_http2_request_resets_its_stream_only() {
         &[("te", "gzip")],
         &[("transfer-encoding", "chunked")],
         &[("x-a", "1"), (":path", "/again")],
+        // Fields HPACK carries but HTTP forbids: the codec decodes them as malformed.
+        &[("X-Upper", "1")],
+        &[("x-ctl", "a\u{1}b")],
+        &[("x-nul", "a\0b")],
+        &[(":unknown", "x")],
+        &[("x-space name", "1")],
     ];
     for extra in malformed {
         let mut h2 = RawH2::connect(g.addr).await;
@@ -347,6 +353,50 @@ async fn a_malformed_http2_request_resets_its_stream_only() {
             "{extra:?}: the connection lives on"
         );
     }
+}
+
+/// An invalid field stored in the dynamic table (literal with incremental indexing) resets
+/// the stream that sent it and every stream that refers to it later, while the table stays
+/// in step: a valid field indexed after it still decodes to itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_field_in_the_dynamic_table_resets_only_its_users() {
+    let origin = head_echo_origin().await;
+    let g = start_gateway(&config_text(origin.addr, "", ""));
+    let base = [
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", "a"),
+        (":path", "/"),
+    ];
+    let mut h2 = RawH2::connect(g.addr).await;
+    let mut block = literals(&base);
+    indexed_literal(&mut block, "X-Bad", "1"); // dynamic index 62
+    h2.headers_block(1, &block).await;
+    assert_eq!(h2.outcome(1).await, Outcome::Reset);
+    let mut block = literals(&base);
+    indexed_literal(&mut block, "x-good", "2"); // now 62; X-Bad moves to 63
+    h2.headers_block(3, &block).await;
+    assert_eq!(
+        h2.outcome(3).await,
+        Outcome::Response,
+        "a valid field indexed after it"
+    );
+    let mut block = literals(&base);
+    block.push(0x80 | 63); // X-Bad again, by index
+    h2.headers_block(5, &block).await;
+    assert_eq!(
+        h2.outcome(5).await,
+        Outcome::Reset,
+        "the stored field is still malformed"
+    );
+    let mut block = literals(&base);
+    block.push(0x80 | 62); // x-good by index
+    h2.headers_block(7, &block).await;
+    assert_eq!(
+        h2.outcome(7).await,
+        Outcome::Response,
+        "the table is in step"
+    );
 }
 
 // ---- a minimal raw HTTP/2 client: frames and HPACK literals, no decoding beyond what the
@@ -381,15 +431,13 @@ impl RawH2 {
     }
 
     async fn headers(&mut self, stream: u32, fields: &[(&str, &str)]) {
-        let mut block = Vec::new();
-        for (name, value) in fields {
-            block.push(0x00); // literal without indexing, new name
-            hpack_string(&mut block, name.as_bytes());
-            hpack_string(&mut block, value.as_bytes());
-        }
+        self.headers_block(stream, &literals(fields)).await;
+    }
+
+    async fn headers_block(&mut self, stream: u32, block: &[u8]) {
         // END_STREAM | END_HEADERS
         self.s
-            .write_all(&frame(1, 0x5, stream, &block))
+            .write_all(&frame(1, 0x5, stream, block))
             .await
             .unwrap();
     }
@@ -452,6 +500,24 @@ fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     f.extend_from_slice(&stream.to_be_bytes());
     f.extend_from_slice(payload);
     f
+}
+
+/// Literal fields without indexing, new names (RFC 7541 §6.2.2).
+fn literals(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in fields {
+        block.push(0x00);
+        hpack_string(&mut block, name.as_bytes());
+        hpack_string(&mut block, value.as_bytes());
+    }
+    block
+}
+
+/// A literal field with incremental indexing, new name (RFC 7541 §6.2.1).
+fn indexed_literal(block: &mut Vec<u8>, name: &str, value: &str) {
+    block.push(0x40);
+    hpack_string(block, name.as_bytes());
+    hpack_string(block, value.as_bytes());
 }
 
 /// An HPACK string literal without Huffman coding (RFC 7541 §5.2), its length with a 7-bit
