@@ -93,12 +93,11 @@ async fn a_client_chosen_header_cannot_stall_the_worker() {
         let (r, took) = probe.await.expect("probe task");
         assert_eq!(r.status, 503, "{}", body(&r));
         assert_eq!(header(&r, "x-failed"), Some("probe"));
-        // The budget stops it; in an unoptimised build the call's clock may come first.
+        // The budget stops it (the clock too, when the machine is busy enough).
+        let why = failure(&r);
         assert!(
-            failure(&r).contains("instruction budget exceeded")
-                || failure(&r).contains("call time limit exceeded"),
-            "{}",
-            failure(&r)
+            why.contains("instruction budget exceeded") || why.contains("call time limit"),
+            "{why}"
         );
         assert!(took < Duration::from_secs(5), "the probe took {took:?}");
     }

@@ -16,6 +16,7 @@
 //! [`keymaster_gateway::filter::FilterSource`] and [`keymaster_gateway::filter::Reloader`].
 
 mod api;
+mod cfind;
 mod ctx;
 pub mod dict;
 mod gsub;

@@ -13,10 +13,12 @@
 //! - nothing else: work the hook cannot see instruction by instruction (the `..` operator on
 //!   huge strings, other C functions of the standard library) is bounded by the clock.
 //!
-//! **Clock.** Each charge past the first of a poll compares the call's measured time with the
-//! limit. The clock starts at the first charge of each poll (no clock is read by a call that
-//! charges nothing, the common short call) and stops when the poll ends, so the time one
-//! call can take beyond the limit is bounded by one hook interval of work.
+//! **Clock.** The clock is read once [`CLOCK_EVERY`] instructions have been charged since it
+//! was last read (every count hook; small string operations read no clock). The first read
+//! of a poll starts it (a call that charges little, the common short call, reads none); each
+//! later one compares the call's measured time with the limit; the poll's end stops it. The
+//! time one call can take beyond the limit is therefore bounded by the work of two hook
+//! intervals (the one before the clock starts and the one before it is read again).
 //!
 //! **Spent.** A spent meter stays spent for the rest of the call: every later charge fails
 //! again, and the sandbox's `pcall`/`xpcall` re-raise the error (`spent`), so a script cannot
@@ -25,6 +27,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -36,6 +39,9 @@ pub const BUDGET_MSG: &str = "instruction budget exceeded";
 pub const TIME_MSG: &str = "call time limit exceeded";
 /// Bytes a string function scans or produces per instruction charged.
 pub const BYTES_PER_INSTRUCTION: usize = 16;
+/// The clock is read once this many instructions have been charged since it was last read
+/// (each count hook's charge reads it).
+pub const CLOCK_EVERY: u64 = crate::vm::HOOK_EVERY as u64;
 
 /// What one call may spend.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -55,57 +61,90 @@ impl Limits {
     }
 }
 
-/// The running call's meter.
+/// Why a meter is spent.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Spent {
+    No,
+    Budget,
+    Time,
+}
+
+impl Spent {
+    fn message(self) -> Result<(), &'static str> {
+        match self {
+            Spent::No => Ok(()),
+            Spent::Budget => Err(BUDGET_MSG),
+            Spent::Time => Err(TIME_MSG),
+        }
+    }
+}
+
+/// The running call's meter: small and plain, as it is installed around every call.
 #[derive(Clone, Copy)]
 struct Meter {
     /// Instructions left.
     left: i64,
-    /// When this poll's clock started (at its first charge).
-    since: Option<Instant>,
-    /// Time measured in the call's earlier polls.
-    used: Duration,
-    limit: Duration,
-    /// Why the meter is spent, once it is.
-    spent: Option<&'static str>,
+    /// When this poll's clock started, as [`now`] (0: not started).
+    since: u64,
+    /// Nanoseconds measured in the call's earlier polls.
+    used: u64,
+    /// The call's time limit in nanoseconds.
+    limit: u64,
+    /// Instructions charged since the clock was last read.
+    unclocked: u32,
+    spent: Spent,
+}
+
+/// Nanoseconds since the first reading in this process, plus one (never 0).
+fn now() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos())
+        .unwrap_or(u64::MAX - 1)
+        .saturating_add(1)
 }
 
 impl Meter {
     fn new(limits: Limits) -> Meter {
         Meter {
             left: i64::try_from(limits.instructions).unwrap_or(i64::MAX),
-            since: None,
-            used: Duration::ZERO,
-            limit: limits.time,
-            spent: None,
+            since: 0,
+            used: 0,
+            limit: u64::try_from(limits.time.as_nanos()).unwrap_or(u64::MAX),
+            unclocked: 0,
+            spent: Spent::No,
         }
     }
 
     fn charge(&mut self, n: u64) -> Result<(), &'static str> {
-        if let Some(why) = self.spent {
-            return Err(why);
+        if self.spent != Spent::No {
+            return self.spent.message();
         }
         self.left = self
             .left
             .saturating_sub(i64::try_from(n).unwrap_or(i64::MAX));
+        self.unclocked = self
+            .unclocked
+            .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
         if self.left < 0 {
-            self.spent = Some(BUDGET_MSG);
-        } else {
-            let now = Instant::now();
-            match self.since {
-                None => self.since = Some(now),
-                Some(s) if self.used.saturating_add(now - s) > self.limit => {
-                    self.spent = Some(TIME_MSG);
-                }
-                Some(_) => {}
+            self.spent = Spent::Budget;
+        } else if u64::from(self.unclocked) >= CLOCK_EVERY {
+            self.unclocked = 0;
+            let t = now();
+            if self.since == 0 {
+                self.since = t;
+            } else if self.used.saturating_add(t - self.since) > self.limit {
+                self.spent = Spent::Time;
             }
         }
-        self.spent.map_or(Ok(()), Err)
+        self.spent.message()
     }
 
     /// End of a poll: the time it measured joins the call's.
     fn stop_clock(&mut self) {
-        if let Some(s) = self.since.take() {
-            self.used = self.used.saturating_add(s.elapsed());
+        if self.since != 0 {
+            self.used = self.used.saturating_add(now() - self.since);
+            self.since = 0;
         }
     }
 }
@@ -135,7 +174,7 @@ pub(crate) fn charge_bytes(bytes: usize) -> Result<(), &'static str> {
 
 /// Whether the running call's meter is spent (the sandbox's `pcall` then re-raises).
 pub(crate) fn spent() -> bool {
-    METER.with(|m| m.get().is_some_and(|meter| meter.spent.is_some()))
+    METER.with(|m| m.get().is_some_and(|meter| meter.spent != Spent::No))
 }
 
 /// Run `f` (synchronous Lua code) as one call with `limits`.
@@ -203,17 +242,18 @@ mod tests {
     }
 
     #[test]
-    fn the_clock_counts_from_the_first_charge() {
+    fn the_clock_counts_from_its_first_reading() {
         let limits = Limits {
             instructions: u64::MAX,
             time: Duration::from_millis(200),
         };
         with_limits(limits, || {
             std::thread::sleep(Duration::from_millis(300));
-            assert_eq!(charge(1), Ok(()), "the clock starts at the first charge");
-            assert_eq!(charge(1), Ok(()));
+            assert_eq!(charge(CLOCK_EVERY), Ok(()), "the clock starts here");
+            assert_eq!(charge(CLOCK_EVERY), Ok(()));
             std::thread::sleep(Duration::from_millis(250));
-            assert_eq!(charge(1), Err(TIME_MSG));
+            assert_eq!(charge(1), Ok(()), "too little charged to read the clock");
+            assert_eq!(charge(CLOCK_EVERY), Err(TIME_MSG));
             assert_eq!(charge(1), Err(TIME_MSG), "stays spent");
         });
     }

@@ -420,7 +420,9 @@ impl Drop for Matcher<'_> {
     /// Steps not charged by [`Matcher::finish`] (an early return) are charged now: a spent
     /// meter then stops the call at its next charge.
     fn drop(&mut self) {
-        let _ = meter::charge(u64::from(self.unpaid));
+        if self.unpaid > 0 {
+            let _ = meter::charge(u64::from(self.unpaid));
+        }
     }
 }
 

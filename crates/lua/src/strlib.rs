@@ -1,10 +1,11 @@
 //! keymaster's replacements for the string functions whose work the count hook cannot see:
 //! they charge the running call's meter ([`crate::meter`]) for the work they do.
 //!
-//! - `string.find`, `match`, `gmatch`, `gsub`: Rust ([`crate::pattern`]), one instruction per
-//!   match step. A plain `find` (the `plain` flag, or a pattern without special characters)
-//!   is a `memchr::memmem` search charged per [`BYTES_PER_INSTRUCTION`] bytes scanned.
-//!   `gsub`'s result is charged by its size and may not exceed the VM's memory cap.
+//! - `string.find`, `match`, `gmatch` ([`crate::cfind`], C functions) and `gsub`
+//!   ([`crate::gsub`]): Rust ([`crate::pattern`]), one instruction per match step. A plain
+//!   `find` (the `plain` flag, or a pattern without special characters) is a
+//!   `memchr::memmem` search charged per [`BYTES_PER_INSTRUCTION`] bytes scanned. `gsub`'s
+//!   result is charged by its size and may not exceed the VM's memory cap.
 //! - `string.rep`: its result's size is known before it is built: charged first, and refused
 //!   past the VM's memory cap.
 //! - `string.upper`, `lower`, `reverse`: charged for their input's size first.
@@ -23,13 +24,14 @@
 //!
 //! They replace the functions in the real `string` and `table` tables, before the sandbox
 //! copies them, so `s:find(...)` (through the string metatable's `__index`) runs them too.
-//! Errors (a malformed pattern, a bad argument, a spent budget) are raised by a thin Lua
-//! wrapper as LuaJIT raises them: a string `file:line: message` at the caller's line.
+//! Errors (a malformed pattern, a bad argument, a spent budget) are raised as LuaJIT raises
+//! them, a string `file:line: message` at the caller's line: by the C functions themselves,
+//! or by a thin Lua wrapper around the others.
 
 use mlua::{Function, LightUserData, Lua, LuaString, MultiValue, Table, Value};
 
 use crate::meter::{self, BYTES_PER_INSTRUCTION};
-use crate::pattern::{self, Capture, Matcher};
+use crate::pattern::{self, Capture};
 
 /// Results under this many bytes are not charged (see the module doc).
 pub const SMALL: usize = 256;
@@ -118,18 +120,6 @@ fn answer(lua: &Lua, r: Res<MultiValue>) -> mlua::Result<MultiValue> {
 pub(crate) fn install(lua: &Lua, memory_limit: usize) -> mlua::Result<()> {
     let rs = lua.create_table()?;
     rs.set(
-        "find",
-        lua.create_function(|lua, a: MultiValue| answer(lua, find_aux(lua, &a, true)))?,
-    )?;
-    rs.set(
-        "match",
-        lua.create_function(|lua, a: MultiValue| answer(lua, find_aux(lua, &a, false)))?,
-    )?;
-    rs.set(
-        "gmatch",
-        lua.create_function(|lua, a: MultiValue| answer(lua, gmatch(lua, &a)))?,
-    )?;
-    rs.set(
         "gsub",
         lua.create_function(move |lua, a: MultiValue| {
             answer(lua, crate::gsub::gsub(lua, &a, memory_limit))
@@ -176,6 +166,13 @@ pub(crate) fn install(lua: &Lua, memory_limit: usize) -> mlua::Result<()> {
         })?,
     )?;
     let g = lua.globals();
+    let string: Table = g.get("string")?;
+    // SAFETY: each is a C function written for LuaJIT's API (see `crate::cfind`).
+    unsafe {
+        string.set("find", lua.create_c_function(crate::cfind::find)?)?;
+        string.set("match", lua.create_c_function(crate::cfind::match_)?)?;
+        string.set("gmatch", lua.create_c_function(crate::cfind::gmatch)?)?;
+    }
     lua.load(SHIM).set_name("=keymaster-strlib").call::<()>((
         g.get::<Table>("string")?,
         g.get::<Table>("table")?,
@@ -192,7 +189,7 @@ const SHIM: &str = r#"
 local S, T, rs, FAIL, pcall, PER, SMALL = ...
 local error, type, tonumber, select = error, type, tonumber, select
 local ceil, log = math.ceil, math.log
-local find, match, gmatch, gsub, charge = rs.find, rs.match, rs.gmatch, rs.gsub, rs.charge
+local gsub, charge = rs.gsub, rs.charge
 local rep_check, enter, leave = rs.rep_check, rs.enter, rs.leave
 local rep, upper, lower, reverse, format = S.rep, S.upper, S.lower, S.reverse, S.format
 local concat, sort, c_gsub = T.concat, T.sort, S.gsub
@@ -213,14 +210,7 @@ local function own(e, name)
   end
   return e, 0
 end
-S.find = function(...) return check(find(...)) end
-S.match = function(...) return check(match(...)) end
 S.gsub = function(...) return check(gsub(...)) end
-S.gmatch = function(...)
-  local it, m = gmatch(...)
-  if it == FAIL then error(m, 2) end
-  return function() return check(it()) end
-end
 S.rep = function(...)
   pre(rep_check(...))
   return rep(...)
@@ -332,89 +322,12 @@ pub(crate) fn int_arg(lua: &Lua, a: &MultiValue, i: usize, f: &str, default: i32
     )
 }
 
-fn truthy(v: Option<&Value>) -> bool {
-    !matches!(v, None | Some(Value::Nil | Value::Boolean(false)))
-}
-
 /// A capture as a Lua value.
 pub(crate) fn capture_value(lua: &Lua, src: &[u8], c: Capture) -> mlua::Result<Value> {
     Ok(match c {
         Capture::Text(a, b) => Value::String(lua.create_string(&src[a..b])?),
         Capture::Position(p) => Value::Integer(p as i64),
     })
-}
-
-/// `string.find(s, p, init, plain)` and `string.match(s, p, init)`.
-fn find_aux(lua: &Lua, a: &MultiValue, find: bool) -> Res<MultiValue> {
-    let name = if find { "find" } else { "match" };
-    let s = string_arg(lua, a, 0, name)?;
-    let p = string_arg(lua, a, 1, name)?;
-    let init = int_arg(lua, a, 2, name, 1)?;
-    let (src, pat) = (s.as_bytes(), p.as_bytes());
-    let len = src.len() as i64;
-    let start = match i64::from(init) {
-        i if i < 0 => (i + len).max(0),
-        i => (i - 1).min(len).max(0),
-    } as usize;
-    let mut out = MultiValue::new();
-    if find && (truthy(a.get(3)) || !pattern::has_specials(&pat)) {
-        let hay = &src[start..];
-        let at = memchr::memmem::find(hay, &pat);
-        meter::charge_bytes(at.map_or(hay.len(), |i| i + pat.len())).map_err(raise)?;
-        if let Some(i) = at {
-            out.push_back(Value::Integer((start + i + 1) as i64));
-            out.push_back(Value::Integer((start + i + pat.len()) as i64));
-        } else {
-            out.push_back(Value::Nil);
-        }
-        return Ok(out);
-    }
-    let (pat, anchor) = match pat.strip_prefix(b"^") {
-        Some(rest) => (rest, true),
-        None => (&pat[..], false),
-    };
-    let mut m = Matcher::new(&src, pat);
-    let Some((s0, e)) = m.find(start, anchor)? else {
-        m.finish()?;
-        out.push_back(Value::Nil);
-        return Ok(out);
-    };
-    if find {
-        out.push_back(Value::Integer(s0 as i64 + 1));
-        out.push_back(Value::Integer(e as i64));
-    }
-    for i in 0..m.capture_count(!find) {
-        out.push_back(capture_value(lua, &src, m.capture(i, s0, e)?)?);
-    }
-    m.finish()?;
-    Ok(out)
-}
-
-/// `string.gmatch(s, p)`: the iterator (a Rust function the wrapper wraps again).
-fn gmatch(lua: &Lua, a: &MultiValue) -> Res<MultiValue> {
-    let s = string_arg(lua, a, 0, "gmatch")?;
-    let p = string_arg(lua, a, 1, "gmatch")?;
-    let pos = std::cell::Cell::new(0usize);
-    let it = lua.create_function(move |lua, ()| {
-        let step = || -> Res<MultiValue> {
-            let (src, pat) = (s.as_bytes(), p.as_bytes());
-            let mut m = Matcher::new(&src, &pat);
-            let mut out = MultiValue::new();
-            match pattern::next_match(&mut m, pos.get())? {
-                Some((s0, e, next)) => {
-                    pos.set(next);
-                    for i in 0..m.capture_count(true) {
-                        out.push_back(capture_value(lua, &src, m.capture(i, s0, e)?)?);
-                    }
-                }
-                None => pos.set(src.len() + 1),
-            }
-            m.finish()?;
-            Ok(out)
-        };
-        answer(lua, step())
-    })?;
-    Ok(MultiValue::from_vec(vec![Value::Function(it)]))
 }
 
 /// `string.rep(s, n, sep)` before it runs: charge its result's size, or refuse it past the
