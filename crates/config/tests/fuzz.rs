@@ -7,6 +7,14 @@
 use keymaster_config::{load_str, DEFAULT_CONFIG};
 use proptest::prelude::*;
 
+/// Cases per property: `default`, or `KEYMASTER_FUZZ_CASES` for a longer run (`.ci/run`).
+fn cases(default: u32) -> u32 {
+    std::env::var("KEYMASTER_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// `load_str` on `text` must not panic, and what it reports must point into the text.
 fn check(text: &str) {
     let lines = text.lines().count().max(1);
@@ -100,7 +108,7 @@ fn apply(text: &str, edits: &[Edit]) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(512), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_text_never_panics(text in "\\PC{0,200}") {

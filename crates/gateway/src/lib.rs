@@ -53,3 +53,12 @@ mod upstream;
 mod worker;
 
 pub use gateway::{ConfigSource, Gateway, Signals};
+
+/// Cases per fuzz property: `default`, or `KEYMASTER_FUZZ_CASES` for a longer run (`.ci/run`).
+#[cfg(test)]
+pub(crate) fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("KEYMASTER_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

@@ -114,7 +114,7 @@ fn pieces() -> impl Strategy<Value = Vec<usize>> {
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: 512,
+        cases: crate::fuzz_cases(512),
         failure_persistence: None,
         ..ProptestConfig::default()
     }

@@ -68,7 +68,7 @@ fn name(i: usize) -> HeaderName {
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: 384,
+        cases: crate::fuzz_cases(384),
         failure_persistence: None,
         ..ProptestConfig::default()
     }

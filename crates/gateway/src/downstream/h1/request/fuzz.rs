@@ -119,7 +119,7 @@ fn near_head() -> impl Strategy<Value = Vec<u8>> {
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: 384,
+        cases: crate::fuzz_cases(384),
         failure_persistence: None,
         ..ProptestConfig::default()
     }

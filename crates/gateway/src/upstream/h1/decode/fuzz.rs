@@ -107,7 +107,7 @@ fn methods() -> impl Strategy<Value = Method> {
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: 384,
+        cases: crate::fuzz_cases(384),
         failure_persistence: None,
         ..ProptestConfig::default()
     }
