@@ -230,6 +230,41 @@ async fn admin_reload_rereads_the_file() {
     );
 }
 
+/// A reload that changes settings only a restart can change (the listener's address, the
+/// worker count) applies the rest and says what it kept; `/config` shows what runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_only_changes_are_kept_running_and_reported() {
+    let s = stub();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keymaster.toml");
+    let g = file_gateway(&path, &tagged(s.local_addr(), "A", ""));
+    let moved = tagged(s.local_addr(), "B", "")
+        .replace("address = \"127.0.0.1:0\"", "address = \"127.0.0.1:1\"")
+        .replace("workers = 1", "workers = 3");
+    std::fs::write(&path, moved).unwrap();
+    let r = admin_reload(&g).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(j["status"], "ok");
+    assert_eq!(
+        j["restart_required"],
+        serde_json::json!(["server.workers", "listeners[0].address"])
+    );
+    // The route change is live, on the listener that still serves.
+    assert_eq!(header_values(&get(g.addr, "/").await, "x-config"), vec!["B"]);
+    let cfg = admin_get(&g, "/config").await;
+    let j: serde_json::Value = serde_json::from_slice(&cfg.body).unwrap();
+    assert_eq!(j["config"]["server"]["workers"], 1, "what runs");
+    assert_eq!(j["config"]["listeners"][0]["address"], "127.0.0.1:0");
+    assert_eq!(j["restart_required"].as_array().map(Vec::len), Some(2));
+
+    // A file back to the running settings needs no restart any more.
+    std::fs::write(&path, tagged(s.local_addr(), "C", "")).unwrap();
+    let r = admin_reload(&g).await;
+    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(j["restart_required"], serde_json::json!([]));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_under_load_fails_nothing_and_never_mixes_versions() {
     const TASKS: usize = 4;

@@ -66,11 +66,14 @@ pub(crate) struct Shared {
     discovered: Mutex<Lists>,
     /// Wakes the discovery thread after a reload (new clusters, new intervals).
     pub(crate) discovery_wake: tokio::sync::Notify,
+    /// Settings the last applied config changed that keep their running values until a
+    /// restart (`restart_only.rs`).
+    pub(crate) restart_required: Mutex<Vec<String>>,
 }
 
 impl Shared {
-    /// Build and swap in a new config version. Routes and clusters change; listeners,
-    /// workers, admin and access log settings need a restart (logged when they differ).
+    /// Build and swap in a new config version. Routes, clusters and filters change; the
+    /// restart-only settings keep their running values and are reported (`restart_only.rs`).
     pub(crate) fn apply(&self, config: Config) -> Result<u64, String> {
         let _serial = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = keymaster_config::validate(&config) {
@@ -87,15 +90,13 @@ impl Shared {
                 return Err(e);
             }
         };
-        let current = self.snapshot.load();
-        if crate::tls::without_tls(&config.listeners)
-            != crate::tls::without_tls(&current.config.listeners)
-            || config.server.workers != current.config.server.workers
-            || config.admin != current.config.admin
-            || config.access_log != current.config.access_log
-        {
+        let mut config = config;
+        let running = &self.snapshot.load().config;
+        let restart_required = crate::restart_only::keep_running(running, &mut config);
+        if !restart_required.is_empty() {
             tracing::warn!(
-                "reload: listener, worker, admin and access log changes take effect on restart"
+                keys = %restart_required.join(", "),
+                "reload: these settings keep their running values until a restart"
             );
         }
         // Discovery clusters: unchanged ones keep their current list, others resolve now.
@@ -124,6 +125,10 @@ impl Shared {
                 for (listener, settings) in tls {
                     listener.current.store(Arc::new(settings));
                 }
+                *self
+                    .restart_required
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = restart_required;
                 self.metrics.config_version.set(version as i64);
                 self.metrics.reloads.with_label_values(&["ok"]).inc();
                 tracing::info!(version, "config reloaded");
@@ -209,6 +214,14 @@ impl Shared {
                 tracing::error!(cluster = %cluster.name, error = %e, "discovered servers rejected");
             }
         }
+    }
+
+    /// The settings the last applied config changed that need a restart.
+    pub(crate) fn restart_required(&self) -> Vec<String> {
+        self.restart_required
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Re-read the config source and apply it.
@@ -344,6 +357,7 @@ impl Gateway {
             sources,
             discovered: Mutex::new(lists),
             discovery_wake: tokio::sync::Notify::new(),
+            restart_required: Mutex::new(Vec::new()),
         });
         let (shutdown, rx) = watch::channel(false);
         let mut threads = Vec::new();

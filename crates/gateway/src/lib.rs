@@ -20,6 +20,7 @@
 //! | `body` | streaming request/response bodies with caps |
 //! | [`error`] | the one error type; `respond` turns it into the client's response |
 //! | `snapshot` | a compiled config version |
+//! | `restart_only` | what a reload cannot change: kept as running, and reported |
 //! | `tls` | inbound TLS: certificates by SNI, ALPN, mTLS, swapped on reload |
 //! | `grpc` | recognising gRPC calls, `grpc-timeout` as the request deadline |
 //! | `upgrade` | WebSocket and other `Upgrade`s: handshake hooks and the two-way tunnel |
@@ -44,6 +45,7 @@ mod path;
 mod proxy;
 mod proxy_protocol;
 mod respond;
+mod restart_only;
 mod route;
 mod runtime_thread;
 mod snapshot;

@@ -205,9 +205,11 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
         }
         (&Method::GET, "/config") => {
             let snap = shared.snapshot.load();
+            let restart_required = shared.restart_required();
             let body = serde_json::json!({
                 "version": snap.version,
                 "source": shared.source.describe(),
+                "restart_required": restart_required,
                 "config": snap.config.redacted(),
             });
             text(
@@ -217,15 +219,18 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
             )
         }
         (&Method::POST, "/reload") => {
-            let shared = shared.clone();
+            let reloading = shared.clone();
             // Reading the file and resolving DNS may block: keep it off this event loop.
-            let res = tokio::task::spawn_blocking(move || shared.reload_from_source()).await;
+            let res = tokio::task::spawn_blocking(move || reloading.reload_from_source()).await;
             match res {
-                Ok(Ok(version)) => text(
-                    StatusCode::OK,
-                    "application/json",
-                    format!("{{\"status\":\"ok\",\"version\":{version}}}\n"),
-                ),
+                Ok(Ok(version)) => {
+                    let body = serde_json::json!({
+                        "status": "ok",
+                        "version": version,
+                        "restart_required": shared.restart_required(),
+                    });
+                    text(StatusCode::OK, "application/json", body.to_string() + "\n")
+                }
                 Ok(Err(e)) => text(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "application/json",
