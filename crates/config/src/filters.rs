@@ -37,7 +37,7 @@ pub const SHARED_DICT_SHARDS: u64 = 32;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LuaConfig {
-    /// The filters directory (relative paths are taken from the working directory);
+    /// The filters directory (a relative path is taken from the config file's directory);
     /// absent means no Lua filters.
     pub dir: Option<String>,
     /// Reload when a `.lua` file in `dir` is added, changed or removed.

@@ -76,13 +76,25 @@ pub fn load_str(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
 }
 
 /// Read, parse and validate a config file. An unreadable file is one error naming the path.
-/// Relative TLS file paths are taken relative to the config file's directory.
+/// Relative file paths (TLS files, server lists, the Lua directory, the access log) are
+/// taken relative to the config file's directory.
 pub fn load_file(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
     let path = path.as_ref();
     let origin = path.display().to_string();
     match std::fs::read_to_string(path) {
         Ok(text) => load_str(&text, &origin).map(|mut config| {
             let dir = path.parent().unwrap_or(Path::new("."));
+            let from_dir = |p: &mut String| {
+                if !p.is_empty() && Path::new(p.as_str()).is_relative() {
+                    *p = dir.join(p.as_str()).display().to_string();
+                }
+            };
+            if let Some(d) = &mut config.lua.dir {
+                from_dir(d);
+            }
+            if config.access_log.path != "-" {
+                from_dir(&mut config.access_log.path);
+            }
             for l in &mut config.listeners {
                 if let Some(tls) = &mut l.tls {
                     tls.resolve_paths(dir);
@@ -93,9 +105,7 @@ pub fn load_file(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
                     tls.resolve_paths(dir);
                 }
                 if let Some(f) = c.discovery.as_mut().and_then(|d| d.file.as_mut()) {
-                    if !f.is_empty() && Path::new(f.as_str()).is_relative() {
-                        *f = dir.join(f.as_str()).display().to_string();
-                    }
+                    from_dir(f);
                 }
             }
             config

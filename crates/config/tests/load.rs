@@ -353,3 +353,25 @@ fn validate_in_memory() {
         "<memory>: routes[0].cluster: unknown cluster \"gone\"; expected one of: stub"
     );
 }
+
+#[test]
+fn relative_paths_are_taken_from_the_config_files_directory() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("keymaster.toml");
+    let text = format!(
+        "{DEFAULT_CONFIG}\n[lua]\ndir = \"filters\"\n\n[access_log]\nenabled = true\npath = \"logs/access.log\"\n"
+    );
+    std::fs::write(&path, text).expect("write");
+    let config = load_file(&path).expect("valid");
+    let within = |p: &str| dir.path().join(p).display().to_string();
+    assert_eq!(config.lua.dir, Some(within("filters")));
+    assert_eq!(config.access_log.path, within("logs/access.log"));
+
+    let absolute = format!(
+        "{DEFAULT_CONFIG}\n[lua]\ndir = \"/srv/filters\"\n\n[access_log]\npath = \"-\"\n"
+    );
+    std::fs::write(&path, absolute).expect("write");
+    let config = load_file(&path).expect("valid");
+    assert_eq!(config.lua.dir.as_deref(), Some("/srv/filters"));
+    assert_eq!(config.access_log.path, "-");
+}
