@@ -209,15 +209,34 @@ fn access_log_toml(path: &std::path::Path, format: &str) -> String {
 async fn json_access_log_has_one_line_per_request() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("access.log");
-    let (g, s, dead) = gateway_with_dead_route(&access_log_toml(&path, "json"));
+    let canned = "[[filters]]\nname = \"canned\"\ntype = \"static\"\nbody = \"canned!\\n\"\nmatch = { path_prefix = \"/canned\" }\n";
+    let (g, s, dead) =
+        gateway_with_dead_route(&format!("{}{canned}", access_log_toml(&path, "json")));
     let mut c = Client::connect(g.addr).await;
     let ok = c.get("/hello?length=10").await;
     assert_eq!(ok.status, 200);
     let bad = c.get("/dead/x").await;
     assert_eq!(bad.status, 502);
-    let lines = log_lines(&path, 2).await;
+    let made = c.get("/canned").await;
+    assert_eq!(made.status, 200);
+    let lines = log_lines(&path, 3).await;
     let a: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
     let b: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+    let m: serde_json::Value = serde_json::from_str(&lines[2]).unwrap();
+    // Attempts are the tries listed; the bytes are the body the client got, whoever made it.
+    for line in [&a, &b, &m] {
+        assert_eq!(
+            line["attempts"],
+            line["tries"].as_array().unwrap().len(),
+            "{line}"
+        );
+    }
+    assert_eq!(a["attempts"], 1);
+    assert_eq!(b["attempts"], 1, "the refused connect is an attempt: {b}");
+    assert_eq!(b["bytes_out"], bad.body.len(), "{b}");
+    assert_eq!(m["attempts"], 0);
+    assert_eq!(m["category"], "filter_response");
+    assert_eq!(m["bytes_out"], 8, "{m}");
     assert_eq!(
         a["request_id"],
         ok.headers["x-request-id"].to_str().unwrap()
@@ -244,9 +263,9 @@ async fn json_access_log_has_one_line_per_request() {
     assert_eq!(b["status"], 502);
     assert_eq!(b["category"], "origin_connectivity");
     assert!(b["duration_ms"].as_f64().unwrap() > 0.0, "{b}");
-    // Nothing more is written for two requests.
+    // Nothing more is written for three requests.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
+    assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -251,7 +251,10 @@ async fn restart_only_changes_are_kept_running_and_reported() {
         serde_json::json!(["server.workers", "listeners[0].address"])
     );
     // The route change is live, on the listener that still serves.
-    assert_eq!(header_values(&get(g.addr, "/").await, "x-config"), vec!["B"]);
+    assert_eq!(
+        header_values(&get(g.addr, "/").await, "x-config"),
+        vec!["B"]
+    );
     let cfg = admin_get(&g, "/config").await;
     let j: serde_json::Value = serde_json::from_slice(&cfg.body).unwrap();
     assert_eq!(j["config"]["server"]["workers"], 1, "what runs");

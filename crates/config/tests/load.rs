@@ -367,9 +367,8 @@ fn relative_paths_are_taken_from_the_config_files_directory() {
     assert_eq!(config.lua.dir, Some(within("filters")));
     assert_eq!(config.access_log.path, within("logs/access.log"));
 
-    let absolute = format!(
-        "{DEFAULT_CONFIG}\n[lua]\ndir = \"/srv/filters\"\n\n[access_log]\npath = \"-\"\n"
-    );
+    let absolute =
+        format!("{DEFAULT_CONFIG}\n[lua]\ndir = \"/srv/filters\"\n\n[access_log]\npath = \"-\"\n");
     std::fs::write(&path, absolute).expect("write");
     let config = load_file(&path).expect("valid");
     assert_eq!(config.lua.dir.as_deref(), Some("/srv/filters"));

@@ -25,7 +25,11 @@ pub struct LogRecord {
     pub duration_us: u64,
     pub upstream_head_us: u64,
     pub bytes_out: u64,
+    /// Upstream attempts: one per entry of `tries` (a server tried, a retry included).
     pub attempts: u32,
+    /// Requests written to origins: attempts plus keep-alive race resends (an idle pooled
+    /// connection the origin closed as the request went out, sent again on a fresh one).
+    pub sends: u32,
     pub user_agent: String,
     pub referer: String,
     /// Every upstream attempt, in order (retries included).
@@ -115,6 +119,7 @@ fn json_line(r: &LogRecord) -> String {
         "upstream_head_ms": r.upstream_head_us as f64 / 1000.0,
         "bytes_out": r.bytes_out,
         "attempts": r.attempts,
+        "sends": r.sends,
         "tries": r.tries.iter().map(|t| serde_json::json!({
             "origin": &*t.origin,
             "outcome": t.outcome,

@@ -421,6 +421,15 @@ pub enum ResponseBody {
 }
 
 impl ResponseBody {
+    /// The length of a body keymaster produced (0 for any other, or once sent): what an
+    /// error or filter-made response writes, for the access log.
+    pub(crate) fn local_len(&self) -> u64 {
+        match self {
+            ResponseBody::Local(Some(b)) => b.len() as u64,
+            _ => 0,
+        }
+    }
+
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         let b = bytes.into();
         ResponseBody::Local(if b.is_empty() { None } else { Some(b) })

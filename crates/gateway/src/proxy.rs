@@ -90,7 +90,7 @@ async fn handle_in(
                 category: info.local.unwrap_or("filter_response"),
                 side: Side::Internal,
                 elapsed: start.elapsed(),
-                bytes_out: 0,
+                bytes_out: resp.body().local_len(),
             };
             record(cx, info.route.as_deref(), info.log.take(), finished);
             drop(inflight);
@@ -129,7 +129,7 @@ async fn handle_in(
         category: err.category(),
         side: err.side(),
         elapsed: start.elapsed(),
-        bytes_out: 0,
+        bytes_out: resp.body().local_len(),
     };
     record(cx, info.route.as_deref(), info.log.take(), finished);
     drop(inflight);
@@ -190,6 +190,8 @@ fn record(cx: &ConnCtx, route: Option<&Route>, log: Option<Box<LogRecord>>, f: F
         log.category = f.category;
         log.duration_us = f.elapsed.as_micros() as u64;
         log.bytes_out = f.bytes_out;
+        // Every attempt made, as the `tries` list shows (a connect that failed is one).
+        log.attempts = log.tries.len() as u32;
         l.write(&log);
     }
 }
@@ -702,7 +704,7 @@ async fn finish_response(
     let status = rparts.status.as_u16();
     if let Some(log) = info.log.as_mut() {
         log.upstream_head_us = upstream_head.map_or(0, |d| d.as_micros() as u64);
-        log.attempts = attempts;
+        log.sends = attempts;
     }
     let mut exchange = Exchange {
         conn: Some(conn),
@@ -878,6 +880,7 @@ impl LogRecord {
             user_agent: h(header::USER_AGENT),
             referer: h(header::REFERER),
             attempts: 0,
+            sends: 0,
             ..Default::default()
         }
     }

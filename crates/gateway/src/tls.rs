@@ -163,17 +163,6 @@ pub(crate) fn rebuild(
     Ok(out)
 }
 
-/// The listeners minus their TLS settings (which reload applies; the rest needs a restart).
-pub(crate) fn without_tls(listeners: &[ListenerConfig]) -> Vec<ListenerConfig> {
-    listeners
-        .iter()
-        .map(|l| ListenerConfig {
-            tls: None,
-            ..l.clone()
-        })
-        .collect()
-}
-
 pub(crate) fn read_certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let data = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
     let certs = CertificateDer::pem_slice_iter(&data)
