@@ -233,6 +233,11 @@ async fn json_access_log_has_one_line_per_request() {
     }
     assert_eq!(a["attempts"], 1);
     assert_eq!(b["attempts"], 1, "the refused connect is an attempt: {b}");
+    assert_eq!(
+        (a["sends"].as_u64(), b["sends"].as_u64()),
+        (Some(1), Some(0)),
+        "{b}"
+    );
     assert_eq!(b["bytes_out"], bad.body.len(), "{b}");
     assert_eq!(m["attempts"], 0);
     assert_eq!(m["category"], "filter_response");

@@ -227,6 +227,9 @@ pub(super) async fn send(
             }
             Err(f) => {
                 sends += f.sends;
+                if let Some(l) = log.as_deref_mut() {
+                    l.sends = sends; // the success path's count comes with the response
+                }
                 if f.err.is_origin() {
                     cluster.record_outcome(&server, false);
                 }
