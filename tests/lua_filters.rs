@@ -516,6 +516,28 @@ async fn a_compile_error_names_file_and_line_and_keeps_the_running_set() {
     let err = g.gateway().reload_from_source().expect_err("bad stage");
     assert!(err.contains("broken.lua") && err.contains("stage"), "{err}");
 
+    // A typo in a declaration key is an error, as in TOML, in the match table too.
+    write(
+        dir.path(),
+        "broken.lua",
+        "return { stage = 'pre', oder = 3, run = function() end }\n",
+    );
+    let err = g.gateway().reload_from_source().expect_err("a typo");
+    assert!(
+        err.contains("broken.lua") && err.contains("`oder`"),
+        "{err}"
+    );
+    write(
+        dir.path(),
+        "broken.lua",
+        "return { stage = 'pre', match = { path_prefx = '/a' }, run = function() end }\n",
+    );
+    let err = g
+        .gateway()
+        .reload_from_source()
+        .expect_err("a typo in match");
+    assert!(err.contains("`path_prefx`"), "{err}");
+
     // A match on a route the config does not have is refused too.
     write(
         dir.path(),

@@ -153,6 +153,7 @@ fn compile_file(lua: &mlua::Lua, path: &Path, limits: Limits) -> Result<LuaFile,
         }
     })?;
     let bad = |key: &str, what: &str| format!("{shown}: `{key}` {what}");
+    only_keys(&t, DECLARATION_KEYS).map_err(|e| format!("{shown}: {e}"))?;
     let stage = match t
         .get::<Value>("stage")
         .map_err(|e| format!("{shown}: {e}"))?
@@ -251,7 +252,42 @@ fn names_request_header_read(source: &[u8]) -> bool {
         || source.windows(13).any(|w| w == b"remove_header")
 }
 
+/// What a filter file's declaration table may hold, as TOML tables refuse unknown keys: a
+/// typo (`oder = 3`) is an error, not a silent default. Helpers belong in locals.
+const DECLARATION_KEYS: &[&str] = &[
+    "stage",
+    "order",
+    "match",
+    "should_filter",
+    "run",
+    "needs_request_headers",
+    "request_body",
+    "response_body",
+];
+
+/// The keys a filter's `match` table may hold.
+const MATCH_KEYS: &[&str] = &["routes", "path_prefix", "methods", "headers"];
+
+/// An error naming the first key of `t` not in `known` (in the table's order).
+fn only_keys(t: &Table, known: &[&str]) -> Result<(), String> {
+    for pair in t.clone().pairs::<Value, Value>() {
+        let (key, _) = pair.map_err(|e| e.to_string())?;
+        let name = match &key {
+            Value::String(s) => s.to_string_lossy(),
+            other => format!("{other:?}"),
+        };
+        if !known.contains(&name.as_str()) {
+            return Err(format!(
+                "`{name}` is not a declaration key; expected one of {}",
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn read_match(m: &Table) -> Result<FilterMatch, String> {
+    only_keys(m, MATCH_KEYS)?;
     let list = |key: &str| -> Result<Vec<String>, String> {
         match m.get::<Value>(key) {
             Ok(Value::Nil) => Ok(Vec::new()),
