@@ -142,8 +142,26 @@ pub fn validate(config: &Config) -> Result<(), ConfigErrors> {
 }
 
 /// A TOML syntax or type error, located by the parser's byte span.
+/// serde's names of Rust types (`expected u32`) in the words of a config file's reader.
+fn in_user_terms(message: String) -> String {
+    const TERMS: &[(&str, &str)] = &[
+        ("expected usize", "expected a whole number (0 or more)"),
+        ("expected u64", "expected a whole number (0 or more)"),
+        ("expected u32", "expected a whole number (0 or more)"),
+        ("expected u16", "expected a whole number (0 to 65535)"),
+        ("expected u8", "expected a whole number (0 to 255)"),
+        ("expected i64", "expected a whole number"),
+        ("expected i32", "expected a whole number"),
+        ("expected f64", "expected a number"),
+        ("expected a boolean", "expected true or false"),
+    ];
+    TERMS
+        .iter()
+        .fold(message, |m, (rust, user)| m.replace(rust, user))
+}
+
 fn parse_error(text: &str, origin: &str, e: &toml::de::Error) -> ConfigError {
-    let mut message = e.message().trim().replace('\n', " ");
+    let mut message = in_user_terms(e.message().trim().replace('\n', " "));
     if message == "invalid socket address syntax" {
         message.push_str("; expected \"ip:port\" like \"127.0.0.1:8080\" (names are not resolved)");
     }

@@ -374,3 +374,15 @@ fn relative_paths_are_taken_from_the_config_files_directory() {
     assert_eq!(config.lua.dir.as_deref(), Some("/srv/filters"));
     assert_eq!(config.access_log.path, "-");
 }
+
+#[test]
+fn type_errors_speak_the_readers_terms() {
+    let text = format!("{DEFAULT_CONFIG}\n[lua]\ninstruction_budget = \"many\"\n");
+    let e = keymaster_config::load_str(&text, "t.toml").expect_err("a type error");
+    let message = &e.errors()[0].message;
+    assert!(message.contains("expected a whole number"), "{message}");
+    assert!(!message.contains("u64"), "{message}");
+    let text = format!("{DEFAULT_CONFIG}\n[lua]\nwatch = 1\n");
+    let e = keymaster_config::load_str(&text, "t.toml").expect_err("a type error");
+    assert!(e.errors()[0].message.contains("expected true or false"), "{e}");
+}
