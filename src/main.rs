@@ -167,21 +167,29 @@ fn print_banner(gateway: &Gateway, source: &ConfigSource, stub: Option<SocketAdd
     }
 }
 
+/// Check a config file as `run` would: its rules, then its files and filters (TLS, the
+/// access log, server lists, Lua files), every problem in one report.
 fn validate(args: ValidateArgs) -> Result<(), String> {
-    match keymaster_config::load_file(&args.config) {
-        Ok(_) => {
-            println!("{}: ok", args.config.display());
-            Ok(())
+    let shown = args.config.display();
+    let problems: Vec<String> = match keymaster_config::load_file(&args.config) {
+        Ok(config) => {
+            let lua: std::sync::Arc<dyn keymaster_gateway::filter::FilterSource> =
+                std::sync::Arc::new(keymaster_lua::LuaFilters::new());
+            Gateway::check(&config, Vec::new(), vec![lua])
+                .into_iter()
+                .map(|p| format!("{shown}: {p}"))
+                .collect()
         }
-        Err(errors) => {
-            eprintln!("{errors}");
-            Err(format!(
-                "{}: {} problem(s) found",
-                args.config.display(),
-                errors.len()
-            ))
-        }
+        Err(errors) => errors.errors().iter().map(ToString::to_string).collect(),
+    };
+    if problems.is_empty() {
+        println!("{shown}: ok");
+        return Ok(());
     }
+    for p in &problems {
+        eprintln!("{p}");
+    }
+    Err(format!("{shown}: {} problem(s) found", problems.len()))
 }
 
 fn proxy(args: ProxyArgs) -> Result<(), String> {

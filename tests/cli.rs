@@ -66,6 +66,65 @@ fn validate_reports_every_problem_with_position_and_key() {
     assert!(err.contains("7 problem(s) found"), "{err}");
 }
 
+/// A file whose rules hold but that `run` would refuse: `validate` finds what `run` would,
+/// all of it: a Lua file with a syntax error, a declaration typo, a missing certificate and
+/// an access log in a directory that does not exist.
+#[test]
+fn validate_checks_files_and_filters_as_run_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let filters = dir.path().join("filters");
+    std::fs::create_dir(&filters).unwrap();
+    std::fs::write(
+        filters.join("broken.lua"),
+        "return { stage = 'pre', run = function() if then end }\n",
+    )
+    .unwrap();
+    let path = dir.path().join("keymaster.toml");
+    let text = config_text(
+        "127.0.0.1:9".parse().unwrap(),
+        "",
+        "[lua]\ndir = \"filters\"\n\n[access_log]\nenabled = true\npath = \"no-such-dir/access.log\"\n",
+    );
+    let text = format!(
+        "{text}\n[[listeners]]\nname = \"tls\"\naddress = \"127.0.0.1:0\"\ntls = {{ certificates = [{{ cert = \"missing.pem\", key = \"missing.key\" }}] }}\n"
+    );
+    std::fs::write(&path, &text).unwrap();
+    let p = path.to_str().unwrap();
+    let out = keymaster(&["validate", "--config", p]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for expected in ["access_log.path", "missing.pem", "broken.lua:1:"] {
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with(p) && l.contains(expected)),
+            "missing {expected:?} in:\n{err}"
+        );
+    }
+    assert!(err.contains("3 problem(s) found"), "{err}");
+
+    // The same Lua directory with a declaration typo instead.
+    std::fs::write(
+        filters.join("broken.lua"),
+        "return { stage = 'pre', oder = 3, run = function() end }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &path,
+        config_text(
+            "127.0.0.1:9".parse().unwrap(),
+            "",
+            "[lua]\ndir = \"filters\"\n",
+        ),
+    )
+    .unwrap();
+    let out = keymaster(&["validate", "--config", p]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("`oder`"),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn validate_reports_a_syntax_error_and_a_missing_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -384,5 +384,8 @@ fn type_errors_speak_the_readers_terms() {
     assert!(!message.contains("u64"), "{message}");
     let text = format!("{DEFAULT_CONFIG}\n[lua]\nwatch = 1\n");
     let e = keymaster_config::load_str(&text, "t.toml").expect_err("a type error");
-    assert!(e.errors()[0].message.contains("expected true or false"), "{e}");
+    assert!(
+        e.errors()[0].message.contains("expected true or false"),
+        "{e}"
+    );
 }

@@ -241,6 +241,23 @@ impl Shared {
     }
 }
 
+/// Whether the access log's file can be opened for appending, as a start would (a file
+/// this check creates is removed again).
+fn check_access_log(cfg: &keymaster_config::AccessLogConfig) -> std::io::Result<()> {
+    if !cfg.enabled || cfg.path == "-" {
+        return Ok(());
+    }
+    let existed = std::path::Path::new(&cfg.path).exists();
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&cfg.path)?;
+    if !existed {
+        std::fs::remove_file(&cfg.path)?;
+    }
+    Ok(())
+}
+
 /// A running gateway.
 pub struct Gateway {
     shared: Arc<Shared>,
@@ -273,6 +290,45 @@ impl Gateway {
 
     /// [`Gateway::start_with_filters`] plus filter sources (the Lua host): each is asked for
     /// its filters whenever a config version is built (now and on every reload).
+    /// What [`Gateway::start_with_sources`] would refuse in `config`, found without binding
+    /// a socket or starting a thread (`keymaster validate`): every problem, in one pass. The
+    /// config's own rules were checked when it was loaded; these are the files and the
+    /// filters: TLS certificates and keys, the access log's file, server lists and names
+    /// (discovery), and every filter source (Lua files compiled, declarations checked).
+    pub fn check(
+        config: &Config,
+        natives: Vec<FilterSpec>,
+        sources: Vec<Arc<dyn FilterSource>>,
+    ) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Err(e) = check_access_log(&config.access_log) {
+            problems.push(format!("access_log.path {}: {e}", config.access_log.path));
+        }
+        let metrics = Metrics::new();
+        for (i, l) in config.listeners.iter().enumerate() {
+            let tls = l.tls.as_ref().map(|t| crate::tls::build(i, l.protocol, t));
+            if let Some(Err(e)) = &tls {
+                problems.push(e.clone());
+            }
+            if let Err(e) = ListenerCtx::new(l, metrics.listener(&l.name), None) {
+                problems.push(e);
+            }
+        }
+        let lists = discovery::initial(config, &Lists::new()).unwrap_or_else(|e| {
+            problems.push(e);
+            Lists::new()
+        });
+        match crate::filter::collect_sources(config, &natives, &sources) {
+            Ok(filters) => {
+                if let Err(e) = Snapshot::build(config.clone(), 1, &metrics, &filters, &lists) {
+                    problems.push(e);
+                }
+            }
+            Err(e) => problems.push(e),
+        }
+        problems
+    }
+
     pub fn start_with_sources(
         config: Config,
         source: ConfigSource,
