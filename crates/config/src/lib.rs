@@ -39,19 +39,77 @@ pub fn default_config() -> Config {
 /// Parse and validate TOML text. `origin` names the source in error messages (a path or
 /// `"<default>"`).
 ///
-/// A syntax or type error stops parsing and is reported alone; otherwise every semantic
-/// problem is reported, sorted by position in the text.
+/// A syntax error stops parsing and is reported alone. Otherwise every problem is reported,
+/// sorted by position in the text: each type error or unknown key (the line holding it is
+/// then left out and the rest parsed again), and every semantic problem of what remains,
+/// except those about the keys left out.
 pub fn load_str(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
-    let config: Config = match toml::from_str(text) {
-        Ok(config) => config,
-        Err(e) => return Err(parse_error(text, origin, &e).into()),
+    if let Err(e) = text.parse::<toml::Table>() {
+        return Err(parse_error(text, origin, &e).into());
+    }
+    let (config, mut errors) = deserialize_around_errors(text, origin);
+    let Some(config) = config else {
+        return Err(ConfigErrors(errors));
     };
-    let problems = validate::check(&config);
-    if problems.is_empty() {
+    let left_out: Vec<String> = errors.iter().map(|e| e.key.clone()).collect();
+    let mut problems = validate::check(&config);
+    problems.retain(|p| {
+        let key = p.path.to_string();
+        !left_out
+            .iter()
+            .any(|k| key.starts_with(k.as_str()) || k.starts_with(key.as_str()))
+    });
+    if problems.is_empty() && errors.is_empty() {
         return Ok(config);
     }
+    errors.extend(locate(text, origin, problems));
+    // Stable: problems at the same place keep rule order; unlocated ones go last.
+    errors.sort_by_key(|e| (e.line.is_none(), e.line, e.column));
+    Err(ConfigErrors(errors))
+}
+
+/// Deserialize `text`; after each type error or unknown key, blank the line it is on and try
+/// again, so one such error does not hide the others. `None` when a line cannot be left out
+/// (a table header, or a value spread over lines) or after too many errors.
+fn deserialize_around_errors(text: &str, origin: &str) -> (Option<Config>, Vec<ConfigError>) {
+    let mut errors = Vec::new();
+    let mut work = text.to_string();
+    while errors.len() < 64 {
+        let e = match toml::from_str::<Config>(&work) {
+            Ok(config) => return (Some(config), errors),
+            Err(e) => e,
+        };
+        // Located in the blanked text: its lines and columns are the original's.
+        errors.push(parse_error(&work, origin, &e));
+        match e.span().and_then(|span| blank_line(&work, span.start)) {
+            Some(next) => work = next,
+            None => return (None, errors),
+        }
+    }
+    (None, errors)
+}
+
+/// `text` with the line holding byte `at` replaced by spaces, if that line is a key-value
+/// line or an element of a list (not a table header).
+fn blank_line(text: &str, at: usize) -> Option<String> {
+    let start = text[..at.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+    let line = text[start..end].trim_start();
+    if line.is_empty() || line.starts_with('[') {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len());
+    out.push_str(&text[..start]);
+    out.extend(text[start..end].chars().map(|_| ' '));
+    out.push_str(&text[end..]);
+    // A line that held part of a value spread over lines leaves the rest unparseable.
+    out.parse::<toml::Table>().ok().map(|_| out)
+}
+
+/// Semantic problems with the line and column of their key, where the text has it.
+fn locate(text: &str, origin: &str, problems: Vec<validate::Problem>) -> Vec<ConfigError> {
     let locator = Locator::new(text);
-    let mut errors: Vec<ConfigError> = problems
+    problems
         .into_iter()
         .map(|p| {
             let (line, column) = match locator.offset_of(&p.path) {
@@ -69,10 +127,7 @@ pub fn load_str(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
                 message: p.message,
             }
         })
-        .collect();
-    // Stable: problems at the same place keep rule order; unlocated ones go last.
-    errors.sort_by_key(|e| (e.line.is_none(), e.line, e.column));
-    Err(ConfigErrors(errors))
+        .collect()
 }
 
 /// Read, parse and validate a config file. An unreadable file is one error naming the path.

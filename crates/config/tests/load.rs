@@ -189,14 +189,23 @@ fn syntax_error_has_line_and_column() {
 fn unknown_keys_are_named_and_located() {
     assert_eq!(
         err_list("[server]\nworkers = 2\nwokrers = 3\n"),
-        vec![("server.wokrers".to_string(), Some(3), Some(1))]
+        vec![
+            ("server.wokrers".to_string(), Some(3), Some(1)),
+            // An unknown key hides nothing else: the file has no listener either.
+            ("listeners".to_string(), None, None)
+        ]
     );
     let e = load_str(
         "[[listeners]]\nname = \"a\"\n\n[[routes]]\nname = \"r\"\nmatch = { path = \"/\" }\n",
         "u.toml",
     )
     .expect_err("unknown key");
-    let e = &e.errors()[0];
+    // The route's missing cluster (line 4) is reported too, before it.
+    let e = e
+        .errors()
+        .iter()
+        .find(|e| e.key.starts_with("routes[0].match"))
+        .expect("the unknown key is reported");
     assert_eq!(
         (e.key.as_str(), e.line, e.column),
         ("routes[0].match.path", Some(6), Some(11))
@@ -205,8 +214,8 @@ fn unknown_keys_are_named_and_located() {
         .message
         .contains("unknown field `path`, expected one of `host`, `path_prefix`"));
     assert_eq!(
-        err_list("colour = \"blue\"\n"),
-        vec![("colour".to_string(), Some(1), Some(1))]
+        err_list("colour = \"blue\"\n")[0],
+        ("colour".to_string(), Some(1), Some(1))
     );
 }
 
@@ -216,25 +225,29 @@ fn type_errors_are_located() {
         "[[clusters]]\nname = \"c\"\nservers = [{ address = \"a:1\", weight = \"heavy\" }]\n";
     assert_eq!(
         err_list(text),
-        vec![(
-            "clusters[0].servers[0].weight".to_string(),
-            Some(3),
-            Some(40)
-        )]
+        vec![
+            (
+                "clusters[0].servers[0].weight".to_string(),
+                Some(3),
+                Some(40)
+            ),
+            // A type error hides nothing else: the file has no listener either.
+            ("listeners".to_string(), None, None)
+        ]
     );
     let e = load_str("[[listeners]]\naddress = \"localhost:80\"\n", "t.toml").expect_err("bad");
     assert_eq!(
-        e.to_string(),
+        e.errors()[0].to_string(),
         "t.toml:2:11: listeners[0].address: invalid socket address syntax; expected \"ip:port\" like \"127.0.0.1:8080\" (names are not resolved)"
     );
     let e = load_str("[server]\ndrain_timeout = \"5 fortnights\"\n", "t.toml").expect_err("bad");
     assert_eq!(
-        e.to_string(),
+        e.errors()[0].to_string(),
         "t.toml:2:17: server.drain_timeout: unknown duration unit \"fortnights\" in \"5 fortnights\" (use ns, us, ms, s, m or h)"
     );
     assert_eq!(
-        err_list("[[clusters]]\nname = \"c\"\nservers = [{ weight = 2 }]\n"),
-        vec![("clusters[0].servers[0]".to_string(), Some(3), Some(12))]
+        err_list("[[clusters]]\nname = \"c\"\nservers = [{ weight = 2 }]\n")[0],
+        ("clusters[0].servers[0]".to_string(), Some(3), Some(12))
     );
 }
 
@@ -388,4 +401,22 @@ fn type_errors_speak_the_readers_terms() {
         e.errors()[0].message.contains("expected true or false"),
         "{e}"
     );
+}
+
+#[test]
+fn a_type_error_hides_no_other_problem() {
+    let text = "[[listeners]]\nname = \"a\"\naddress = \"127.0.0.1:80\"\nmax_headers = \"many\"\nbogus = 1\n\n[[clusters]]\nname = \"c\"\nservers = [{ address = \"127.0.0.1:81\" }]\nconnect_timeout = \"soon\"\n\n[[routes]]\nname = \"r\"\ncluster = \"nope\"\n";
+    let got = err_list(text);
+    let keys: Vec<&str> = got.iter().map(|(k, _, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "listeners[0].max_headers",
+            "listeners[0].bogus",
+            "clusters[0].connect_timeout",
+            "routes[0].cluster"
+        ],
+        "{got:?}"
+    );
+    assert_eq!(got[3].1, Some(14), "the semantic problem is located too");
 }

@@ -514,9 +514,11 @@ fn listener_tls() {
         "{BASE}{}",
         tls_listener("[listeners.tls]\nmin_version = \"1.1\"\n")
     ));
-    assert_eq!(errs.len(), 1, "{errs:?}");
-    assert_eq!(errs[0].line, Some(16), "{errs:?}");
-    assert!(errs[0].message.contains("1.2"), "{errs:?}");
+    // The missing certificates are reported too: a type error hides nothing else.
+    assert_eq!(errs.len(), 2, "{errs:?}");
+    assert_eq!(errs[0].key, "listeners[1].tls.certificates", "{errs:?}");
+    assert_eq!(errs[1].line, Some(16), "{errs:?}");
+    assert!(errs[1].message.contains("1.2"), "{errs:?}");
 }
 
 #[test]
