@@ -157,6 +157,7 @@ return {
     if require ~= nil then seen[#seen + 1] = "require" end
     if load ~= nil or loadstring ~= nil or dofile ~= nil then seen[#seen + 1] = "load" end
     if debug ~= nil then seen[#seen + 1] = "debug" end
+    if string.dump ~= nil or ("").dump ~= nil then seen[#seen + 1] = "string.dump" end
     ctx:set_meta("seen", #seen == 0 and "none" or table.concat(seen, ","))
     if ctx:path() == "/os" then os.execute("true") end
     if ctx:path() == "/io" then io.open("/etc/passwd") end

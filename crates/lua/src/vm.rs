@@ -6,7 +6,7 @@
 //! rawequal rawget rawset setmetatable getmetatable`, copies of `string table math bit`, and
 //! keymaster's `log`, `shared` and `http`. There is no `os`, `io`, `debug`, `ffi`, `jit`,
 //! `package`/`require`, `dofile`, `loadfile`, `load`, `loadstring`, `getfenv`/`setfenv`,
-//! `collectgarbage` or `coroutine`.
+//! `collectgarbage`, `coroutine` or `string.dump`.
 //!
 //! **Budget.** LuaJIT's count hook does not fire inside JIT-compiled traces, so a hot loop
 //! could escape it. The VM therefore runs with the JIT compiler off (`jit.off()`; LuaJIT's
@@ -96,6 +96,8 @@ for _, k in ipairs({"assert", "error", "ipairs", "next", "pairs", "select", "ton
     "getmetatable"}) do
   base[k] = G[k]
 end
+-- Bytecode out of a function is of no use to a filter (nothing loads it) and not for it.
+G.string.dump = nil
 for _, lib in ipairs({"string", "table", "math", "bit"}) do
   local copy = {}
   for k, v in pairs(G[lib]) do copy[k] = v end
