@@ -1,8 +1,9 @@
 //! Active health checks speak the cluster's transport, each tested against real origins of
 //! that kind: HTTP/1.1 over TLS with the cluster's SNI, CA and client certificate; HTTP/2 in
 //! cleartext (prior knowledge) and over TLS (ALPN h2 only); gRPC's `grpc.health.v1.Health`
-//! (tonic-health) for a named service; and PROXY protocol v1 and v2 (+ TLS) origins that
-//! refuse a connection without a header first.
+//! (tonic-health) for a named service, in cleartext and over TLS with `protocol = "auto"`;
+//! and PROXY protocol v1 and v2 (+ TLS) origins that refuse a connection without a header
+//! first.
 //!
 //! Each runs the same story on a two-server cluster: the checks pass (each origin saw them
 //! arrive over its transport, both stay available), one origin turns unhealthy (a 503 health
@@ -519,6 +520,27 @@ async fn grpc_checks_ask_the_health_service_for_the_configured_service() {
         assert_eq!(seen.version, Some(http::Version::HTTP_2), "{seen:?}");
     }
     down_and_back(&g, &a, &mut b, Sick::NotServing).await;
+    drop(g);
+
+    // Over TLS with protocol = "auto": ALPN picks h2, the check follows.
+    let pki = Pki::new();
+    let grpc_tls = || Speaks {
+        tls: Some(acceptor(&pki, &["h2", "http/1.1"], false)),
+        ..grpc()
+    };
+    let a = Origin::start("a", grpc_tls()).await;
+    let mut b = Origin::start("b", grpc_tls()).await;
+    for o in [&a, &b] {
+        o.set_grpc(ServingStatus::Serving).await;
+    }
+    let keys = format!("protocol = \"auto\"\n{}", tls_keys(&pki, None));
+    let g = gateway(&a, &b, &check, &keys);
+    checks_pass(&g, &a, &b).await;
+    for seen in a.checks().iter().chain(&b.checks()) {
+        assert_eq!(seen.version, Some(http::Version::HTTP_2), "{seen:?}");
+        assert_eq!(seen.sni.as_deref(), Some("origin.test"), "{seen:?}");
+    }
+    down_and_back(&g, &a, &mut b, Sick::Stopped).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
