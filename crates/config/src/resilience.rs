@@ -6,12 +6,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::units::{ByteSize, Duration};
 
-/// Active HTTP health checks of every server of a cluster (`[clusters.health_check]`).
+/// Active health checks of every server of a cluster (`[clusters.health_check]`), over the
+/// cluster's own transport (its `protocol`, `tls` and `proxy_protocol`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthCheckConfig {
-    /// Path requested with `GET`; a 2xx or 3xx answer is a pass.
+    /// `"http"`: `GET path`, a 2xx or 3xx answer is a pass; `"grpc"`: the gRPC health
+    /// protocol's `grpc.health.v1.Health/Check`, `SERVING` is a pass (HTTP/2 clusters only).
+    pub kind: HealthCheckKind,
+    /// Path requested with `GET` (`kind = "http"`); a 2xx or 3xx answer is a pass.
     pub path: String,
+    /// The service a gRPC check asks about (`kind = "grpc"`). Absent: `""`, the server as
+    /// a whole.
+    pub grpc_service: Option<String>,
     /// Time between two checks of one server.
     pub interval: Duration,
     /// Time one check may take (connect, send, response status line).
@@ -25,11 +32,33 @@ pub struct HealthCheckConfig {
 impl Default for HealthCheckConfig {
     fn default() -> Self {
         Self {
+            kind: HealthCheckKind::Http,
             path: "/".into(),
+            grpc_service: None,
             interval: Duration::from_secs(5),
             timeout: Duration::from_secs(1),
             healthy_threshold: 2,
             unhealthy_threshold: 3,
+        }
+    }
+}
+
+/// What an active health check asks a server.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthCheckKind {
+    /// `GET path`; a 2xx or 3xx status is a pass.
+    #[default]
+    Http,
+    /// `grpc.health.v1.Health/Check` for `grpc_service`; `SERVING` is a pass.
+    Grpc,
+}
+
+impl HealthCheckKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthCheckKind::Http => "http",
+            HealthCheckKind::Grpc => "grpc",
         }
     }
 }

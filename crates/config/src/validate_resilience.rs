@@ -2,7 +2,8 @@
 //! ejection, retry budgets, cluster caps, route retry policies and load shedding.
 
 use crate::locate::KeyPath;
-use crate::model::Config;
+use crate::model::{ClusterConfig, Config, UpstreamProtocol};
+use crate::resilience::{HealthCheckConfig, HealthCheckKind};
 use crate::validate::{check_path, Problems};
 
 /// Most attempts a route's retry policy may ask for.
@@ -13,31 +14,7 @@ pub(crate) fn check(config: &Config, p: &mut Problems) {
     for (i, c) in config.clusters.iter().enumerate() {
         let at = root.key("clusters").index(i);
         if let Some(h) = &c.health_check {
-            let hat = at.key("health_check");
-            if h.path.is_empty() {
-                p.push(
-                    hat.key("path"),
-                    "must not be empty; expected e.g. \"/healthz\"",
-                );
-            } else {
-                check_path(&Some(h.path.clone()), hat.key("path"), p);
-                if http::uri::PathAndQuery::try_from(h.path.as_str()).is_err() {
-                    p.push(
-                        hat.key("path"),
-                        format!("{:?} is not a valid request path", h.path),
-                    );
-                }
-            }
-            p.positive(hat.key("interval"), h.interval);
-            p.positive(hat.key("timeout"), h.timeout);
-            for (key, v) in [
-                ("healthy_threshold", h.healthy_threshold),
-                ("unhealthy_threshold", h.unhealthy_threshold),
-            ] {
-                if v == 0 {
-                    p.push(hat.key(key), "must be at least 1");
-                }
-            }
+            health_check(h, c, at.key("health_check"), p);
         }
         let o = &c.outlier_detection;
         let oat = at.key("outlier_detection");
@@ -103,6 +80,59 @@ pub(crate) fn check(config: &Config, p: &mut Problems) {
     let at = root.key("load_shedding");
     p.positive_opt(at.key("max_event_loop_lag"), ls.max_event_loop_lag);
     p.positive(at.key("retry_after"), ls.retry_after);
+}
+
+/// A cluster's active health check: its values, and whether it can work over the cluster's
+/// transport.
+fn health_check(h: &HealthCheckConfig, c: &ClusterConfig, hat: KeyPath, p: &mut Problems) {
+    if h.path.is_empty() {
+        p.push(
+            hat.key("path"),
+            "must not be empty; expected e.g. \"/healthz\"",
+        );
+    } else {
+        check_path(&Some(h.path.clone()), hat.key("path"), p);
+        if http::uri::PathAndQuery::try_from(h.path.as_str()).is_err() {
+            p.push(
+                hat.key("path"),
+                format!("{:?} is not a valid request path", h.path),
+            );
+        }
+    }
+    p.positive(hat.key("interval"), h.interval);
+    p.positive(hat.key("timeout"), h.timeout);
+    for (key, v) in [
+        ("healthy_threshold", h.healthy_threshold),
+        ("unhealthy_threshold", h.unhealthy_threshold),
+    ] {
+        if v == 0 {
+            p.push(hat.key(key), "must be at least 1");
+        }
+    }
+    match h.kind {
+        HealthCheckKind::Http => {
+            if h.grpc_service.is_some() {
+                p.push(
+                    hat.key("grpc_service"),
+                    "a service name is for gRPC checks; expected kind = \"grpc\", or no grpc_service",
+                );
+            }
+        }
+        HealthCheckKind::Grpc => {
+            if c.protocol == UpstreamProtocol::Http1 {
+                p.push(
+                    hat.key("kind"),
+                    "a gRPC check speaks HTTP/2, but the cluster's protocol is \"http1\"; expected protocol = \"h2\" (or \"auto\" with tls) on the cluster, or kind = \"http\"",
+                );
+            }
+            if h.path != HealthCheckConfig::default().path {
+                p.push(
+                    hat.key("path"),
+                    "a gRPC check calls /grpc.health.v1.Health/Check, not a path; expected no path (name the service with grpc_service), or kind = \"http\"",
+                );
+            }
+        }
+    }
 }
 
 fn percent(v: u32, at: KeyPath, p: &mut Problems) {

@@ -663,6 +663,49 @@ fn cluster_proxy_protocol() {
 }
 
 #[test]
+fn health_check_transports() {
+    let d = "[[clusters]]\nname = \"d\"\nservers = [{ address = \"a:1\" }]\n";
+    // gRPC speaks HTTP/2: not on an HTTP/1.1 cluster.
+    one(
+        &format!("{d}health_check = {{ kind = \"grpc\" }}\n"),
+        "clusters[1].health_check.kind",
+        15,
+        "the cluster's protocol is \"http1\"",
+    );
+    // A service name without gRPC.
+    one(
+        &format!("{d}health_check = {{ path = \"/h\", grpc_service = \"svc\" }}\n"),
+        "clusters[1].health_check.grpc_service",
+        15,
+        "service name is for gRPC checks",
+    );
+    // A gRPC check asks no path.
+    one(
+        &format!("{d}protocol = \"h2\"\nhealth_check = {{ kind = \"grpc\", path = \"/h\" }}\n"),
+        "clusters[1].health_check.path",
+        16,
+        "not a path",
+    );
+    one(
+        &format!("{d}health_check = {{ kind = \"tcp\" }}\n"),
+        "clusters[1].health_check.kind",
+        15,
+        "unknown variant",
+    );
+    // What can work: gRPC on h2 (cleartext) or auto over TLS; an HTTP check on every
+    // transport (h2, TLS, PROXY protocol).
+    for ok in [
+        "protocol = \"h2\"\nhealth_check = { kind = \"grpc\", grpc_service = \"pkg.Svc\" }\n",
+        "protocol = \"auto\"\ntls = {}\nhealth_check = { kind = \"grpc\" }\n",
+        "protocol = \"h2\"\nhealth_check = { path = \"/healthz\" }\n",
+        "tls = { sni = \"a.internal\" }\nproxy_protocol = \"v2\"\nhealth_check = {}\n",
+    ] {
+        let errs = errors(&format!("{BASE}{d}{ok}"));
+        assert!(errs.is_empty(), "{ok}: {errs:?}");
+    }
+}
+
+#[test]
 fn listener_path_policy() {
     let l = "[[listeners]]\nname = \"b\"\naddress = \"127.0.0.1:8090\"\n";
     let ok = format!("{BASE}{l}path = {{ merge_slashes = false, escaped_slashes = \"keep\", forward = \"raw\" }}\n");

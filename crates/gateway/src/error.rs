@@ -79,6 +79,10 @@ pub(crate) enum Kind {
     NoHealthyOrigin,
     /// The origin's body is larger than a body-reading filter may buffer (502).
     ResponseBodyTooLarge,
+    /// An active health check's answer says the server is unhealthy: an HTTP status other
+    /// than 2xx or 3xx, or a gRPC health status other than `SERVING`. Only the health
+    /// checker makes it; it never becomes a response (502 if it did).
+    OriginUnhealthy,
 }
 
 /// Whether the request may be sent again.
@@ -125,7 +129,8 @@ impl Error {
             Kind::ResponseHeaderTimeout
             | Kind::RequestTimeout
             | Kind::OriginProtocol
-            | Kind::ResponseBodyTooLarge => (Side::Origin, Retry::Unsafe),
+            | Kind::ResponseBodyTooLarge
+            | Kind::OriginUnhealthy => (Side::Origin, Retry::Unsafe),
         };
         Error {
             inner: Box::new(Inner {
@@ -236,7 +241,8 @@ impl Error {
             | Kind::OriginTls
             | Kind::OriginReset
             | Kind::OriginProtocol
-            | Kind::ResponseBodyTooLarge => StatusCode::BAD_GATEWAY,
+            | Kind::ResponseBodyTooLarge
+            | Kind::OriginUnhealthy => StatusCode::BAD_GATEWAY,
             Kind::PoolFull | Kind::ClusterFull | Kind::Shed | Kind::NoHealthyOrigin => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -266,6 +272,7 @@ impl Error {
             Kind::Shed => "local_overloaded",
             Kind::NoHealthyOrigin => "origin_no_servers",
             Kind::ResponseBodyTooLarge => "origin_body_too_large",
+            Kind::OriginUnhealthy => "origin_unhealthy",
         }
     }
 
@@ -283,7 +290,8 @@ impl Error {
             | Kind::PoolFull
             | Kind::ClusterFull
             | Kind::Shed
-            | Kind::NoHealthyOrigin => 14,
+            | Kind::NoHealthyOrigin
+            | Kind::OriginUnhealthy => 14,
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout | Kind::ClientBodyTimeout => 4,
             Kind::NoRoute => 12,
             Kind::ClientGone => 1,

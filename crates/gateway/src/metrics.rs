@@ -53,6 +53,8 @@ pub struct Metrics {
     /// 1 when a server is available (healthy and not ejected), by cluster and server;
     /// refreshed from the health state whenever metrics are rendered.
     pub(crate) upstream_server_healthy: IntGaugeVec,
+    /// Active health checks by cluster and result (`pass` or the failure's category).
+    health_checks: IntCounterVec,
     shed: IntCounterVec,
     /// Live per-cluster counts (caps, queue, retry budget) by cluster name: one per gateway,
     /// shared by every config version.
@@ -373,6 +375,12 @@ impl Metrics {
                 "1 when an origin server is available (healthy and not ejected), else 0",
                 &["cluster", "server"],
             ),
+            health_checks: counter_vec(
+                &r,
+                "health_checks_total",
+                "Active health checks by cluster and result: pass, or the failure's category (origin_connectivity, origin_connect_timeout, origin_tls, origin_reset, origin_bad_response, origin_read_timeout, origin_unhealthy)",
+                &["cluster", "result"],
+            ),
             shed: counter_vec(
                 &r,
                 "shed_total",
@@ -519,6 +527,14 @@ impl Metrics {
             self.rate_limit_redis
                 .with_label_values(&[filter, "fallback"]),
         )
+    }
+
+    /// Count one active health check of `cluster` (`result`: `pass` or a failure category).
+    /// Called by the health-check thread, never on the request path.
+    pub(crate) fn health_check(&self, cluster: &str, result: &str) {
+        self.health_checks
+            .with_label_values(&[cluster, result])
+            .inc();
     }
 
     pub(crate) fn error(&self, category: &str, side: &str) {

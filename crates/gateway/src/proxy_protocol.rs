@@ -13,7 +13,8 @@
 //!
 //! Outbound, a cluster with `proxy_protocol = "v1"/"v2"` sends [`header_for`] first on each new
 //! origin connection (`upstream::connect`); such a connection names one client, so instead of
-//! the shared pool it is kept on that client's connection ([`take_private`]).
+//! the shared pool it is kept on that client's connection ([`take_private`]). Health checks
+//! of such a cluster send [`local_header`] first, which names no client.
 //!
 //! Parsing is the `ppp` crate's; this module only decides how much to read and what to do.
 //! Exactly the header's bytes are read (see [`read_header`]), so TLS and HTTP start on the
@@ -252,6 +253,24 @@ pub(crate) fn header_for(
     }
 }
 
+/// The header a health check sends first to a cluster with `proxy_protocol = "v1"/"v2"`: the
+/// probe relays no client, so it names none. v1 `PROXY UNKNOWN`, v2 the `LOCAL` command with
+/// no addresses: the spec's form for a proxy's own connections (health checks), which tells
+/// the origin to use the connection's real endpoints (HAProxy sends the same).
+pub(crate) fn local_header(version: ProxyProtocol) -> Option<Vec<u8>> {
+    match version {
+        ProxyProtocol::V1 => Some(v1::Addresses::Unknown.to_string().into_bytes()),
+        ProxyProtocol::V2 => v2::Builder::with_addresses(
+            v2::Version::Two | v2::Command::Local,
+            v2::Protocol::Unspecified,
+            v2::Addresses::Unspecified,
+        )
+        .build()
+        .ok(),
+        ProxyProtocol::Off | ProxyProtocol::Any => None,
+    }
+}
+
 /// This client connection's own upstream connection to `server`, if it has a ready one.
 pub(crate) fn take_private(
     cx: &crate::downstream::ConnCtx,
@@ -392,6 +411,17 @@ mod tests {
             Parsed::Header(h.len(), Some("[::ffff:192.0.2.1]:5555".parse().unwrap()))
         );
         assert!(header_for(ProxyProtocol::Off, c, l).is_none());
+    }
+
+    #[test]
+    fn health_check_headers_name_no_client() {
+        let h = local_header(ProxyProtocol::V1).unwrap();
+        assert_eq!(h, b"PROXY UNKNOWN\r\n");
+        assert_eq!(parse(&h, ProxyProtocol::V1), Parsed::Header(h.len(), None));
+        let h = local_header(ProxyProtocol::V2).unwrap();
+        assert_eq!(h, v2(0, 0x00, &[], &[]));
+        assert_eq!(parse(&h, ProxyProtocol::V2), Parsed::Header(16, None));
+        assert!(local_header(ProxyProtocol::Off).is_none());
     }
 
     #[test]

@@ -5,20 +5,17 @@
 //! The thread follows the config version: every 200 ms it looks at the snapshot and, when the
 //! version changed, stops its probe tasks and starts one per (cluster with `health_check`,
 //! server) of the new version. Verdicts live on the process-wide
-//! [`OriginState`](super::OriginState), so a reload loses nothing. A probe is a plain
-//! `GET <path> HTTP/1.1` with `Connection: close` on a new connection; a 2xx or 3xx status
-//! line within `timeout` is a pass.
+//! [`OriginState`](super::OriginState), so a reload loses nothing. Each check is a
+//! [`Probe`]: a new connection over the cluster's transport (PROXY header, TLS, HTTP/1.1 or
+//! HTTP/2) asking `GET path` or the gRPC health service, within `timeout`. Every check is
+//! counted in `keymaster_health_checks_total{cluster, result}`.
 
-use http::HeaderValue;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::OriginServer;
+use super::probe::Probe;
 use crate::gateway::Shared;
 use keymaster_config::HealthCheckConfig;
 
@@ -55,8 +52,17 @@ async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
                     continue;
                 };
                 for s in &cluster.servers {
-                    let task = probe_loop(cluster.config.name.clone(), s.clone(), hc.clone());
-                    probes.push(tokio::spawn(task));
+                    let name = cluster.config.name.clone();
+                    match Probe::new(&cluster.config, s.clone(), hc) {
+                        Ok(probe) => {
+                            let task = probe_loop(shared.clone(), name, probe, hc.clone());
+                            probes.push(tokio::spawn(task));
+                        }
+                        Err(error) => tracing::error!(
+                            cluster = %name, server = %s.label, %error,
+                            "health check cannot be built; the server is not checked"
+                        ),
+                    }
                 }
             }
         }
@@ -74,114 +80,32 @@ async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-async fn probe_loop(cluster: String, server: Arc<OriginServer>, hc: HealthCheckConfig) {
+async fn probe_loop(shared: Arc<Shared>, cluster: String, probe: Probe, hc: HealthCheckConfig) {
     let mut tick = tokio::time::interval(hc.interval.get());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let server = probe.server.clone();
     loop {
         tick.tick().await;
-        let pass = probe(
-            server.state.addr,
-            &server.authority,
-            &hc.path,
-            hc.timeout.get(),
-        )
-        .await;
-        if let Some(healthy) = server.state.health.record_check(pass, &hc) {
-            if healthy {
-                tracing::info!(%cluster, server = %server.label, "health check: server healthy");
-            } else {
-                tracing::warn!(%cluster, server = %server.label, "health check: server unhealthy");
-            }
+        let result = probe.run().await;
+        let label = result.as_ref().map_or_else(|e| e.category(), |()| "pass");
+        shared.metrics.health_check(&cluster, label);
+        // A changed verdict is logged, with the failure that turned it.
+        if server
+            .state
+            .health
+            .record_check(result.is_ok(), &hc)
+            .is_none()
+        {
+            continue;
         }
-    }
-}
-
-/// One check: connect, send the request, read the status line, all within `timeout`.
-pub(crate) async fn probe(
-    addr: SocketAddr,
-    host: &HeaderValue,
-    path: &str,
-    timeout: Duration,
-) -> bool {
-    let check = async {
-        let mut s = TcpStream::connect(addr).await.ok()?;
-        let mut req = Vec::with_capacity(128);
-        req.extend_from_slice(b"GET ");
-        req.extend_from_slice(path.as_bytes());
-        req.extend_from_slice(b" HTTP/1.1\r\nHost: ");
-        req.extend_from_slice(host.as_bytes());
-        req.extend_from_slice(
-            b"\r\nUser-Agent: keymaster-health-check\r\nConnection: close\r\n\r\n",
-        );
-        s.write_all(&req).await.ok()?;
-        let mut buf = [0u8; 64];
-        let mut have = 0;
-        while have < 12 {
-            let n = s.read(&mut buf[have..]).await.ok()?;
-            if n == 0 {
-                return None;
+        match result {
+            Ok(()) => {
+                tracing::info!(%cluster, server = %server.label, "health check: server healthy")
             }
-            have += n;
+            Err(error) => tracing::warn!(
+                %cluster, server = %server.label, %error,
+                "health check: server unhealthy"
+            ),
         }
-        status_of(&buf[..have])
-    };
-    matches!(
-        tokio::time::timeout(timeout, check).await,
-        Ok(Some(200..=399))
-    )
-}
-
-/// The status of an `HTTP/1.x NNN` status line.
-fn status_of(line: &[u8]) -> Option<u16> {
-    let rest = line
-        .strip_prefix(b"HTTP/1.1 ")
-        .or_else(|| line.strip_prefix(b"HTTP/1.0 "))?;
-    std::str::from_utf8(rest.get(..3)?).ok()?.parse().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_lines() {
-        assert_eq!(status_of(b"HTTP/1.1 200 OK\r\n"), Some(200));
-        assert_eq!(status_of(b"HTTP/1.0 503 x"), Some(503));
-        assert_eq!(status_of(b"HTTP/2 200"), None);
-        assert_eq!(status_of(b"HTTP/1.1 2x0"), None);
-    }
-
-    #[tokio::test]
-    async fn probe_reads_the_status_and_gives_up_in_time() {
-        let ok = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = ok.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = ok.accept().await {
-                let mut b = [0u8; 512];
-                let _ = s.read(&mut b).await;
-                let code = if b.starts_with(b"GET /good ") {
-                    204
-                } else {
-                    500
-                };
-                let _ = s
-                    .write_all(format!("HTTP/1.1 {code} X\r\ncontent-length: 0\r\n\r\n").as_bytes())
-                    .await;
-            }
-        });
-        let host = HeaderValue::from_static("h");
-        let t = Duration::from_secs(5);
-        assert!(probe(addr, &host, "/good", t).await);
-        assert!(!probe(addr, &host, "/bad", t).await);
-        // A server that accepts and never answers fails by the timeout.
-        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let saddr = silent.local_addr().unwrap();
-        let _keep = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((s, _)) = silent.accept().await {
-                held.push(s);
-            }
-        });
-        assert!(!probe(saddr, &host, "/good", Duration::from_millis(50)).await);
     }
 }

@@ -53,55 +53,63 @@ pub(crate) async fn connect(
         gauge: None,
     };
     cluster.metrics.connect_attempts.inc();
-    let opened =
-        match tokio::time::timeout(timeout, open_transport(cluster, server, proxy_header)).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::new(
-                Kind::ConnectTimeout,
-                "connect to origin timed out",
-            )),
-        };
-    let transport = opened.inspect_err(|_| cluster.metrics.connect_failures.inc())?;
-    match transport {
-        Transport::Plain(tcp) if server.protocol == UpstreamProtocol::H2 => {
-            handshake_h2(cluster, tcp, h2_streams, slot).await
+    let opened = match tokio::time::timeout(timeout, open_transport(server, proxy_header)).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::new(
+            Kind::ConnectTimeout,
+            "connect to origin timed out",
+        )),
+    };
+    let transport = opened.inspect_err(|e| {
+        cluster.metrics.connect_failures.inc();
+        if e.is_tls() {
+            cluster.metrics.tls_failures.inc();
         }
-        Transport::Plain(tcp) => Ok(h1_conn(cluster, server, Io::Tcp(tcp), slot)),
-        Transport::Tls(tls, alpn_h2) => {
-            let h2 = match server.protocol {
-                UpstreamProtocol::H2 if !alpn_h2 => {
-                    cluster.metrics.connect_failures.inc();
-                    return Err(Error::new(
-                        Kind::OriginProtocol,
-                        "origin did not agree to h2 by ALPN",
-                    ));
-                }
-                UpstreamProtocol::H2 => true,
-                UpstreamProtocol::Http1 => false,
-                UpstreamProtocol::Auto => alpn_h2,
-            };
-            if h2 {
-                handshake_h2(cluster, *tls, h2_streams, slot).await
-            } else {
-                Ok(h1_conn(
-                    cluster,
-                    server,
-                    Io::Tls(Box::new((*tls).into())),
-                    slot,
-                ))
-            }
-        }
+    })?;
+    let h2 = transport
+        .speaks_h2(server.protocol)
+        .inspect_err(|_| cluster.metrics.connect_failures.inc())?;
+    match (transport, h2) {
+        (Transport::Plain(tcp), true) => handshake_h2(cluster, tcp, h2_streams, slot).await,
+        (Transport::Plain(tcp), false) => Ok(h1_conn(cluster, server, Io::Tcp(tcp), slot)),
+        (Transport::Tls(tls, _), true) => handshake_h2(cluster, *tls, h2_streams, slot).await,
+        (Transport::Tls(tls, _), false) => Ok(h1_conn(
+            cluster,
+            server,
+            Io::Tls(Box::new((*tls).into())),
+            slot,
+        )),
     }
 }
 
-enum Transport {
+/// An open transport to an origin server, before any HTTP: TCP, or TLS with whether ALPN
+/// chose h2.
+pub(crate) enum Transport {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>, bool),
 }
 
-/// TCP, the PROXY header if any, then TLS when the cluster has it.
-async fn open_transport(
-    cluster: &Cluster,
+impl Transport {
+    /// Whether to speak HTTP/2 on this transport to a server of `protocol`: prior knowledge
+    /// in cleartext for `h2`; over TLS, what ALPN chose (an `h2` server that did not agree
+    /// to h2 is an error).
+    pub(crate) fn speaks_h2(&self, protocol: UpstreamProtocol) -> Result<bool, Error> {
+        match (self, protocol) {
+            (Transport::Plain(_), p) => Ok(p == UpstreamProtocol::H2),
+            (Transport::Tls(_, false), UpstreamProtocol::H2) => Err(Error::new(
+                Kind::OriginProtocol,
+                "origin did not agree to h2 by ALPN",
+            )),
+            (Transport::Tls(..), UpstreamProtocol::H2) => Ok(true),
+            (Transport::Tls(..), UpstreamProtocol::Http1) => Ok(false),
+            (Transport::Tls(_, alpn_h2), UpstreamProtocol::Auto) => Ok(*alpn_h2),
+        }
+    }
+}
+
+/// TCP, the PROXY header if any, then TLS when the server has it (the cluster's `tls`).
+/// Used by [`connect`] and by the active health checks ([`super::probe`]).
+pub(crate) async fn open_transport(
     server: &OriginServer,
     proxy_header: Option<&[u8]>,
 ) -> Result<Transport, Error> {
@@ -121,7 +129,6 @@ async fn open_transport(
     match tls.handshake(name.clone(), tcp).await {
         Ok((stream, h2)) => Ok(Transport::Tls(Box::new(stream), h2)),
         Err(e) => {
-            cluster.metrics.tls_failures.inc();
             Err(Error::new(Kind::OriginTls, "TLS handshake with origin failed").with_source(e))
         }
     }

@@ -11,7 +11,8 @@
 //! - [`tls`]: outbound TLS per cluster (SNI, CA, client certificate, versions, ALPN).
 //! - [`h2`]: multiplexed HTTP/2 connections per origin server, per worker.
 //! - [`health`]: per-server health (active verdicts, passive outlier ejection) and
-//!   health-aware server choice; [`checker`]: the active health-check thread.
+//!   health-aware server choice; [`checker`]: the active health-check thread, whose checks
+//!   ([`probe`]) speak the cluster's transport.
 //! - [`limits`]: per-cluster state shared by every config version and worker (request
 //!   caps with a queue, the retry budget).
 //! - [`discovery`]: service discovery (DNS re-resolution, server list files).
@@ -26,6 +27,7 @@ pub(crate) mod h2;
 pub(crate) mod health;
 pub(crate) mod limits;
 pub(crate) mod pool;
+pub(crate) mod probe;
 pub(crate) mod tls;
 
 use http::HeaderValue;
