@@ -76,6 +76,9 @@ pub(crate) enum Kind {
     NoHealthyOrigin,
     /// The origin's body is larger than a body-reading filter may buffer (502).
     ResponseBodyTooLarge,
+    /// The process or the system is out of file descriptors (`EMFILE`, `ENFILE`), so no
+    /// connection to the origin could be opened (503). Not the origin's fault.
+    NoDescriptors,
 }
 
 /// Whether the request may be sent again.
@@ -115,7 +118,7 @@ impl Error {
             Kind::NoRoute | Kind::FilterFailed | Kind::Shed => (Side::Internal, Retry::Unsafe),
             Kind::ClusterFull => (Side::Internal, Retry::Unsafe),
             Kind::NoHealthyOrigin => (Side::Origin, Retry::Unsafe),
-            Kind::PoolFull => (Side::Internal, Retry::Safe),
+            Kind::PoolFull | Kind::NoDescriptors => (Side::Internal, Retry::Safe),
             Kind::Connect | Kind::ConnectTimeout | Kind::OriginTls => (Side::Origin, Retry::Safe),
             Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
             Kind::ResponseHeaderTimeout
@@ -227,9 +230,11 @@ impl Error {
             | Kind::OriginReset
             | Kind::OriginProtocol
             | Kind::ResponseBodyTooLarge => StatusCode::BAD_GATEWAY,
-            Kind::PoolFull | Kind::ClusterFull | Kind::Shed | Kind::NoHealthyOrigin => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Kind::PoolFull
+            | Kind::ClusterFull
+            | Kind::Shed
+            | Kind::NoHealthyOrigin
+            | Kind::NoDescriptors => StatusCode::SERVICE_UNAVAILABLE,
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
             Kind::FilterFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -255,6 +260,7 @@ impl Error {
             Kind::Shed => "local_overloaded",
             Kind::NoHealthyOrigin => "origin_no_servers",
             Kind::ResponseBodyTooLarge => "origin_body_too_large",
+            Kind::NoDescriptors => "local_descriptors_exhausted",
         }
     }
 
@@ -272,7 +278,8 @@ impl Error {
             | Kind::PoolFull
             | Kind::ClusterFull
             | Kind::Shed
-            | Kind::NoHealthyOrigin => 14,
+            | Kind::NoHealthyOrigin
+            | Kind::NoDescriptors => 14,
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout => 4,
             Kind::NoRoute => 12,
             Kind::ClientGone => 1,

@@ -273,6 +273,7 @@ impl Gateway {
                 .unwrap_or(1),
             n => n,
         };
+        crate::descriptors::prepare(&config, workers);
         let drain_timeout = config.server.drain_timeout.get();
         let access_log = if config.access_log.enabled {
             Some(

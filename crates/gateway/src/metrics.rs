@@ -31,6 +31,7 @@ pub struct Metrics {
     downstream_send_timeouts: IntCounterVec,
     tls_handshake_failures: IntCounterVec,
     proxy_protocol_rejected: IntCounterVec,
+    descriptors_exhausted: IntCounterVec,
     pub(crate) config_version: IntGauge,
     pub(crate) reloads: IntCounterVec,
     filter_invocations: IntCounterVec,
@@ -111,6 +112,10 @@ pub(crate) struct ClusterMetrics {
     pub(crate) ejections: IntCounter,
     pub(crate) budget_exhausted: IntCounter,
     pub(crate) overflow: IntCounter,
+    /// Origin connects that failed for lack of file descriptors (`EMFILE`, `ENFILE`).
+    pub(crate) descriptors_exhausted: IntCounter,
+    /// Health checks skipped for lack of file descriptors.
+    pub(crate) check_descriptors_exhausted: IntCounter,
     /// The cluster's live counts (not a metric; kept here because it has the same lifetime).
     pub(crate) limits: Arc<ClusterState>,
 }
@@ -128,6 +133,8 @@ pub(crate) struct ListenerMetrics {
     pub(crate) proxy_malformed: IntCounter,
     pub(crate) proxy_timeout: IntCounter,
     pub(crate) proxy_untrusted: IntCounter,
+    /// Accepts that failed for lack of file descriptors (`EMFILE`, `ENFILE`).
+    pub(crate) descriptors_exhausted: IntCounter,
 }
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -286,6 +293,12 @@ impl Metrics {
                 "Client connections closed at the PROXY protocol header, by reason (malformed, timeout, untrusted)",
                 &["listener", "reason"],
             ),
+            descriptors_exhausted: counter_vec(
+                &r,
+                "descriptors_exhausted_total",
+                "Socket operations that failed because the process or system was out of file descriptors, by operation (accept, connect, health_check)",
+                &["op"],
+            ),
             reloads: counter_vec(
                 &r,
                 "config_reloads_total",
@@ -425,6 +438,10 @@ impl Metrics {
             ejections: self.upstream_ejections.with_label_values(&[name]),
             budget_exhausted: self.upstream_budget_exhausted.with_label_values(&[name]),
             overflow: self.upstream_overflow.with_label_values(&[name]),
+            descriptors_exhausted: self.descriptors_exhausted.with_label_values(&["connect"]),
+            check_descriptors_exhausted: self
+                .descriptors_exhausted
+                .with_label_values(&["health_check"]),
             limits: self
                 .cluster_states
                 .lock()
@@ -451,6 +468,7 @@ impl Metrics {
             proxy_untrusted: self
                 .proxy_protocol_rejected
                 .with_label_values(&[name, "untrusted"]),
+            descriptors_exhausted: self.descriptors_exhausted.with_label_values(&["accept"]),
         }
     }
 

@@ -10,6 +10,7 @@
 //! line within `timeout` is a pass.
 
 use http::HeaderValue;
+use prometheus::IntCounter;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,7 +56,12 @@ async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
                     continue;
                 };
                 for s in &cluster.servers {
-                    let task = probe_loop(cluster.config.name.clone(), s.clone(), hc.clone());
+                    let task = probe_loop(
+                        cluster.config.name.clone(),
+                        s.clone(),
+                        hc.clone(),
+                        cluster.metrics.check_descriptors_exhausted.clone(),
+                    );
                     probes.push(tokio::spawn(task));
                 }
             }
@@ -74,7 +80,12 @@ async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-async fn probe_loop(cluster: String, server: Arc<OriginServer>, hc: HealthCheckConfig) {
+async fn probe_loop(
+    cluster: String,
+    server: Arc<OriginServer>,
+    hc: HealthCheckConfig,
+    no_descriptors: IntCounter,
+) {
     let mut tick = tokio::time::interval(hc.interval.get());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -86,6 +97,12 @@ async fn probe_loop(cluster: String, server: Arc<OriginServer>, hc: HealthCheckC
             hc.timeout.get(),
         )
         .await;
+        let Some(pass) = pass else {
+            // Out of descriptors here says nothing about the server: no verdict.
+            no_descriptors.inc();
+            tracing::warn!(%cluster, server = %server.label, "health check skipped: out of file descriptors");
+            continue;
+        };
         if let Some(healthy) = server.state.health.record_check(pass, &hc) {
             if healthy {
                 tracing::info!(%cluster, server = %server.label, "health check: server healthy");
@@ -97,14 +114,21 @@ async fn probe_loop(cluster: String, server: Arc<OriginServer>, hc: HealthCheckC
 }
 
 /// One check: connect, send the request, read the status line, all within `timeout`.
+/// `None` when the check could not be made because this process (or the system) is out of
+/// file descriptors.
 pub(crate) async fn probe(
     addr: SocketAddr,
     host: &HeaderValue,
     path: &str,
     timeout: Duration,
-) -> bool {
+) -> Option<bool> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut s = match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) if crate::descriptors::exhausted(&e) => return None,
+        Ok(Err(_)) | Err(_) => return Some(false),
+    };
     let check = async {
-        let mut s = TcpStream::connect(addr).await.ok()?;
         let mut req = Vec::with_capacity(128);
         req.extend_from_slice(b"GET ");
         req.extend_from_slice(path.as_bytes());
@@ -125,10 +149,10 @@ pub(crate) async fn probe(
         }
         status_of(&buf[..have])
     };
-    matches!(
-        tokio::time::timeout(timeout, check).await,
+    Some(matches!(
+        tokio::time::timeout_at(deadline, check).await,
         Ok(Some(200..=399))
-    )
+    ))
 }
 
 /// The status of an `HTTP/1.x NNN` status line.
@@ -171,8 +195,8 @@ mod tests {
         });
         let host = HeaderValue::from_static("h");
         let t = Duration::from_secs(5);
-        assert!(probe(addr, &host, "/good", t).await);
-        assert!(!probe(addr, &host, "/bad", t).await);
+        assert_eq!(probe(addr, &host, "/good", t).await, Some(true));
+        assert_eq!(probe(addr, &host, "/bad", t).await, Some(false));
         // A server that accepts and never answers fails by the timeout.
         let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let saddr = silent.local_addr().unwrap();
@@ -182,6 +206,9 @@ mod tests {
                 held.push(s);
             }
         });
-        assert!(!probe(saddr, &host, "/good", Duration::from_millis(50)).await);
+        assert_eq!(
+            probe(saddr, &host, "/good", Duration::from_millis(50)).await,
+            Some(false)
+        );
     }
 }

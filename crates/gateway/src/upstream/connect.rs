@@ -61,7 +61,11 @@ pub(crate) async fn connect(
                 "connect to origin timed out",
             )),
         };
-    let transport = opened.inspect_err(|_| cluster.metrics.connect_failures.inc())?;
+    let transport = opened.inspect_err(|e| {
+        if e.is_origin() {
+            cluster.metrics.connect_failures.inc();
+        }
+    })?;
     match transport {
         Transport::Plain(tcp) if server.protocol == UpstreamProtocol::H2 => {
             handshake_h2(cluster, tcp, h2_streams, slot).await
@@ -105,9 +109,14 @@ async fn open_transport(
     server: &OriginServer,
     proxy_header: Option<&[u8]>,
 ) -> Result<Transport, Error> {
-    let mut tcp = TcpStream::connect(server.state.addr)
-        .await
-        .map_err(|e| Error::new(Kind::Connect, "connect to origin failed").with_source(e))?;
+    let mut tcp = TcpStream::connect(server.state.addr).await.map_err(|e| {
+        if crate::descriptors::exhausted(&e) {
+            cluster.metrics.descriptors_exhausted.inc();
+            Error::new(Kind::NoDescriptors, "out of file descriptors").with_source(e)
+        } else {
+            Error::new(Kind::Connect, "connect to origin failed").with_source(e)
+        }
+    })?;
     let _ = tcp.set_nodelay(true);
     if let Some(h) = proxy_header {
         use tokio::io::AsyncWriteExt;
