@@ -277,7 +277,7 @@ impl Gateway {
         let drain_timeout = config.server.drain_timeout.get();
         let access_log = if config.access_log.enabled {
             Some(
-                AccessLog::open(&config.access_log)
+                AccessLog::open(&config.access_log, metrics.access_log_dropped.clone())
                     .map_err(|e| format!("access_log.path {}: {e}", config.access_log.path))?,
             )
         } else {

@@ -32,6 +32,8 @@ pub struct Metrics {
     tls_handshake_failures: IntCounterVec,
     proxy_protocol_rejected: IntCounterVec,
     descriptors_exhausted: IntCounterVec,
+    /// Access-log lines lost: the writer thread was behind (its queue full) or a write failed.
+    pub(crate) access_log_dropped: IntCounter,
     pub(crate) config_version: IntGauge,
     pub(crate) reloads: IntCounterVec,
     filter_invocations: IntCounterVec,
@@ -299,6 +301,15 @@ impl Metrics {
                 "Socket operations that failed because the process or system was out of file descriptors, by operation (accept, connect, health_check)",
                 &["op"],
             ),
+            access_log_dropped: {
+                let c = IntCounter::new(
+                    "access_log_dropped_total",
+                    "Access-log lines lost: the writer was behind (its queue full) or a write failed",
+                )
+                .expect("valid metric definition");
+                r.register(Box::new(c.clone())).expect("metric registered once");
+                c
+            },
             reloads: counter_vec(
                 &r,
                 "config_reloads_total",
