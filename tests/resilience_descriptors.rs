@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 /// The child's descriptor limit, soft and hard (so raising the soft one at start cannot
 /// lift it).
-const NOFILE: u64 = 96;
+const NOFILE: libc::rlim_t = 96;
 /// Client connections held open: well past the limit.
 const CLIENTS: usize = 160;
 
@@ -27,8 +27,8 @@ fn spawn_limited(path: &std::path::Path) -> Spawned {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"));
     cmd.arg("run").arg("--config").arg(path);
     let lim = libc::rlimit {
-        rlim_cur: NOFILE as libc::rlim_t,
-        rlim_max: NOFILE as libc::rlim_t,
+        rlim_cur: NOFILE,
+        rlim_max: NOFILE,
     };
     // SAFETY: the closure runs in the forked child before exec and only calls setrlimit(2),
     // which is async-signal-safe, on a stack value it owns; it allocates nothing.

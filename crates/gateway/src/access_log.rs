@@ -232,11 +232,13 @@ mod tests {
     /// A sink whose writes wait until the test lets them go (a disk that stalls), then fail
     /// or succeed.
     struct Stalled {
+        entered: std::sync::mpsc::Sender<()>,
         go: std::sync::mpsc::Receiver<bool>,
     }
 
     impl Write for Stalled {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            let _ = self.entered.send(());
             match self.go.recv() {
                 Ok(true) => Ok(b.len()),
                 _ => Err(std::io::Error::other("disk failed")),
@@ -251,19 +253,25 @@ mod tests {
     fn lines_dropped_behind_a_stalled_writer_are_exported() {
         let metrics = crate::metrics::Metrics::new();
         let (go, rx) = std::sync::mpsc::channel();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
         let log = AccessLog::start(
-            Box::new(Stalled { go: rx }),
+            Box::new(Stalled {
+                entered: entered_tx,
+                go: rx,
+            }),
             AccessLogFormat::Json,
             4,
             metrics.access_log_dropped.clone(),
         )
         .unwrap();
         let r = LogRecord::default();
-        // The writer takes the first line and stalls on it; 4 more fill the channel.
+        // The writer takes the first line and stalls writing it; 4 more fill the channel.
         log.write(&r);
-        let taken = std::time::Instant::now();
-        while log.tx.try_send(String::new()).is_ok() {
-            assert!(taken.elapsed().as_secs() < 10, "the channel fills");
+        entered
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the writer took the first line");
+        for _ in 0..4 {
+            log.tx.try_send(String::new()).expect("room in the channel");
         }
         for _ in 0..10 {
             log.write(&r);

@@ -37,8 +37,8 @@ pub fn raise_limit() -> Option<NofileLimit> {
         tracing::warn!(error = %std::io::Error::last_os_error(), "reading RLIMIT_NOFILE failed");
         return None;
     }
-    let was = lim.rlim_cur as u64;
-    let hard = lim.rlim_max as u64;
+    let was = lim.rlim_cur;
+    let hard = lim.rlim_max;
     if lim.rlim_cur < lim.rlim_max {
         let raised = libc::rlimit {
             rlim_cur: lim.rlim_max,
@@ -52,7 +52,7 @@ pub fn raise_limit() -> Option<NofileLimit> {
             tracing::warn!(error = %std::io::Error::last_os_error(), "raising RLIMIT_NOFILE failed");
         }
     }
-    let soft = lim.rlim_cur as u64;
+    let soft = lim.rlim_cur;
     tracing::info!(soft, hard, was, "descriptor limit (RLIMIT_NOFILE)");
     Some(NofileLimit { was, soft, hard })
 }
@@ -110,11 +110,13 @@ mod tests {
     use keymaster_config::{ClusterConfig, ListenerConfig, OriginServerConfig};
 
     fn config(max_connections: usize, pool_cap: usize, servers: usize) -> Config {
-        let mut c = Config::default();
-        c.listeners = vec![ListenerConfig {
-            max_connections,
-            ..ListenerConfig::default()
-        }];
+        let mut c = Config {
+            listeners: vec![ListenerConfig {
+                max_connections,
+                ..ListenerConfig::default()
+            }],
+            ..Config::default()
+        };
         let mut cluster = ClusterConfig::default();
         cluster.pool.max_connections = pool_cap;
         cluster.pool.max_idle = 10;
