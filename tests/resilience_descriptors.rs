@@ -26,9 +26,15 @@ outlier_detection = { consecutive_failures = 1, base_ejection = "60s" }
 fn spawn_limited(path: &std::path::Path) -> Spawned {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"));
     cmd.arg("run").arg("--config").arg(path);
+    limit(&mut cmd, NOFILE, NOFILE);
+    spawn_keymaster_command(cmd)
+}
+
+/// Start `cmd` with `RLIMIT_NOFILE` = (`soft`, `hard`).
+fn limit(cmd: &mut std::process::Command, soft: libc::rlim_t, hard: libc::rlim_t) {
     let lim = libc::rlimit {
-        rlim_cur: NOFILE,
-        rlim_max: NOFILE,
+        rlim_cur: soft,
+        rlim_max: hard,
     };
     // SAFETY: the closure runs in the forked child before exec and only calls setrlimit(2),
     // which is async-signal-safe, on a stack value it owns; it allocates nothing.
@@ -41,7 +47,44 @@ fn spawn_limited(path: &std::path::Path) -> Spawned {
             }
         });
     }
-    spawn_keymaster_command(cmd)
+}
+
+/// The soft limit of `pid` as `/proc/<pid>/limits` shows it.
+fn soft_nofile(pid: u32) -> u64 {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    line.split_whitespace().nth(3).unwrap().parse().unwrap()
+}
+
+/// At start the soft limit is raised to the hard one and both are logged; a config whose
+/// listeners alone may hold more connections than that gets a warning.
+#[test]
+fn the_soft_limit_is_raised_to_the_hard_one_and_a_short_budget_is_warned_about() {
+    let origin = stub();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keymaster.toml");
+    // max_connections (65 536 by default) is far above the hard limit of 4 096.
+    std::fs::write(&path, config_text(origin.local_addr(), "", "")).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"));
+    cmd.arg("run").arg("--config").arg(&path);
+    cmd.env("RUST_LOG", "keymaster_gateway=info");
+    cmd.stderr(std::process::Stdio::piped());
+    limit(&mut cmd, NOFILE, 4096);
+    let mut p = spawn_keymaster_command(cmd);
+    assert_eq!(soft_nofile(p.child.id()), 4096, "soft limit raised");
+    let _ = p.child.kill();
+    let _ = p.child.wait();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut p.child.stderr.take().unwrap(), &mut err).unwrap();
+    let err = strip_ansi(&err);
+    assert!(
+        err.contains("descriptor limit") && err.contains("soft=4096") && err.contains("hard=4096"),
+        "{err}"
+    );
+    assert!(err.contains("can exceed the descriptor limit"), "{err}");
 }
 
 /// Accepting backs off and is counted; a request on an accepted connection that cannot get
@@ -145,4 +188,22 @@ async fn out_of_descriptors_is_a_503_that_blames_no_origin() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(ok, "service resumes once descriptors are free");
+}
+
+/// `text` without ANSI colour sequences (`ESC [ ... m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
