@@ -482,9 +482,16 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"));
+    cmd.args(args);
+    spawn_keymaster_command(cmd)
+}
+
+/// Start `cmd` (a `keymaster` command line the caller has shaped, e.g. with resource limits
+/// set in `pre_exec`) and wait (up to 20 s) for its banner.
+pub fn spawn_keymaster_command(mut cmd: std::process::Command) -> Spawned {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"))
-        .args(args)
+    let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("keymaster starts");

@@ -196,6 +196,18 @@ pub enum RateLimitBackend {
     Redis,
 }
 
+/// Whose requests a local rate limit counts.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RateLimitScope {
+    /// One bucket per key for the whole process: the configured rate is the process's,
+    /// whatever the number of workers.
+    #[default]
+    Process,
+    /// One bucket per key in each worker thread: the process allows `workers` times the rate.
+    Worker,
+}
+
 /// Declarative filter match: all given criteria must hold; empty matches every request.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -275,6 +287,8 @@ pub struct FilterConfig {
     pub key: Option<RateLimitKey>,
     /// rate_limit: `"local"` (default) or `"redis"` (needs `[redis] url`).
     pub backend: Option<RateLimitBackend>,
+    /// rate_limit: `"process"` (default) or `"worker"`: whose requests the local buckets count.
+    pub scope: Option<RateLimitScope>,
 
     /// reroute: the cluster to send to instead of the route's.
     pub cluster: Option<String>,

@@ -40,7 +40,9 @@ fn keys_of(kind: FilterType) -> &'static [&'static str] {
         ],
         FilterType::IpFilter => &["allow", "deny"],
         FilterType::ApiKey => &["header", "keys"],
-        FilterType::RateLimit => &["requests", "period", "burst", "key", "header", "backend"],
+        FilterType::RateLimit => &[
+            "requests", "period", "burst", "key", "header", "backend", "scope",
+        ],
         FilterType::Reroute => &["cluster", "path", "host"],
         FilterType::Jwt => &[
             "header",
@@ -294,6 +296,7 @@ fn check_filter(
     let mut set = keys_set(f).to_vec();
     set.push(("host", f.host.is_some()));
     set.push(("backend", f.backend.is_some()));
+    set.push(("scope", f.scope.is_some()));
     set.push(("jwt_keys", !f.jwt_keys.is_empty()));
     set.push(("issuer", f.issuer.is_some()));
     set.push(("audience", f.audience.is_some()));

@@ -32,6 +32,7 @@ fn every_filter_key_is_documented() {
         burst: Some(1),
         key: Some(RateLimitKey::Route),
         backend: Some(RateLimitBackend::Redis),
+        scope: Some(RateLimitScope::Worker),
         cluster: Some("c".into()),
         path: Some("/".into()),
         host: Some("h".into()),
@@ -186,4 +187,27 @@ key_prefix = "a b"
     let p = problems("[[filters]]\nname = \"rl\"\ntype = \"rate_limit\"\nrequests = 1\nbackend = \"memcached\"\n");
     assert_eq!(p.len(), 1, "{p:?}");
     assert_eq!(p[0].0, "filters[0].backend");
+}
+
+#[test]
+fn rate_limit_scope_loads_and_its_problems_are_located() {
+    let base = "[[filters]]\nname = \"rl\"\ntype = \"rate_limit\"\nrequests = 1\n";
+    let c = load_str(&format!("{BASE}{base}scope = \"worker\"\n"), "t.toml").unwrap();
+    assert_eq!(c.filters[0].scope, Some(RateLimitScope::Worker));
+    let c = load_str(&format!("{BASE}{base}"), "t.toml").unwrap();
+    assert_eq!(
+        c.filters[0].scope.unwrap_or_default(),
+        RateLimitScope::Process
+    );
+    // An unknown scope; scope on a filter type that has none.
+    let p = problems(&format!("{base}scope = \"thread\"\n"));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].0, "filters[0].scope");
+    assert!(p[0].1.is_some(), "{p:?}");
+    let p = problems(
+        "[[filters]]\nname = \"k\"\ntype = \"api_key\"\nkeys = [\"a\"]\nscope = \"worker\"\n",
+    );
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].0, "filters[0].scope");
+    assert!(p[0].1.is_some(), "{p:?}");
 }

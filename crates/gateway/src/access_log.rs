@@ -1,11 +1,11 @@
 //! The access log: one line per request, JSON or combined format, written by a dedicated
 //! thread. Workers hand lines over a bounded channel with `try_send`, so a slow disk drops
-//! log lines (counted) instead of stalling the event loop.
+//! log lines instead of stalling the event loop. Lines dropped there, or lost to a failed
+//! write, are counted in `keymaster_access_log_dropped_total`.
 
+use prometheus::IntCounter;
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use keymaster_config::{AccessLogConfig, AccessLogFormat};
@@ -45,15 +45,19 @@ pub struct TryRecord {
     pub duration_us: u64,
 }
 
+/// Lines the channel to the writer thread holds.
+const QUEUED_LINES: usize = 64 * 1024;
+
 pub struct AccessLog {
     tx: SyncSender<String>,
     format: AccessLogFormat,
-    dropped: Arc<AtomicU64>,
+    dropped: IntCounter,
 }
 
 impl AccessLog {
-    pub fn open(cfg: &AccessLogConfig) -> std::io::Result<AccessLog> {
-        let mut out: Box<dyn Write + Send> = if cfg.path == "-" {
+    /// Open `cfg.path` and start the writer thread; `dropped` counts the lines lost.
+    pub fn open(cfg: &AccessLogConfig, dropped: IntCounter) -> std::io::Result<AccessLog> {
+        let out: Box<dyn Write + Send> = if cfg.path == "-" {
             Box::new(std::io::stdout())
         } else {
             Box::new(
@@ -63,28 +67,42 @@ impl AccessLog {
                     .open(&cfg.path)?,
             )
         };
-        let (tx, rx) = sync_channel::<String>(64 * 1024);
+        Self::start(out, cfg.format, QUEUED_LINES, dropped)
+    }
+
+    /// The writer thread over `out`, fed by a channel of `queued` lines.
+    fn start(
+        mut out: Box<dyn Write + Send>,
+        format: AccessLogFormat,
+        queued: usize,
+        dropped: IntCounter,
+    ) -> std::io::Result<AccessLog> {
+        let (tx, rx) = sync_channel::<String>(queued);
+        let lost = dropped.clone();
         std::thread::Builder::new()
             .name("keymaster-access-log".into())
             .spawn(move || {
                 let mut buf = Vec::with_capacity(64 * 1024);
                 while let Ok(line) = rx.recv() {
                     buf.extend_from_slice(line.as_bytes());
+                    let mut lines = 1;
                     while let Ok(more) = rx.try_recv() {
                         buf.extend_from_slice(more.as_bytes());
+                        lines += 1;
                         if buf.len() > 60 * 1024 {
                             break;
                         }
                     }
-                    let _ = out.write_all(&buf);
-                    let _ = out.flush();
+                    if out.write_all(&buf).and_then(|()| out.flush()).is_err() {
+                        lost.inc_by(lines);
+                    }
                     buf.clear();
                 }
             })?;
         Ok(AccessLog {
             tx,
-            format: cfg.format,
-            dropped: Arc::new(AtomicU64::new(0)),
+            format,
+            dropped,
         })
     }
 
@@ -94,12 +112,13 @@ impl AccessLog {
             AccessLogFormat::Combined => combined_line(r),
         };
         if let Err(TrySendError::Full(_)) = self.tx.try_send(line) {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped.inc();
         }
     }
 
+    /// Lines lost so far (the channel was full, or a write failed).
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.dropped.get()
     }
 }
 
@@ -214,6 +233,72 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sink whose writes wait until the test lets them go (a disk that stalls), then fail
+    /// or succeed.
+    struct Stalled {
+        entered: std::sync::mpsc::Sender<()>,
+        go: std::sync::mpsc::Receiver<bool>,
+    }
+
+    impl Write for Stalled {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            let _ = self.entered.send(());
+            match self.go.recv() {
+                Ok(true) => Ok(b.len()),
+                _ => Err(std::io::Error::other("disk failed")),
+            }
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_dropped_behind_a_stalled_writer_are_exported() {
+        let metrics = crate::metrics::Metrics::new();
+        let (go, rx) = std::sync::mpsc::channel();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let log = AccessLog::start(
+            Box::new(Stalled {
+                entered: entered_tx,
+                go: rx,
+            }),
+            AccessLogFormat::Json,
+            4,
+            metrics.access_log_dropped.clone(),
+        )
+        .unwrap();
+        let r = LogRecord::default();
+        // The writer takes the first line and stalls writing it; 4 more fill the channel.
+        log.write(&r);
+        entered
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the writer took the first line");
+        for _ in 0..4 {
+            log.tx.try_send(String::new()).expect("room in the channel");
+        }
+        for _ in 0..10 {
+            log.write(&r);
+        }
+        assert_eq!(log.dropped(), 10);
+        assert!(
+            metrics
+                .render()
+                .contains("keymaster_access_log_dropped_total 10\n"),
+            "{}",
+            metrics.render()
+        );
+        // A write that fails loses its lines; they are counted too.
+        go.send(false).unwrap();
+        drop(go);
+        drop(log);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while metrics.access_log_dropped.get() < 11 && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(metrics.access_log_dropped.get() >= 11);
+    }
 
     #[test]
     fn civil_dates() {

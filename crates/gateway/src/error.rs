@@ -83,6 +83,9 @@ pub(crate) enum Kind {
     /// than 2xx or 3xx, or a gRPC health status other than `SERVING`. Only the health
     /// checker makes it; it never becomes a response (502 if it did).
     OriginUnhealthy,
+    /// The process or the system is out of file descriptors (`EMFILE`, `ENFILE`), so no
+    /// connection to the origin could be opened (503). Not the origin's fault.
+    NoDescriptors,
 }
 
 /// Whether the request may be sent again.
@@ -123,7 +126,7 @@ impl Error {
             Kind::NoRoute | Kind::FilterFailed | Kind::Shed => (Side::Internal, Retry::Unsafe),
             Kind::ClusterFull => (Side::Internal, Retry::Unsafe),
             Kind::NoHealthyOrigin => (Side::Origin, Retry::Unsafe),
-            Kind::PoolFull => (Side::Internal, Retry::Safe),
+            Kind::PoolFull | Kind::NoDescriptors => (Side::Internal, Retry::Safe),
             Kind::Connect | Kind::ConnectTimeout | Kind::OriginTls => (Side::Origin, Retry::Safe),
             Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
             Kind::ResponseHeaderTimeout
@@ -216,6 +219,10 @@ impl Error {
     pub fn is_client_body_timeout(&self) -> bool {
         self.inner.kind == Kind::ClientBodyTimeout
     }
+    /// This process or the system is out of file descriptors: no fault of the origin's.
+    pub fn is_out_of_descriptors(&self) -> bool {
+        self.inner.kind == Kind::NoDescriptors
+    }
     /// Retrying is safe whatever the connection was.
     pub fn is_retry_safe(&self) -> bool {
         self.inner.retry == Retry::Safe
@@ -243,9 +250,11 @@ impl Error {
             | Kind::OriginProtocol
             | Kind::ResponseBodyTooLarge
             | Kind::OriginUnhealthy => StatusCode::BAD_GATEWAY,
-            Kind::PoolFull | Kind::ClusterFull | Kind::Shed | Kind::NoHealthyOrigin => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Kind::PoolFull
+            | Kind::ClusterFull
+            | Kind::Shed
+            | Kind::NoHealthyOrigin
+            | Kind::NoDescriptors => StatusCode::SERVICE_UNAVAILABLE,
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
             Kind::FilterFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -273,6 +282,7 @@ impl Error {
             Kind::NoHealthyOrigin => "origin_no_servers",
             Kind::ResponseBodyTooLarge => "origin_body_too_large",
             Kind::OriginUnhealthy => "origin_unhealthy",
+            Kind::NoDescriptors => "local_descriptors_exhausted",
         }
     }
 
@@ -291,7 +301,8 @@ impl Error {
             | Kind::ClusterFull
             | Kind::Shed
             | Kind::NoHealthyOrigin
-            | Kind::OriginUnhealthy => 14,
+            | Kind::OriginUnhealthy
+            | Kind::NoDescriptors => 14,
             Kind::ResponseHeaderTimeout | Kind::RequestTimeout | Kind::ClientBodyTimeout => 4,
             Kind::NoRoute => 12,
             Kind::ClientGone => 1,

@@ -342,10 +342,11 @@ impl Gateway {
                 .unwrap_or(1),
             n => n,
         };
+        crate::descriptors::prepare(&config, workers);
         let drain_timeout = config.server.drain_timeout.get();
         let access_log = if config.access_log.enabled {
             Some(
-                AccessLog::open(&config.access_log)
+                AccessLog::open(&config.access_log, metrics.access_log_dropped.clone())
                     .map_err(|e| format!("access_log.path {}: {e}", config.access_log.path))?,
             )
         } else {

@@ -24,12 +24,14 @@
 //! | `tls` | inbound TLS: certificates by SNI, ALPN, mTLS, swapped on reload |
 //! | `grpc` | recognising gRPC calls, `grpc-timeout` as the request deadline |
 //! | `upgrade` | WebSocket and other `Upgrade`s: handshake hooks and the two-way tunnel |
+//! | [`descriptors`] | `RLIMIT_NOFILE` raised at start, the descriptor budget of a config, telling `EMFILE`/`ENFILE` apart |
 //! | `overload` | load shedding by route priority (in-flight requests, event-loop lag) |
 //! | [`metrics`], `admin`, [`access_log`] | observability |
 
 pub mod access_log;
 mod admin;
 mod body;
+pub mod descriptors;
 mod downstream;
 mod drain;
 pub mod error;

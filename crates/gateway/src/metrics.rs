@@ -33,6 +33,9 @@ pub struct Metrics {
     downstream_retired: IntCounterVec,
     tls_handshake_failures: IntCounterVec,
     proxy_protocol_rejected: IntCounterVec,
+    descriptors_exhausted: IntCounterVec,
+    /// Access-log lines lost: the writer thread was behind (its queue full) or a write failed.
+    pub(crate) access_log_dropped: IntCounter,
     pub(crate) config_version: IntGauge,
     pub(crate) reloads: IntCounterVec,
     /// Admin connections closed at once because the admin listener was at max_connections.
@@ -119,6 +122,10 @@ pub(crate) struct ClusterMetrics {
     pub(crate) ejections: IntCounter,
     pub(crate) budget_exhausted: IntCounter,
     pub(crate) overflow: IntCounter,
+    /// Origin connects that failed for lack of file descriptors (`EMFILE`, `ENFILE`).
+    pub(crate) descriptors_exhausted: IntCounter,
+    /// Health checks skipped for lack of file descriptors.
+    pub(crate) check_descriptors_exhausted: IntCounter,
     /// The cluster's live counts (not a metric; kept here because it has the same lifetime).
     pub(crate) limits: Arc<ClusterState>,
 }
@@ -143,6 +150,8 @@ pub(crate) struct ListenerMetrics {
     pub(crate) proxy_malformed: IntCounter,
     pub(crate) proxy_timeout: IntCounter,
     pub(crate) proxy_untrusted: IntCounter,
+    /// Accepts that failed for lack of file descriptors (`EMFILE`, `ENFILE`).
+    pub(crate) descriptors_exhausted: IntCounter,
 }
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -320,6 +329,21 @@ impl Metrics {
                 "Client connections closed at the PROXY protocol header, by reason (malformed, timeout, untrusted)",
                 &["listener", "reason"],
             ),
+            descriptors_exhausted: counter_vec(
+                &r,
+                "descriptors_exhausted_total",
+                "Socket operations that failed because the process or system was out of file descriptors, by operation (accept, connect, health_check)",
+                &["op"],
+            ),
+            access_log_dropped: {
+                let c = IntCounter::new(
+                    "access_log_dropped_total",
+                    "Access-log lines lost: the writer was behind (its queue full) or a write failed",
+                )
+                .expect("valid metric definition");
+                r.register(Box::new(c.clone())).expect("metric registered once");
+                c
+            },
             reloads: counter_vec(
                 &r,
                 "config_reloads_total",
@@ -472,6 +496,10 @@ impl Metrics {
             ejections: self.upstream_ejections.with_label_values(&[name]),
             budget_exhausted: self.upstream_budget_exhausted.with_label_values(&[name]),
             overflow: self.upstream_overflow.with_label_values(&[name]),
+            descriptors_exhausted: self.descriptors_exhausted.with_label_values(&["connect"]),
+            check_descriptors_exhausted: self
+                .descriptors_exhausted
+                .with_label_values(&["health_check"]),
             limits: self
                 .cluster_states
                 .lock()
@@ -503,6 +531,7 @@ impl Metrics {
             proxy_untrusted: self
                 .proxy_protocol_rejected
                 .with_label_values(&[name, "untrusted"]),
+            descriptors_exhausted: self.descriptors_exhausted.with_label_values(&["accept"]),
         }
     }
 

@@ -454,7 +454,11 @@ pub(crate) async fn accept_loop(
                 tokio::task::spawn_local(serve_connection(listener.clone(), stream, peer, guard));
             }
             Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
+                // EMFILE and friends: back off instead of spinning; the client waits in
+                // the backlog until a descriptor is free.
+                if crate::descriptors::exhausted(&e) {
+                    listener.metrics.descriptors_exhausted.inc();
+                }
                 tracing::warn!(listener = %listener.name, error = %e, "accept failed");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));

@@ -4,9 +4,11 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 use std::cell::RefCell;
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use super::rate_limit_redis::RedisBackend;
@@ -14,7 +16,8 @@ use super::{done, Filter, FilterCtx, FilterFuture, FilterSpec};
 use crate::headers::HeaderEdits;
 use crate::metrics::Metrics;
 use keymaster_config::{
-    FilterConfig, FilterStage, FilterType, RateLimitBackend, RateLimitKey, RedisConfig,
+    FilterConfig, FilterStage, FilterType, RateLimitBackend, RateLimitKey, RateLimitScope,
+    RedisConfig,
 };
 
 /// One `[[filters]]` table → chain entries (cors yields a pre and a post entry).
@@ -106,6 +109,7 @@ pub(super) fn compile(
                 rate: requests / period.as_secs_f64().max(1e-9),
                 burst: f.burst.map(f64::from).unwrap_or(requests),
                 key: f.key.unwrap_or_default(),
+                scope: f.scope.unwrap_or_default(),
                 header: f.header.as_deref().map(name).transpose()?,
                 redis: match f.backend.unwrap_or_default() {
                     RateLimitBackend::Local => None,
@@ -464,6 +468,8 @@ struct RateLimit {
     rate: f64,
     burst: f64,
     key: RateLimitKey,
+    /// The local buckets: one per key for the process, or one per key in each worker.
+    scope: RateLimitScope,
     header: Option<HeaderName>,
     /// `backend = "redis"`: the shared bucket; the local one decides when Redis cannot.
     redis: Option<RedisBackend>,
@@ -474,40 +480,73 @@ struct Bucket {
     last: Instant,
 }
 
-/// Most buckets one worker keeps before sweeping the full (idle) ones.
+/// Buckets keyed by (filter name, key); a reload keeps them for filters that keep their name.
+type Buckets = HashMap<(Arc<str>, String), Bucket>;
+
+/// Most buckets one worker (`scope = "worker"`), or the process, keeps before sweeping the
+/// full (idle) ones.
 const MAX_BUCKETS: usize = 100_000;
 
+/// Shards of the process-wide buckets: a request locks the one its key hashes to, for the
+/// bucket arithmetic only (or, rarely, a sweep of at most `MAX_BUCKETS / SHARDS` entries).
+const SHARDS: usize = 64;
+
+/// The process-wide buckets (`scope = "process"`, the default), shared by every worker.
+static SHARED: LazyLock<(RandomState, [Mutex<Buckets>; SHARDS])> = LazyLock::new(|| {
+    (
+        RandomState::new(),
+        std::array::from_fn(|_| Mutex::default()),
+    )
+});
+
 thread_local! {
-    /// Per-worker buckets keyed by (filter name, key): no locks; a reload keeps them for
-    /// filters that keep their name.
-    static BUCKETS: RefCell<HashMap<(Arc<str>, String), Bucket>> = RefCell::new(HashMap::new());
+    /// Per-worker buckets (`scope = "worker"`): no locks.
+    static BUCKETS: RefCell<Buckets> = RefCell::new(HashMap::new());
 }
 
 impl RateLimit {
     /// Take one token; `Err(seconds)` until the next one when the bucket is empty.
     fn take(&self, key: String, now: Instant) -> Result<(), u64> {
-        BUCKETS.with(|b| {
-            let mut map = b.borrow_mut();
-            if map.len() >= MAX_BUCKETS {
-                let (rate, burst) = (self.rate, self.burst);
-                map.retain(|_, v| {
-                    v.tokens + now.saturating_duration_since(v.last).as_secs_f64() * rate < burst
-                });
+        match self.scope {
+            RateLimitScope::Worker => {
+                BUCKETS.with(|b| self.take_from(&mut b.borrow_mut(), key, now, MAX_BUCKETS))
             }
-            let bucket = map.entry((self.name.clone(), key)).or_insert(Bucket {
-                tokens: self.burst,
-                last: now,
+            RateLimitScope::Process => {
+                let (hasher, shards) = &*SHARED;
+                let i = hasher.hash_one((&*self.name, key.as_str())) as usize % SHARDS;
+                let mut map = shards[i].lock().unwrap_or_else(|e| e.into_inner());
+                self.take_from(&mut map, key, now, MAX_BUCKETS / SHARDS)
+            }
+        }
+    }
+
+    /// The token bucket of `key` in `map` (swept of full buckets when it holds `max`).
+    fn take_from(
+        &self,
+        map: &mut Buckets,
+        key: String,
+        now: Instant,
+        max: usize,
+    ) -> Result<(), u64> {
+        if map.len() >= max {
+            let (rate, burst) = (self.rate, self.burst);
+            map.retain(|_, v| {
+                v.tokens + now.saturating_duration_since(v.last).as_secs_f64() * rate < burst
             });
-            let elapsed = now.saturating_duration_since(bucket.last).as_secs_f64();
-            bucket.tokens = (bucket.tokens + elapsed * self.rate).min(self.burst);
-            bucket.last = now;
-            if bucket.tokens >= 1.0 {
-                bucket.tokens -= 1.0;
-                Ok(())
-            } else {
-                Err(((1.0 - bucket.tokens) / self.rate).ceil().max(1.0) as u64)
-            }
-        })
+        }
+        let bucket = map.entry((self.name.clone(), key)).or_insert(Bucket {
+            tokens: self.burst,
+            last: now,
+        });
+        let elapsed = now.saturating_duration_since(bucket.last).as_secs_f64();
+        bucket.tokens = (bucket.tokens + elapsed * self.rate).min(self.burst);
+        bucket.last = bucket.last.max(now);
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(((1.0 - bucket.tokens) / self.rate).ceil().max(1.0) as u64)
+        }
     }
 }
 
@@ -611,6 +650,7 @@ mod tests {
             rate,
             burst,
             key: RateLimitKey::ClientIp,
+            scope: RateLimitScope::Process,
             header: None,
             redis: None,
         }
@@ -642,6 +682,34 @@ mod tests {
             assert_eq!(rl.take("k".into(), t2), Ok(()));
         }
         assert!(rl.take("k".into(), t2).is_err());
+    }
+
+    /// Tokens taken by 4 threads at once from a limiter of burst 5 (no refill to speak of).
+    fn taken_by_threads(rl: RateLimit) -> usize {
+        let rl = Arc::new(rl);
+        let start = Arc::new(std::sync::Barrier::new(4));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (rl, start) = (rl.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    let now = Instant::now();
+                    (0..10).filter(|_| rl.take("k".into(), now).is_ok()).count()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).sum()
+    }
+
+    #[test]
+    fn process_scope_is_one_limit_across_threads_worker_scope_one_each() {
+        let rate = 1.0 / 3600.0; // one token an hour: none comes back during the test
+        assert_eq!(taken_by_threads(limiter("unit-process", rate, 5.0)), 5);
+        let per_worker = RateLimit {
+            scope: RateLimitScope::Worker,
+            ..limiter("unit-worker", rate, 5.0)
+        };
+        assert_eq!(taken_by_threads(per_worker), 20);
     }
 
     #[test]

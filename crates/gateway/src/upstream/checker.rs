@@ -55,7 +55,8 @@ async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
                     let name = cluster.config.name.clone();
                     match Probe::new(&cluster.config, s.clone(), hc) {
                         Ok(probe) => {
-                            let task = probe_loop(shared.clone(), name, probe, hc.clone());
+                            let skipped = cluster.metrics.check_descriptors_exhausted.clone();
+                            let task = probe_loop(shared.clone(), name, probe, hc.clone(), skipped);
                             probes.push(tokio::spawn(task));
                         }
                         Err(error) => tracing::error!(
@@ -80,13 +81,25 @@ async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-async fn probe_loop(shared: Arc<Shared>, cluster: String, probe: Probe, hc: HealthCheckConfig) {
+async fn probe_loop(
+    shared: Arc<Shared>,
+    cluster: String,
+    probe: Probe,
+    hc: HealthCheckConfig,
+    no_descriptors: prometheus::IntCounter,
+) {
     let mut tick = tokio::time::interval(hc.interval.get());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let server = probe.server.clone();
     loop {
         tick.tick().await;
         let result = probe.run().await;
+        if result.as_ref().is_err_and(|e| e.is_out_of_descriptors()) {
+            // Out of descriptors here says nothing about the server: no verdict.
+            no_descriptors.inc();
+            tracing::warn!(%cluster, server = %server.label, "health check skipped: out of file descriptors");
+            continue;
+        }
         let label = result.as_ref().map_or_else(|e| e.category(), |()| "pass");
         shared.metrics.health_check(&cluster, label);
         // A changed verdict is logged, with the failure that turned it.

@@ -61,7 +61,12 @@ pub(crate) async fn connect(
         )),
     };
     let transport = opened.inspect_err(|e| {
-        cluster.metrics.connect_failures.inc();
+        // Out of local descriptors is not the origin's failure.
+        if e.is_out_of_descriptors() {
+            cluster.metrics.descriptors_exhausted.inc();
+        } else if e.is_origin() {
+            cluster.metrics.connect_failures.inc();
+        }
         if e.is_tls() {
             cluster.metrics.tls_failures.inc();
         }
@@ -113,9 +118,13 @@ pub(crate) async fn open_transport(
     server: &OriginServer,
     proxy_header: Option<&[u8]>,
 ) -> Result<Transport, Error> {
-    let mut tcp = TcpStream::connect(server.state.addr)
-        .await
-        .map_err(|e| Error::new(Kind::Connect, "connect to origin failed").with_source(e))?;
+    let mut tcp = TcpStream::connect(server.state.addr).await.map_err(|e| {
+        if crate::descriptors::exhausted(&e) {
+            Error::new(Kind::NoDescriptors, "out of file descriptors").with_source(e)
+        } else {
+            Error::new(Kind::Connect, "connect to origin failed").with_source(e)
+        }
+    })?;
     let _ = tcp.set_nodelay(true);
     if let Some(h) = proxy_header {
         use tokio::io::AsyncWriteExt;

@@ -1,0 +1,209 @@
+//! Running out of file descriptors: `keymaster` runs as a child process with a low
+//! `RLIMIT_NOFILE` (set in `pre_exec`, so only the child is starved), and the test holds more
+//! client connections open than it allows.
+
+mod support;
+
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+use support::*;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// The child's descriptor limit, soft and hard (so raising the soft one at start cannot
+/// lift it).
+const NOFILE: libc::rlim_t = 96;
+/// Client connections held open: well past the limit.
+const CLIENTS: usize = 160;
+
+fn config(origin: std::net::SocketAddr) -> String {
+    config_text(origin, "", "")
+        + r#"health_check = { path = "/", interval = "50ms", timeout = "1s", healthy_threshold = 1000, unhealthy_threshold = 1 }
+outlier_detection = { consecutive_failures = 1, base_ejection = "60s" }
+"#
+}
+
+fn spawn_limited(path: &std::path::Path) -> Spawned {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"));
+    cmd.arg("run").arg("--config").arg(path);
+    limit(&mut cmd, NOFILE, NOFILE);
+    spawn_keymaster_command(cmd)
+}
+
+/// Start `cmd` with `RLIMIT_NOFILE` = (`soft`, `hard`).
+fn limit(cmd: &mut std::process::Command, soft: libc::rlim_t, hard: libc::rlim_t) {
+    let lim = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: the closure runs in the forked child before exec and only calls setrlimit(2),
+    // which is async-signal-safe, on a stack value it owns; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
+/// The soft limit of `pid` as `/proc/<pid>/limits` shows it.
+fn soft_nofile(pid: u32) -> u64 {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    line.split_whitespace().nth(3).unwrap().parse().unwrap()
+}
+
+/// At start the soft limit is raised to the hard one and both are logged; a config whose
+/// listeners alone may hold more connections than that gets a warning.
+#[test]
+fn the_soft_limit_is_raised_to_the_hard_one_and_a_short_budget_is_warned_about() {
+    let origin = stub();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keymaster.toml");
+    // max_connections (65 536 by default) is far above the hard limit of 4 096.
+    std::fs::write(&path, config_text(origin.local_addr(), "", "")).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"));
+    cmd.arg("run").arg("--config").arg(&path);
+    cmd.env("RUST_LOG", "keymaster_gateway=info");
+    cmd.stderr(std::process::Stdio::piped());
+    limit(&mut cmd, NOFILE, 4096);
+    let mut p = spawn_keymaster_command(cmd);
+    assert_eq!(soft_nofile(p.child.id()), 4096, "soft limit raised");
+    let _ = p.child.kill();
+    let _ = p.child.wait();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut p.child.stderr.take().unwrap(), &mut err).unwrap();
+    let err = strip_ansi(&err);
+    assert!(
+        err.contains("descriptor limit") && err.contains("soft=4096") && err.contains("hard=4096"),
+        "{err}"
+    );
+    assert!(err.contains("can exceed the descriptor limit"), "{err}");
+}
+
+/// Accepting backs off and is counted; a request on an accepted connection that cannot get
+/// an origin connection is a 503 `local_descriptors_exhausted`, not a 502; the healthy
+/// origin is neither ejected nor marked down; once clients leave, service resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_is_a_503_that_blames_no_origin() {
+    let origin = stub();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keymaster.toml");
+    std::fs::write(&path, config(origin.local_addr())).unwrap();
+    let p = spawn_limited(&path);
+    let (addr, admin) = (p.addr(), p.admin.expect("admin listener"));
+    // No request before the flood: an idle pooled origin connection would serve one client.
+
+    // The kernel completes every handshake (backlog); keymaster accepts until EMFILE.
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(TcpStream::connect(addr).await.expect("handshake"));
+    }
+    // Long enough for the accepts and several health-check rounds (50 ms apart).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let asks = clients.into_iter().map(|mut s| {
+        tokio::spawn(async move {
+            s.write_all(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+                .await
+                .unwrap();
+            let got = read_for(&mut s, Duration::from_millis(1500)).await;
+            (got, s)
+        })
+    });
+    let mut answered = Vec::new();
+    let mut held = Vec::new();
+    for a in asks.collect::<Vec<_>>() {
+        let (got, s) = a.await.unwrap();
+        held.push(s);
+        if !got.is_empty() {
+            answered.push(String::from_utf8_lossy(&got).into_owned());
+        }
+    }
+    assert!(!answered.is_empty(), "some clients were accepted");
+    assert!(answered.len() < CLIENTS, "the limit was reached");
+    for a in &answered {
+        assert!(
+            a.starts_with("HTTP/1.1 503") && a.contains("out of file descriptors"),
+            "an accepted client gets the descriptors 503: {a}"
+        );
+    }
+    drop(held);
+
+    // Descriptors are free again: the admin API and the listener serve.
+    let mut m = None;
+    for _ in 0..100 {
+        m = try_get(admin, "/metrics").await;
+        if m.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = String::from_utf8_lossy(&m.expect("metrics after the flood").body).into_owned();
+    let accept = metric(&m, r#"keymaster_descriptors_exhausted_total{op="accept"}"#);
+    let connect = metric(&m, r#"keymaster_descriptors_exhausted_total{op="connect"}"#);
+    assert!(accept >= 1.0, "accept EMFILE counted: {m}");
+    assert!(
+        connect >= answered.len() as f64,
+        "connect EMFILE counted: {m}"
+    );
+    assert!(
+        metric(
+            &m,
+            r#"keymaster_errors_total{category="local_descriptors_exhausted",side="internal"}"#
+        ) >= answered.len() as f64,
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            r#"keymaster_errors_total{category="origin_connectivity""#
+        ),
+        0.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            r#"keymaster_upstream_ejections_total{cluster="origin"}"#
+        ),
+        0.0,
+        "no ejection: {m}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("keymaster_upstream_server_healthy{") && l.ends_with(" 1")),
+        "the origin is still up: {m}"
+    );
+    let mut ok = false;
+    for _ in 0..50 {
+        if try_get(addr, "/").await.map(|r| r.status) == Some(200) {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ok, "service resumes once descriptors are free");
+}
+
+/// `text` without ANSI colour sequences (`ESC [ ... m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
