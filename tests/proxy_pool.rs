@@ -263,3 +263,43 @@ async fn close_in_a_repeated_connection_header_is_not_reused() {
     }
     assert_eq!(*per_conn.lock().unwrap(), vec![1, 1, 1]);
 }
+
+/// The idle-connections gauge counts what the pools hold: connections a full pool turns
+/// away, and idle ones the origin closed, leave the count too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_idle_gauge_counts_what_the_pool_holds() {
+    let s = stub();
+    let g = start_gateway(&pool_config(s.local_addr(), "{ max_idle = 2 }"));
+    let gets = (0..6).map(|_| async {
+        let mut c = Client::connect(g.addr).await;
+        c.get("/?delay=150").await.status
+    });
+    let statuses = futures_util::future::join_all(gets).await;
+    assert_eq!(statuses, vec![200; 6]);
+    let text = metrics_text(&g).await;
+    assert_eq!(
+        m(&text, "upstream_connects_total"),
+        6.0,
+        "six at once: six connections"
+    );
+    assert_eq!(
+        m(&text, "upstream_idle_connections"),
+        2.0,
+        "max_idle keeps two"
+    );
+
+    // The origin goes away: the idle connections it closed leave the gauge once swept.
+    drop(s);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let idle = m(&metrics_text(&g).await, "upstream_idle_connections");
+        if idle == 0.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{idle} closed connections still counted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

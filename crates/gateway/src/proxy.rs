@@ -827,7 +827,6 @@ impl Drop for Exchange {
                 *self.cx.private_upstream.borrow_mut() = Some(conn);
             } else if complete && self.reusable && body_sent {
                 let pool = &self.cluster.config.pool;
-                self.cluster.metrics.idle_connections.inc();
                 self.cx
                     .worker
                     .pools

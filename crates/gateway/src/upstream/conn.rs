@@ -77,6 +77,14 @@ impl Conn {
         }
     }
 
+    /// The idle-connections gauge of an HTTP/1.1 connection in hand.
+    pub(crate) fn idle_gauge(&self) -> Option<&prometheus::IntGauge> {
+        match &self.sender {
+            Sender::H1(Some(c)) => c.idle_gauge(),
+            _ => None,
+        }
+    }
+
     /// The HTTP/1.1 connection back from a response body that ended cleanly.
     pub(crate) fn give_back(&mut self, c: h1::Connection) {
         self.sender = Sender::H1(Some(c));

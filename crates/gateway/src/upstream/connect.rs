@@ -51,6 +51,7 @@ pub(crate) async fn connect(
     let slot = OpenSlot {
         state: state.clone(),
         gauge: None,
+        idle_gauge: None,
     };
     cluster.metrics.connect_attempts.inc();
     let opened = match tokio::time::timeout(timeout, open_transport(server, proxy_header)).await {
@@ -148,6 +149,7 @@ fn h1_conn(cluster: &Cluster, server: &Arc<OriginServer>, io: Io, mut slot: Open
     let gauge = cluster.metrics.open_connections.clone();
     gauge.inc();
     slot.gauge = Some(gauge);
+    slot.idle_gauge = Some(cluster.metrics.idle_connections.clone());
     Connected::H1(Conn::new(h1::Connection::new(io, slot), server.clone()))
 }
 
@@ -190,6 +192,14 @@ where
 pub(crate) struct OpenSlot {
     state: Arc<super::OriginState>,
     gauge: Option<prometheus::IntGauge>,
+    /// The cluster's idle-connections gauge, which the idle pool moves (HTTP/1.1 only).
+    idle_gauge: Option<prometheus::IntGauge>,
+}
+
+impl OpenSlot {
+    pub(crate) fn idle_gauge(&self) -> Option<&prometheus::IntGauge> {
+        self.idle_gauge.as_ref()
+    }
 }
 
 impl Drop for OpenSlot {

@@ -54,7 +54,6 @@ pub(crate) async fn checkout(
     }
     if reuse {
         if let Some(c) = pools.checkout(server.state.id, Instant::now()) {
-            cluster.metrics.idle_connections.dec();
             return Ok((c, true));
         }
     }
@@ -67,10 +66,48 @@ pub(crate) async fn checkout(
     }
 }
 
+/// An idle connection, counted in its cluster's idle-connections gauge from the moment it
+/// enters the pool until it leaves it, whichever way (checked out, expired, found closed,
+/// pushed out by a full pool, swept): dropping an `Idle` uncounts it.
 struct Idle {
-    conn: Conn,
+    /// `None` once checked out.
+    conn: Option<Conn>,
     since: Instant,
     idle_timeout: Duration,
+}
+
+impl Idle {
+    fn new(conn: Conn, since: Instant, idle_timeout: Duration) -> Idle {
+        if let Some(g) = conn.idle_gauge() {
+            g.inc();
+        }
+        Idle {
+            conn: Some(conn),
+            since,
+            idle_timeout,
+        }
+    }
+
+    /// The connection, out of the pool and its count.
+    fn take(mut self) -> Option<Conn> {
+        self.conn.take().inspect(|c| {
+            if let Some(g) = c.idle_gauge() {
+                g.dec();
+            }
+        })
+    }
+
+    fn is_closed(&mut self) -> bool {
+        self.conn.as_mut().is_none_or(Conn::is_closed)
+    }
+}
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        if let Some(g) = self.conn.as_ref().and_then(Conn::idle_gauge) {
+            g.dec();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -103,10 +140,10 @@ impl Pools {
                 pool.idle.drain(..=i);
                 return None;
             }
-            if idle.conn.is_closed() {
+            if idle.is_closed() {
                 pool.idle.remove(i);
-            } else if idle.conn.is_ready() {
-                return pool.idle.remove(i).map(|idle| idle.conn);
+            } else if idle.conn.as_ref().is_some_and(Conn::is_ready) {
+                return pool.idle.remove(i).and_then(Idle::take);
             }
         }
         None
@@ -128,11 +165,7 @@ impl Pools {
             // Keep the warm ones; close the oldest.
             pool.idle.pop_front();
         }
-        pool.idle.push_back(Idle {
-            conn,
-            since: now,
-            idle_timeout,
-        });
+        pool.idle.push_back(Idle::new(conn, now, idle_timeout));
     }
 
     /// Close idle connections past their idle timeout, already closed by the origin, or to
@@ -147,7 +180,7 @@ impl Pools {
                 continue;
             }
             pool.idle.retain_mut(|i| {
-                now.saturating_duration_since(i.since) < i.idle_timeout && !i.conn.is_closed()
+                now.saturating_duration_since(i.since) < i.idle_timeout && !i.is_closed()
             });
         }
     }

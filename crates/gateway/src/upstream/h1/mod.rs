@@ -130,6 +130,11 @@ impl Failure {
 }
 
 impl Connection {
+    /// The gauge of idle connections of the cluster that opened this one.
+    pub(crate) fn idle_gauge(&self) -> Option<&prometheus::IntGauge> {
+        self.open.idle_gauge()
+    }
+
     pub(crate) fn new(io: Io, open: OpenSlot) -> Connection {
         Connection(Box::new(ConnState {
             io,
