@@ -7,7 +7,6 @@ mod support;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use lua_support::*;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -154,16 +153,6 @@ async fn path_tricks_over_http1_meet_the_guard_or_a_400() {
     }
 }
 
-async fn h2_sender(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(conn);
-    sender
-}
-
 async fn h2_send(
     sender: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
     req: http::Request<Full<Bytes>>,
@@ -182,7 +171,7 @@ async fn h2_send(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn path_tricks_over_http2_meet_the_guard_or_a_400() {
     let (g, _public, _private, _dir) = guarded_gateway("").await;
-    let mut sender = h2_sender(g.addr).await;
+    let mut sender = h2_client(g.addr).await;
     for &(path, expect) in TRICKS {
         for key in [false, true] {
             let mut req = http::Request::get(format!("http://gw.test{path}"));
@@ -267,7 +256,7 @@ async fn asterisk_only_for_options_and_no_userinfo() {
     assert_eq!(status, 400, "userinfo in Host");
     let before = origin.connections();
 
-    let mut sender = h2_sender(g.addr).await;
+    let mut sender = h2_client(g.addr).await;
     let req = http::Request::get("http://user@gw.test/")
         .body(Full::new(Bytes::new()))
         .unwrap();
@@ -303,7 +292,7 @@ async fn asterisk_only_for_options_and_no_userinfo() {
 async fn max_headers_applies_to_http2() {
     let origin = head_echo_origin().await;
     let g = start_gateway(&config_text(origin.addr, "max_headers = 20", ""));
-    let mut sender = h2_sender(g.addr).await;
+    let mut sender = h2_client(g.addr).await;
     let request = |n: usize| {
         let mut req = http::Request::get(format!("http://{}/", g.addr));
         for i in 0..n {

@@ -356,18 +356,6 @@ async fn thousands_of_idle_connections_do_not_starve_a_new_client() {
     drop(idle);
 }
 
-async fn h2_client(
-    addr: std::net::SocketAddr,
-) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(conn);
-    sender
-}
-
 async fn h2_get(
     sender: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
     addr: std::net::SocketAddr,

@@ -541,3 +541,16 @@ pub fn spawn_keymaster_command(mut cmd: std::process::Command) -> Spawned {
         _stdout: reader,
     }
 }
+
+/// One HTTP/2 client connection with prior knowledge (hyper's low-level client).
+pub async fn h2_client(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let tcp = TcpStream::connect(addr).await.expect("connect to gateway");
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(tcp),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    sender
+}

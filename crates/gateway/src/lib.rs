@@ -58,11 +58,17 @@ mod worker;
 
 pub use gateway::{ConfigSource, Gateway, Signals};
 
-/// Cases per fuzz property: `default`, or `KEYMASTER_FUZZ_CASES` for a longer run (`.ci/run`).
+/// A fuzz property's settings: `cases` cases (or `KEYMASTER_FUZZ_CASES`, for the longer run
+/// in `.ci/run`), no failure files written (regressions live in each module's tables).
 #[cfg(test)]
-pub(crate) fn fuzz_cases(default: u32) -> u32 {
-    std::env::var("KEYMASTER_FUZZ_CASES")
+pub(crate) fn fuzz_config(cases: u32) -> proptest::prelude::ProptestConfig {
+    let cases = std::env::var("KEYMASTER_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+        .unwrap_or(cases);
+    proptest::prelude::ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..Default::default()
+    }
 }

@@ -113,11 +113,7 @@ fn pieces() -> impl Strategy<Value = Vec<usize>> {
 }
 
 fn config() -> ProptestConfig {
-    ProptestConfig {
-        cases: crate::fuzz_cases(512),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+    crate::fuzz_config(512)
 }
 
 proptest! {

@@ -67,11 +67,7 @@ fn name(i: usize) -> HeaderName {
 }
 
 fn config() -> ProptestConfig {
-    ProptestConfig {
-        cases: crate::fuzz_cases(384),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+    crate::fuzz_config(384)
 }
 
 proptest! {

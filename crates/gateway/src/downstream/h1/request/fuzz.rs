@@ -118,11 +118,7 @@ fn near_head() -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn config() -> ProptestConfig {
-    ProptestConfig {
-        cases: crate::fuzz_cases(384),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+    crate::fuzz_config(384)
 }
 
 const METHODS: &[&str] = &[

@@ -106,11 +106,7 @@ fn methods() -> impl Strategy<Value = Method> {
 }
 
 fn config() -> ProptestConfig {
-    ProptestConfig {
-        cases: crate::fuzz_cases(384),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+    crate::fuzz_config(384)
 }
 
 proptest! {
