@@ -48,8 +48,12 @@ pub(crate) enum Kind {
     NoRoute,
     /// The client went away or failed while sending its body.
     ClientGone,
-    /// Connecting to the origin failed (refused, unreachable) (502).
+    /// Connecting to the origin failed (unreachable, reset during the connect) (502).
     Connect,
+    /// The origin refused the connection: nothing listens on its port (502; category
+    /// `origin_connectivity`, like [`Kind::Connect`]). Kept apart because it is the one
+    /// connect failure that says the server itself is down (fast ejection).
+    ConnectRefused,
     /// Connecting to the origin took longer than the connect timeout (502).
     ConnectTimeout,
     /// The TLS handshake with the origin failed: certificate not trusted, wrong name,
@@ -116,7 +120,9 @@ impl Error {
             Kind::ClusterFull => (Side::Internal, Retry::Unsafe),
             Kind::NoHealthyOrigin => (Side::Origin, Retry::Unsafe),
             Kind::PoolFull => (Side::Internal, Retry::Safe),
-            Kind::Connect | Kind::ConnectTimeout | Kind::OriginTls => (Side::Origin, Retry::Safe),
+            Kind::Connect | Kind::ConnectRefused | Kind::ConnectTimeout | Kind::OriginTls => {
+                (Side::Origin, Retry::Safe)
+            }
             Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
             Kind::ResponseHeaderTimeout
             | Kind::RequestTimeout
@@ -183,8 +189,13 @@ impl Error {
     pub fn is_connect(&self) -> bool {
         matches!(
             self.inner.kind,
-            Kind::Connect | Kind::ConnectTimeout | Kind::OriginTls
+            Kind::Connect | Kind::ConnectRefused | Kind::ConnectTimeout | Kind::OriginTls
         )
+    }
+    /// The origin refused the connection (nothing listens there): the server is down, not
+    /// slow, and not keymaster's own shortage.
+    pub fn is_refused(&self) -> bool {
+        self.inner.kind == Kind::ConnectRefused
     }
     /// The TLS handshake with the origin failed.
     pub fn is_tls(&self) -> bool {
@@ -222,6 +233,7 @@ impl Error {
             // Nobody reads it, but the access log records 499 as nginx does.
             Kind::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             Kind::Connect
+            | Kind::ConnectRefused
             | Kind::ConnectTimeout
             | Kind::OriginTls
             | Kind::OriginReset
@@ -242,7 +254,7 @@ impl Error {
             Kind::BodyTooLarge => "client_body_too_large",
             Kind::NoRoute => "local_no_route",
             Kind::ClientGone => "client_cancelled",
-            Kind::Connect => "origin_connectivity",
+            Kind::Connect | Kind::ConnectRefused => "origin_connectivity",
             Kind::ConnectTimeout => "origin_connect_timeout",
             Kind::OriginTls => "origin_tls",
             Kind::PoolFull => "origin_throttled",
@@ -266,6 +278,7 @@ impl Error {
     pub fn grpc_status(&self) -> u8 {
         match self.inner.kind {
             Kind::Connect
+            | Kind::ConnectRefused
             | Kind::ConnectTimeout
             | Kind::OriginTls
             | Kind::OriginReset
@@ -325,9 +338,17 @@ mod tests {
 
     #[test]
     fn sides_statuses_and_retry() {
-        let e = Error::new(Kind::Connect, "connection refused");
-        assert!(e.is_origin() && e.is_connect() && e.is_retry_safe());
+        let e = Error::new(Kind::Connect, "unreachable");
+        assert!(e.is_origin() && e.is_connect() && e.is_retry_safe() && !e.is_refused());
         assert_eq!(e.status(), StatusCode::BAD_GATEWAY);
+        let e = Error::new(Kind::ConnectRefused, "connection refused");
+        assert!(e.is_origin() && e.is_connect() && e.is_retry_safe() && e.is_refused());
+        assert_eq!(
+            (e.status(), e.category()),
+            (StatusCode::BAD_GATEWAY, "origin_connectivity")
+        );
+        assert!(!Error::new(Kind::ConnectTimeout, "slow").is_refused());
+        assert!(!Error::new(Kind::OriginReset, "reset").is_refused());
         let e = Error::new(Kind::ResponseHeaderTimeout, "no response head");
         assert!(e.is_timeout() && !e.is_retry_safe() && !e.is_retry_safe_if_reused());
         assert_eq!(e.status(), StatusCode::GATEWAY_TIMEOUT);

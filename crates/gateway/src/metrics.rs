@@ -21,6 +21,7 @@ pub struct Metrics {
     upstream_requests: IntCounterVec,
     upstream_reused: IntCounterVec,
     upstream_retries: IntCounterVec,
+    upstream_unsent_retries: IntCounterVec,
     upstream_open: IntGaugeVec,
     upstream_idle: IntGaugeVec,
     upstream_streams: IntGaugeVec,
@@ -42,6 +43,7 @@ pub struct Metrics {
     tunnel_bytes: IntCounterVec,
     tunnel_idle_timeouts: IntCounterVec,
     upstream_ejections: IntCounterVec,
+    upstream_fast_ejections: IntCounterVec,
     upstream_budget_exhausted: IntCounterVec,
     upstream_overflow: IntCounterVec,
     /// 1 when a server is available (healthy and not ejected), by cluster and server;
@@ -102,6 +104,8 @@ pub(crate) struct ClusterMetrics {
     pub(crate) requests: IntCounter,
     pub(crate) reused: IntCounter,
     pub(crate) retries: IntCounter,
+    /// Requests tried on another server because the last try never sent them.
+    pub(crate) unsent_retries: IntCounter,
     pub(crate) open_connections: IntGauge,
     pub(crate) idle_connections: IntGauge,
     /// HTTP/2 streams in flight to the cluster's servers.
@@ -109,6 +113,8 @@ pub(crate) struct ClusterMetrics {
     /// Failed TLS handshakes with the cluster's servers.
     pub(crate) tls_failures: IntCounter,
     pub(crate) ejections: IntCounter,
+    /// Ejections at once because a server refused a connection (also in `ejections`).
+    pub(crate) fast_ejections: IntCounter,
     pub(crate) budget_exhausted: IntCounter,
     pub(crate) overflow: IntCounter,
     /// The cluster's live counts (not a metric; kept here because it has the same lifetime).
@@ -226,6 +232,12 @@ impl Metrics {
                 "Retries: the route's retry policy, and requests resent on a fresh connection after a stale pooled one failed",
                 &["cluster"],
             ),
+            upstream_unsent_retries: counter_vec(
+                &r,
+                "upstream_unsent_retries_total",
+                "Requests tried on another server because the last try never sent them (connection refused or failed, pooled connection closed before the write); outside the retry budget and the route's attempts",
+                &["cluster"],
+            ),
             upstream_open: gauge_vec(
                 &r,
                 "upstream_connections",
@@ -314,6 +326,12 @@ impl Metrics {
                 &r,
                 "upstream_ejections_total",
                 "Origin servers ejected by passive outlier detection",
+                &["cluster"],
+            ),
+            upstream_fast_ejections: counter_vec(
+                &r,
+                "upstream_fast_ejections_total",
+                "Origin servers ejected at once because they refused a connection (also counted in upstream_ejections_total)",
                 &["cluster"],
             ),
             upstream_budget_exhausted: counter_vec(
@@ -418,11 +436,13 @@ impl Metrics {
             requests: self.upstream_requests.with_label_values(&[name]),
             reused: self.upstream_reused.with_label_values(&[name]),
             retries: self.upstream_retries.with_label_values(&[name]),
+            unsent_retries: self.upstream_unsent_retries.with_label_values(&[name]),
             open_connections: self.upstream_open.with_label_values(&[name]),
             idle_connections: self.upstream_idle.with_label_values(&[name]),
             h2_streams: self.upstream_streams.with_label_values(&[name]),
             tls_failures: self.upstream_tls_failures.with_label_values(&[name]),
             ejections: self.upstream_ejections.with_label_values(&[name]),
+            fast_ejections: self.upstream_fast_ejections.with_label_values(&[name]),
             budget_exhausted: self.upstream_budget_exhausted.with_label_values(&[name]),
             overflow: self.upstream_overflow.with_label_values(&[name]),
             limits: self

@@ -105,9 +105,15 @@ async fn open_transport(
     server: &OriginServer,
     proxy_header: Option<&[u8]>,
 ) -> Result<Transport, Error> {
-    let mut tcp = TcpStream::connect(server.state.addr)
-        .await
-        .map_err(|e| Error::new(Kind::Connect, "connect to origin failed").with_source(e))?;
+    let mut tcp = TcpStream::connect(server.state.addr).await.map_err(|e| {
+        // Refused: nothing listens there, the server is down (it is ejected at once, see
+        // `Cluster::record_failure`). Other failures may be the network's or keymaster's own.
+        if e.kind() == std::io::ErrorKind::ConnectionRefused {
+            Error::new(Kind::ConnectRefused, "origin refused the connection").with_source(e)
+        } else {
+            Error::new(Kind::Connect, "connect to origin failed").with_source(e)
+        }
+    })?;
     let _ = tcp.set_nodelay(true);
     if let Some(h) = proxy_header {
         use tokio::io::AsyncWriteExt;
