@@ -1,19 +1,28 @@
-//! Sending a request upstream: one loop of attempts that covers both the route's retry
-//! policy and the keep-alive race.
+//! Sending a request upstream: one loop of tries that covers the route's retry policy, the
+//! move of a request that was never sent to another server, and the keep-alive race.
 //!
 //! ```text
 //! choose server (healthy, untried first) ─► pool checkout | connect ─► send ─► response head
 //!    ▲                                      └ stale pooled connection failed before a
 //!    │                                        response: resend once on a fresh connection
 //!    │                                        (not a policy retry: no budget, no back-off)
+//!    ├── never sent? another server at once: no budget token, no back-off, not an attempt;
+//!    │   at most one try per server of the cluster, within the deadline
 //!    └── retry? attempts left, retryable outcome, budget token, back-off fits the deadline
 //! ```
 //!
-//! Retryable outcomes: a connect failure or a request that was never sent (any method); a
+//! Never sent: the connect failed (refused, timed out, TLS) or hit the server's connection
+//! cap, or a connection failed before any byte of the request was written (any method). A
+//! keep-alive race resend the server refused counts as never sent for idempotent methods
+//! only: the server died, maybe after acting on the first copy. The budget is for retries of
+//! requests an origin may have received; a never-sent try cost its server nothing.
+//!
+//! Retryable by the policy: a request never sent once every server was tried (any method); a
 //! reset before the response head, a response-head timeout (the per-try timeout), or a
 //! status in the route's `retry.statuses` (idempotent methods only). A request is resent
-//! only if it can be rebuilt: no body, or a body read whole into the replay buffer. Every
-//! attempt feeds passive outlier detection and, when the access log is on, its `tries`.
+//! only if it can be rebuilt: no body, or a body read whole into the replay buffer (a request
+//! never sent still holds its body). Every try feeds passive outlier detection (a refused
+//! connection ejects its server at once) and, when the access log is on, its `tries`.
 
 use http::header::{self, HeaderValue};
 use http::{Method, Request};
@@ -224,25 +233,13 @@ pub(super) async fn send(
         _ => None,
     };
     let rebuildable = matches!(req.body(), RequestBody::Empty | RequestBody::Buffered(_));
-    // Origin ids already tried (no allocation: the first ten are enough to prefer others).
-    let mut tried = [0usize; 10];
-    let mut n_tried = 0;
+    let mut tried = Tried::default();
     let mut sends = 0;
     let mut token: Option<RetryToken> = None;
     loop {
-        let server = cluster.choose(&tried[..n_tried])?;
-        if let Some(s) = tried.get_mut(n_tried) {
-            *s = server.state.id;
-            n_tried += 1;
-        }
-        if slot.is_none() {
-            match &template {
-                Some(t) => *slot = Some(Box::new(t.build())),
-                // Cannot happen: a retry is only chosen with the request or a template.
-                None => return Err(no_request()),
-            }
-        }
-        set_host(up, &server, slot, &mut template);
+        let server = cluster.choose(tried.ids())?;
+        tried.push(server.state.id);
+        prepare(up, &server, slot, &mut template)?;
         if let Some(l) = log.as_deref_mut() {
             l.origin = server.label.to_string();
         }
@@ -277,11 +274,7 @@ pub(super) async fn send(
             }
             Err(f) => {
                 sends += f.sends;
-                if f.err.is_refused() {
-                    cluster.record_refused(&server);
-                } else if f.err.is_origin() {
-                    cluster.record_outcome(&server, false);
-                }
+                cluster.record_failure(&server, &f.err);
                 note(&mut log, &server, || f.err.category().to_string(), started);
                 let in_hand = slot.is_some();
                 match after_failure(up, &f, in_hand, template.is_some(), &tally) {
@@ -340,15 +333,38 @@ fn after_failure(
     Some(Next::Retry(token, pause))
 }
 
-/// Set the Host field the chosen server gets, in the request and in its template.
-fn set_host(
+/// Origin ids a request has tried (no allocation: the first ten are enough to prefer others).
+#[derive(Default)]
+struct Tried {
+    ids: [usize; 10],
+    n: usize,
+}
+
+impl Tried {
+    fn ids(&self) -> &[usize] {
+        &self.ids[..self.n]
+    }
+
+    fn push(&mut self, id: usize) {
+        if let Some(s) = self.ids.get_mut(self.n) {
+            *s = id;
+            self.n += 1;
+        }
+    }
+}
+
+/// The request for a try on `server`: the one in the slot (never sent yet) or one rebuilt
+/// from the template, with the Host field that server gets (in the template too).
+fn prepare(
     up: &Upstream<'_>,
     server: &OriginServer,
     slot: &mut Option<Box<Request<RequestBody>>>,
     template: &mut Option<Box<Template>>,
-) {
-    let Some(req) = slot.as_mut() else {
-        return;
+) -> Result<(), Error> {
+    let req = match slot {
+        Some(r) => r,
+        // Cannot fail: a retry is only chosen with the request or a template.
+        None => slot.insert(Box::new(template.as_ref().ok_or_else(no_request)?.build())),
     };
     match &up.host {
         UpstreamHost::Keep => {}
@@ -365,6 +381,7 @@ fn set_host(
             t.headers.insert(header::HOST, h.clone());
         }
     }
+    Ok(())
 }
 
 fn no_request() -> Error {

@@ -4,11 +4,14 @@
 //! ([`super::checker`] runs them), and health-aware server choice ([`Cluster::choose`]).
 //!
 //! A server is *available* when the active checks call it healthy (or there are none) and it
-//! is not ejected. Ejection lasts `base_ejection × 2^(ejections so far)`, capped at
-//! `max_ejection`; the multiplier is forgotten once the server has served successfully for
-//! `max_ejection` after its last ejection ended. At most `max_ejected_percent` of a cluster is
-//! ejected at once (one server always may be). Passing active checks (`healthy_threshold`
-//! in a row) also end an ejection early.
+//! is not ejected. Passive ejection follows `consecutive_failures` failed requests, or one
+//! refused connection (fast ejection: nothing listens there, so the server is down; other
+//! connect failures may be the network's or keymaster's own). Ejection lasts
+//! `base_ejection × 2^(ejections so far)`, capped at `max_ejection`; the multiplier is
+//! forgotten once the server has served successfully for `max_ejection` after its last
+//! ejection ended. At most `max_ejected_percent` of a cluster is ejected at once (one server
+//! always may be). Passing active checks (`healthy_threshold` in a row) also end an ejection
+//! early.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -262,10 +265,21 @@ impl Cluster {
         }
     }
 
+    /// Feed a failed try to passive outlier detection: a refused connection ejects the
+    /// server at once, another failure of the origin's counts toward `consecutive_failures`;
+    /// keymaster's own failures and the client's do not count.
+    pub(crate) fn record_failure(&self, server: &OriginServer, err: &Error) {
+        if err.is_refused() {
+            self.record_refused(server);
+        } else if err.is_origin() {
+            self.record_outcome(server, false);
+        }
+    }
+
     /// A connection to `server` was refused: eject it at once (fast ejection) so that the
     /// requests choosing it stop within one round trip. When it may not be ejected (see
     /// [`HealthState::eject_refused`]) the refusal counts as one failure.
-    pub(crate) fn record_refused(&self, server: &OriginServer) {
+    fn record_refused(&self, server: &OriginServer) {
         let cfg = &self.config.outlier_detection;
         let now = now_ms();
         let peers = || self.ejected_peers(server, now);
