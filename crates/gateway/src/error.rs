@@ -51,8 +51,12 @@ pub(crate) enum Kind {
     /// The client left its request body with nothing to read for the route's
     /// `client_body_timeout` (408).
     ClientBodyTimeout,
-    /// Connecting to the origin failed (refused, unreachable) (502).
+    /// Connecting to the origin failed (unreachable, reset during the connect) (502).
     Connect,
+    /// The origin refused the connection: nothing listens on its port (502; category
+    /// `origin_connectivity`, like [`Kind::Connect`]). Kept apart because it is the one
+    /// connect failure that says the server itself is down (fast ejection).
+    ConnectRefused,
     /// Connecting to the origin took longer than the connect timeout (502).
     ConnectTimeout,
     /// The TLS handshake with the origin failed: certificate not trusted, wrong name,
@@ -127,7 +131,9 @@ impl Error {
             Kind::ClusterFull => (Side::Internal, Retry::Unsafe),
             Kind::NoHealthyOrigin => (Side::Origin, Retry::Unsafe),
             Kind::PoolFull | Kind::NoDescriptors => (Side::Internal, Retry::Safe),
-            Kind::Connect | Kind::ConnectTimeout | Kind::OriginTls => (Side::Origin, Retry::Safe),
+            Kind::Connect | Kind::ConnectRefused | Kind::ConnectTimeout | Kind::OriginTls => {
+                (Side::Origin, Retry::Safe)
+            }
             Kind::OriginReset => (Side::Origin, Retry::ReusedOnly),
             Kind::ResponseHeaderTimeout
             | Kind::RequestTimeout
@@ -195,8 +201,13 @@ impl Error {
     pub fn is_connect(&self) -> bool {
         matches!(
             self.inner.kind,
-            Kind::Connect | Kind::ConnectTimeout | Kind::OriginTls
+            Kind::Connect | Kind::ConnectRefused | Kind::ConnectTimeout | Kind::OriginTls
         )
+    }
+    /// The origin refused the connection (nothing listens there): the server is down, not
+    /// slow, and not keymaster's own shortage.
+    pub fn is_refused(&self) -> bool {
+        self.inner.kind == Kind::ConnectRefused
     }
     /// The TLS handshake with the origin failed.
     pub fn is_tls(&self) -> bool {
@@ -244,6 +255,7 @@ impl Error {
             Kind::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             Kind::ClientBodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Kind::Connect
+            | Kind::ConnectRefused
             | Kind::ConnectTimeout
             | Kind::OriginTls
             | Kind::OriginReset
@@ -268,7 +280,7 @@ impl Error {
             Kind::NoRoute => "local_no_route",
             Kind::ClientGone => "client_cancelled",
             Kind::ClientBodyTimeout => "client_body_timeout",
-            Kind::Connect => "origin_connectivity",
+            Kind::Connect | Kind::ConnectRefused => "origin_connectivity",
             Kind::ConnectTimeout => "origin_connect_timeout",
             Kind::OriginTls => "origin_tls",
             Kind::PoolFull => "origin_throttled",
@@ -294,6 +306,7 @@ impl Error {
     pub fn grpc_status(&self) -> u8 {
         match self.inner.kind {
             Kind::Connect
+            | Kind::ConnectRefused
             | Kind::ConnectTimeout
             | Kind::OriginTls
             | Kind::OriginReset
@@ -355,9 +368,17 @@ mod tests {
 
     #[test]
     fn sides_statuses_and_retry() {
-        let e = Error::new(Kind::Connect, "connection refused");
-        assert!(e.is_origin() && e.is_connect() && e.is_retry_safe());
+        let e = Error::new(Kind::Connect, "unreachable");
+        assert!(e.is_origin() && e.is_connect() && e.is_retry_safe() && !e.is_refused());
         assert_eq!(e.status(), StatusCode::BAD_GATEWAY);
+        let e = Error::new(Kind::ConnectRefused, "connection refused");
+        assert!(e.is_origin() && e.is_connect() && e.is_retry_safe() && e.is_refused());
+        assert_eq!(
+            (e.status(), e.category()),
+            (StatusCode::BAD_GATEWAY, "origin_connectivity")
+        );
+        assert!(!Error::new(Kind::ConnectTimeout, "slow").is_refused());
+        assert!(!Error::new(Kind::OriginReset, "reset").is_refused());
         let e = Error::new(Kind::ResponseHeaderTimeout, "no response head");
         assert!(e.is_timeout() && !e.is_retry_safe() && !e.is_retry_safe_if_reused());
         assert_eq!(e.status(), StatusCode::GATEWAY_TIMEOUT);

@@ -21,6 +21,7 @@ pub struct Metrics {
     upstream_requests: IntCounterVec,
     upstream_reused: IntCounterVec,
     upstream_retries: IntCounterVec,
+    upstream_unsent_retries: IntCounterVec,
     upstream_open: IntGaugeVec,
     upstream_idle: IntGaugeVec,
     upstream_streams: IntGaugeVec,
@@ -51,6 +52,7 @@ pub struct Metrics {
     tunnel_bytes: IntCounterVec,
     tunnel_idle_timeouts: IntCounterVec,
     upstream_ejections: IntCounterVec,
+    upstream_fast_ejections: IntCounterVec,
     upstream_budget_exhausted: IntCounterVec,
     upstream_overflow: IntCounterVec,
     /// 1 when a server is available (healthy and not ejected), by cluster and server;
@@ -113,6 +115,8 @@ pub(crate) struct ClusterMetrics {
     pub(crate) requests: IntCounter,
     pub(crate) reused: IntCounter,
     pub(crate) retries: IntCounter,
+    /// Requests tried on another server because the last try never sent them.
+    pub(crate) unsent_retries: IntCounter,
     pub(crate) open_connections: IntGauge,
     pub(crate) idle_connections: IntGauge,
     /// HTTP/2 streams in flight to the cluster's servers.
@@ -120,6 +124,8 @@ pub(crate) struct ClusterMetrics {
     /// Failed TLS handshakes with the cluster's servers.
     pub(crate) tls_failures: IntCounter,
     pub(crate) ejections: IntCounter,
+    /// Ejections at once because a server refused a connection (also in `ejections`).
+    pub(crate) fast_ejections: IntCounter,
     pub(crate) budget_exhausted: IntCounter,
     pub(crate) overflow: IntCounter,
     /// Origin connects that failed for lack of file descriptors (`EMFILE`, `ENFILE`).
@@ -257,6 +263,12 @@ impl Metrics {
                 "Retries: the route's retry policy, and requests resent on a fresh connection after a stale pooled one failed",
                 &["cluster"],
             ),
+            upstream_unsent_retries: counter_vec(
+                &r,
+                "upstream_unsent_retries_total",
+                "Requests tried on another server because the last try never sent them (connection refused or failed, pooled connection closed before the write); outside the retry budget and the route's attempts",
+                &["cluster"],
+            ),
             upstream_open: gauge_vec(
                 &r,
                 "upstream_connections",
@@ -381,6 +393,12 @@ impl Metrics {
                 "Origin servers ejected by passive outlier detection",
                 &["cluster"],
             ),
+            upstream_fast_ejections: counter_vec(
+                &r,
+                "upstream_fast_ejections_total",
+                "Origin servers ejected at once because they refused a connection (also counted in upstream_ejections_total)",
+                &["cluster"],
+            ),
             upstream_budget_exhausted: counter_vec(
                 &r,
                 "upstream_retry_budget_exhausted_total",
@@ -489,11 +507,13 @@ impl Metrics {
             requests: self.upstream_requests.with_label_values(&[name]),
             reused: self.upstream_reused.with_label_values(&[name]),
             retries: self.upstream_retries.with_label_values(&[name]),
+            unsent_retries: self.upstream_unsent_retries.with_label_values(&[name]),
             open_connections: self.upstream_open.with_label_values(&[name]),
             idle_connections: self.upstream_idle.with_label_values(&[name]),
             h2_streams: self.upstream_streams.with_label_values(&[name]),
             tls_failures: self.upstream_tls_failures.with_label_values(&[name]),
             ejections: self.upstream_ejections.with_label_values(&[name]),
+            fast_ejections: self.upstream_fast_ejections.with_label_values(&[name]),
             budget_exhausted: self.upstream_budget_exhausted.with_label_values(&[name]),
             overflow: self.upstream_overflow.with_label_values(&[name]),
             descriptors_exhausted: self.descriptors_exhausted.with_label_values(&["connect"]),

@@ -1,19 +1,28 @@
-//! Sending a request upstream: one loop of attempts that covers both the route's retry
-//! policy and the keep-alive race.
+//! Sending a request upstream: one loop of tries that covers the route's retry policy, the
+//! move of a request that was never sent to another server, and the keep-alive race.
 //!
 //! ```text
 //! choose server (healthy, untried first) ─► pool checkout | connect ─► send ─► response head
 //!    ▲                                      └ stale pooled connection failed before a
 //!    │                                        response: resend once on a fresh connection
 //!    │                                        (not a policy retry: no budget, no back-off)
+//!    ├── never sent? another server at once: no budget token, no back-off, not an attempt;
+//!    │   at most one try per server of the cluster, within the deadline
 //!    └── retry? attempts left, retryable outcome, budget token, back-off fits the deadline
 //! ```
 //!
-//! Retryable outcomes: a connect failure or a request that was never sent (any method); a
+//! Never sent: the connect failed (refused, timed out, TLS) or hit the server's connection
+//! cap, or a connection failed before any byte of the request was written (any method). A
+//! keep-alive race resend the server refused counts as never sent for idempotent methods
+//! only: the server died, maybe after acting on the first copy. The budget is for retries of
+//! requests an origin may have received; a never-sent try cost its server nothing.
+//!
+//! Retryable by the policy: a request never sent once every server was tried (any method); a
 //! reset before the response head, a response-head timeout (the per-try timeout), or a
 //! status in the route's `retry.statuses` (idempotent methods only). A request is resent
-//! only if it can be rebuilt: no body, or a body read whole into the replay buffer. Every
-//! attempt feeds passive outlier detection and, when the access log is on, its `tries`.
+//! only if it can be rebuilt: no body, or a body read whole into the replay buffer (a request
+//! never sent still holds its body). Every try feeds passive outlier detection (a refused
+//! connection ejects its server at once) and, when the access log is on, its `tries`.
 
 use http::header::{self, HeaderValue};
 use http::{Method, Request};
@@ -129,6 +138,49 @@ fn body_error(state: Option<&RequestBodyState>) -> Option<Error> {
 struct Failed {
     err: Error,
     sends: u32,
+    /// A copy of the request may have reached the server: it went out on a pooled
+    /// connection that failed, and only the keep-alive race's resend of it did not.
+    reached: bool,
+}
+
+impl Failed {
+    /// The request went out (it is not back in the slot).
+    fn sent(err: Error, sends: u32) -> Failed {
+        Failed {
+            err,
+            sends,
+            reached: true,
+        }
+    }
+
+    /// The request may be back in the slot, unsent; `reached`: an earlier copy went out.
+    fn unsent(err: Error, sends: u32, reached: bool) -> Failed {
+        Failed {
+            err,
+            sends,
+            reached,
+        }
+    }
+}
+
+/// What follows a failed try.
+enum Next {
+    /// Another server at once: the request never left keymaster, so the try cost its server
+    /// nothing (no budget token, no back-off, not one of the route's attempts).
+    Unsent,
+    /// A retry of the route's policy, after its back-off, holding its budget token.
+    Retry(RetryToken, std::time::Duration),
+}
+
+/// Where one request's tries stand.
+struct Tally {
+    /// The route's attempts so far, the first included (tries that never sent the request
+    /// are not counted).
+    attempt: u32,
+    /// Tries that never sent the request.
+    unsent: usize,
+    /// The method may be repeated after the origin may have seen it.
+    may_repeat: bool,
 }
 
 /// Send with the route's retry policy. `slot` holds the request (taken when it goes out; put
@@ -147,7 +199,11 @@ pub(super) async fn send(
     let Some(req) = slot.as_ref() else {
         return Err(no_request());
     };
-    let may_repeat = idempotent(req.method());
+    let mut tally = Tally {
+        attempt: 1,
+        unsent: 0,
+        may_repeat: idempotent(req.method()),
+    };
     // Only a bodyless or buffered request can be rebuilt after it was sent.
     let mut template = match req.body() {
         RequestBody::Empty if policy.attempts > 1 => Some(Box::new(template_of(req, None))),
@@ -155,43 +211,13 @@ pub(super) async fn send(
         _ => None,
     };
     let rebuildable = matches!(req.body(), RequestBody::Empty | RequestBody::Buffered(_));
-    // Origin ids already tried (no allocation: attempts are at most 10 by validation).
-    let mut tried = [0usize; 10];
-    let mut n_tried = 0;
+    let mut tried = Tried::default();
     let mut sends = 0;
-    let mut attempt = 0;
     let mut token: Option<RetryToken> = None;
     loop {
-        attempt += 1;
-        let server = cluster.choose(&tried[..n_tried])?;
-        if let Some(s) = tried.get_mut(n_tried) {
-            *s = server.state.id;
-            n_tried += 1;
-        }
-        if slot.is_none() {
-            match &template {
-                Some(t) => *slot = Some(Box::new(t.build())),
-                // Cannot happen: a retry is only chosen with the request or a template.
-                None => return Err(no_request()),
-            }
-        }
-        if let Some(req) = slot.as_mut() {
-            match &up.host {
-                UpstreamHost::Keep => {}
-                UpstreamHost::Origin => {
-                    req.headers_mut()
-                        .insert(header::HOST, server.authority.clone());
-                }
-                UpstreamHost::Set(h) => {
-                    req.headers_mut().insert(header::HOST, h.clone());
-                }
-            }
-            if let Some(t) = template.as_mut() {
-                if let Some(h) = req.headers().get(header::HOST) {
-                    t.headers.insert(header::HOST, h.clone());
-                }
-            }
-        }
+        let server = cluster.choose(tried.ids())?;
+        tried.push(server.state.id);
+        prepare(up, &server, slot, &mut template)?;
         if let Some(l) = log.as_deref_mut() {
             l.origin = server.label.to_string();
         }
@@ -201,20 +227,19 @@ pub(super) async fn send(
         let result = one(up, &server, slot, &mut template, rebuildable, body_state).await;
         // A retry's budget token covers its attempt only.
         drop(token.take());
-        let left = policy.attempts.saturating_sub(attempt);
         // Decide in a block, so nothing of this attempt is held through the back-off.
-        let pause = match result {
+        let next = match result {
             Ok((resp, conn, n)) => {
                 sends += n;
                 let status = resp.status().as_u16();
                 cluster.record_outcome(&server, status < 500);
                 note(&mut log, &server, || status.to_string(), started);
-                let wants = left > 0
-                    && may_repeat
+                let wants = policy.attempts > tally.attempt
+                    && tally.may_repeat
                     && template.is_some()
                     && policy.statuses.contains(&status);
-                match wants.then(|| plan_retry(up, attempt)).flatten() {
-                    Some(plan) => plan,
+                match wants.then(|| plan_retry(up, tally.attempt)).flatten() {
+                    Some((t, pause)) => Next::Retry(t, pause),
                     None => {
                         return Ok(Sent {
                             resp,
@@ -230,32 +255,114 @@ pub(super) async fn send(
                 if let Some(l) = log.as_deref_mut() {
                     l.sends = sends; // the success path's count comes with the response
                 }
-                if f.err.is_origin() {
-                    cluster.record_outcome(&server, false);
-                }
+                cluster.record_failure(&server, &f.err);
                 note(&mut log, &server, || f.err.category().to_string(), started);
-                let wants = left > 0
-                    && if slot.is_some() {
-                        true // never sent: safe to send anywhere
-                    } else if f.err.is_retry_safe() {
-                        template.is_some()
-                    } else {
-                        may_repeat
-                            && template.is_some()
-                            && (f.err.is_reset()
-                                || (f.err.is_timeout() && !f.err.is_request_deadline()))
-                    };
-                match wants.then(|| plan_retry(up, attempt)).flatten() {
-                    Some(plan) => plan,
+                let in_hand = slot.is_some();
+                match after_failure(up, &f, in_hand, template.is_some(), &tally) {
+                    Some(next) => next,
                     None => return Err(f.err),
                 }
             }
         };
-        let (t, pause) = pause;
         drop(outstanding);
-        tokio::time::sleep(pause).await;
-        token = Some(t);
+        match next {
+            Next::Unsent => {
+                tally.unsent += 1;
+                cluster.metrics.unsent_retries.inc();
+            }
+            Next::Retry(t, pause) => {
+                tally.attempt += 1;
+                tokio::time::sleep(pause).await;
+                token = Some(t);
+            }
+        }
     }
+}
+
+/// What follows a failed try (`None`: its failure is the answer). `in_hand`: the request is
+/// back in the slot, not sent by the last try; `rebuildable`: a template can rebuild it.
+///
+/// Another server at once when the request never left keymaster (any method), or when only
+/// the keep-alive race's resend of it did not (idempotent methods: a server that refuses the
+/// resend has died, maybe after acting on the request), while the cluster has a server
+/// the request may not have tried yet and the deadline has not passed. Else a retry by the
+/// route's policy: a connect failure or a request never sent (any method), a reset before
+/// the response head or a response-head timeout (idempotent methods).
+fn after_failure(
+    up: &Upstream<'_>,
+    f: &Failed,
+    in_hand: bool,
+    rebuildable: bool,
+    tally: &Tally,
+) -> Option<Next> {
+    let never_sent = in_hand && (!f.reached || tally.may_repeat);
+    let before_deadline = || up.deadline.is_none_or(|d| Instant::now() < d);
+    if never_sent && tally.unsent + 1 < up.cluster.servers.len() && before_deadline() {
+        return Some(Next::Unsent);
+    }
+    let wants = up.route.retry.attempts > tally.attempt
+        && if in_hand {
+            never_sent
+        } else if f.err.is_retry_safe() {
+            rebuildable
+        } else {
+            tally.may_repeat
+                && rebuildable
+                && (f.err.is_reset() || (f.err.is_timeout() && !f.err.is_request_deadline()))
+        };
+    let (token, pause) = wants.then(|| plan_retry(up, tally.attempt)).flatten()?;
+    Some(Next::Retry(token, pause))
+}
+
+/// Origin ids a request has tried (no allocation: the first ten are enough to prefer others).
+#[derive(Default)]
+struct Tried {
+    ids: [usize; 10],
+    n: usize,
+}
+
+impl Tried {
+    fn ids(&self) -> &[usize] {
+        &self.ids[..self.n]
+    }
+
+    fn push(&mut self, id: usize) {
+        if let Some(s) = self.ids.get_mut(self.n) {
+            *s = id;
+            self.n += 1;
+        }
+    }
+}
+
+/// The request for a try on `server`: the one in the slot (never sent yet) or one rebuilt
+/// from the template, with the Host field that server gets (in the template too).
+fn prepare(
+    up: &Upstream<'_>,
+    server: &OriginServer,
+    slot: &mut Option<Box<Request<RequestBody>>>,
+    template: &mut Option<Box<Template>>,
+) -> Result<(), Error> {
+    let req = match slot {
+        Some(r) => r,
+        // Cannot fail: a retry is only chosen with the request or a template.
+        None => slot.insert(Box::new(template.as_ref().ok_or_else(no_request)?.build())),
+    };
+    match &up.host {
+        UpstreamHost::Keep => {}
+        UpstreamHost::Origin => {
+            req.headers_mut()
+                .insert(header::HOST, server.authority.clone());
+        }
+        UpstreamHost::Set(h) => {
+            req.headers_mut().insert(header::HOST, h.clone());
+        }
+    }
+    if let Some(t) = template.as_mut() {
+        if let Some(h) = req.headers().get(header::HOST) {
+            t.headers.insert(header::HOST, h.clone());
+        }
+    }
+    Ok(())
 }
 
 fn no_request() -> Error {
@@ -343,7 +450,7 @@ async fn one(
     };
     let (mut conn, reused) = match checked_out {
         Ok(c) => c,
-        Err(err) => return Err(Failed { err, sends: 0 }),
+        Err(err) => return Err(Failed::unsent(err, 0, false)),
     };
     if reused {
         cluster.metrics.reused.inc();
@@ -357,58 +464,58 @@ async fn one(
     }
     let is_reused = conn.requests > 0;
     let first = start_send(up, &mut conn, slot, body_state, 0)?.await;
-    match first {
+    let f = match first {
         Ok(Ok(resp)) => return Ok((resp, conn, 1)),
-        Err(late) => {
-            return Err(Failed {
-                err: head_timeout_error(late),
-                sends: 1,
-            })
+        Err(late) => return Err(Failed::sent(head_timeout_error(late), 1)),
+        Ok(Err(f)) => f,
+    };
+    if let Some(client) = body_error(body_state) {
+        return Err(Failed::sent(client, 1));
+    }
+    // Whether any byte of the request went out on the failed connection.
+    let reached = f.unsent.is_none();
+    match (f.unsent, f.resend) {
+        (Some(r), _) if is_reused => *slot = Some(r),
+        (None, Some(r)) if is_reused && f.stale => *slot = Some(r),
+        (None, None) if is_reused && f.stale && template.is_some() => {
+            *slot = template.as_ref().map(|t| Box::new(t.build()))
         }
-        Ok(Err(f)) => {
-            if let Some(client) = body_error(body_state) {
-                return Err(Failed {
-                    err: client,
-                    sends: 1,
-                });
-            }
-            match (f.unsent, f.resend) {
-                (Some(r), _) if is_reused => *slot = Some(r),
-                (None, Some(r)) if is_reused && f.stale => *slot = Some(r),
-                (None, None) if is_reused && f.stale && template.is_some() => {
-                    *slot = template.as_ref().map(|t| Box::new(t.build()))
-                }
-                (unsent, _) => {
-                    *slot = unsent;
-                    return Err(Failed {
-                        err: f.err,
-                        sends: 1,
-                    });
-                }
-            }
+        (unsent, _) => {
+            *slot = unsent;
+            return Err(Failed::unsent(f.err, 1, reached));
         }
     }
-    // The keep-alive race: once more on a fresh connection, within the same deadline.
-    cluster.metrics.retries.inc();
     drop(conn);
+    resend(up, server, slot, proxy_header, reached, body_state).await
+}
+
+/// The keep-alive race: the request once more on a fresh connection to the same server,
+/// within the same deadline. `reached`: it went out on the stale connection.
+async fn resend(
+    up: &Upstream<'_>,
+    server: &Arc<OriginServer>,
+    slot: &mut Option<Box<Request<RequestBody>>>,
+    proxy_header: Option<&[u8]>,
+    reached: bool,
+    body_state: Option<&RequestBodyState>,
+) -> Result<(OriginResponse, Conn, u32), Failed> {
+    up.cluster.metrics.retries.inc();
     let mut conn = match checkout_within(up, server, false, proxy_header).await {
         Ok((c, _)) => c,
-        Err(err) => return Err(Failed { err, sends: 1 }),
+        Err(err) => return Err(Failed::unsent(err, 1, reached)),
     };
     let second = start_send(up, &mut conn, slot, body_state, 1)?.await;
     match second {
         Ok(Ok(resp)) => Ok((resp, conn, 2)),
         Ok(Err(f)) => {
             *slot = f.unsent;
-            Err(Failed {
-                err: body_error(body_state).unwrap_or(f.err),
-                sends: 2,
-            })
+            Err(Failed::unsent(
+                body_error(body_state).unwrap_or(f.err),
+                2,
+                reached,
+            ))
         }
-        Err(late) => Err(Failed {
-            err: head_timeout_error(late),
-            sends: 2,
-        }),
+        Err(late) => Err(Failed::sent(head_timeout_error(late), 2)),
     }
 }
 
@@ -425,10 +532,7 @@ fn start_send<'c>(
     sends: u32,
 ) -> Result<SendWithin<'c>, Failed> {
     let Some(req) = slot.take() else {
-        return Err(Failed {
-            err: no_request(),
-            sends,
-        });
+        return Err(Failed::sent(no_request(), sends));
     };
     up.cluster.metrics.requests.inc();
     conn.requests += 1;

@@ -122,6 +122,10 @@ pub(crate) async fn open_transport(
     let mut tcp = TcpStream::connect(server.state.addr).await.map_err(|e| {
         if crate::descriptors::exhausted(&e) {
             Error::new(Kind::NoDescriptors, "out of file descriptors").with_source(e)
+        } else if e.kind() == std::io::ErrorKind::ConnectionRefused {
+            // Nothing listens there, the server is down (it is ejected at once, see
+            // `Cluster::record_failure`). Other failures may be the network's or keymaster's.
+            Error::new(Kind::ConnectRefused, "origin refused the connection").with_source(e)
         } else {
             Error::new(Kind::Connect, "connect to origin failed").with_source(e)
         }

@@ -4,11 +4,14 @@
 //! ([`super::checker`] runs them), and health-aware server choice ([`Cluster::choose`]).
 //!
 //! A server is *available* when the active checks call it healthy (or there are none) and it
-//! is not ejected. Ejection lasts `base_ejection × 2^(ejections so far)`, capped at
-//! `max_ejection`; the multiplier is forgotten once the server has served successfully for
-//! `max_ejection` after its last ejection ended. At most `max_ejected_percent` of a cluster is
-//! ejected at once (one server always may be). Passing active checks (`healthy_threshold`
-//! in a row) also end an ejection early.
+//! is not ejected. Passive ejection follows `consecutive_failures` failed requests, or one
+//! refused connection (fast ejection: nothing listens there, so the server is down; other
+//! connect failures may be the network's or keymaster's own). Ejection lasts
+//! `base_ejection × 2^(ejections so far)`, capped at `max_ejection`; the multiplier is
+//! forgotten once the server has served successfully for `max_ejection` after its last
+//! ejection ended. At most `max_ejected_percent` of a cluster is ejected at once (one server
+//! always may be). Passing active checks (`healthy_threshold` in a row) also end an ejection
+//! early.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -115,8 +118,7 @@ impl HealthState {
         if cfg.consecutive_failures == 0 || n < cfg.consecutive_failures || self.is_ejected(now) {
             return None;
         }
-        let peers = ejected_peers();
-        if peers > 0 && (peers + 1) * 100 > cluster_size * cfg.max_ejected_percent as usize {
+        if !share_allows(cfg, ejected_peers(), cluster_size) {
             return None;
         }
         // Another worker may have taken the same decision: only the one that resets wins.
@@ -127,6 +129,39 @@ impl HealthState {
         let ms = ejection_ms(cfg, k);
         self.check_passes.store(0, Ordering::Relaxed);
         self.ejected_until.store(now + ms, Ordering::Relaxed);
+        Some(ms)
+    }
+
+    /// A connection to this server was refused: nothing listens on its port, so it is down
+    /// (fast ejection). Ejected at once, for the same time a `consecutive_failures` ejection
+    /// would last, unless passive ejection is off, it is ejected already, or the cluster's
+    /// ejected share is at its cap. Returns the ejection time when this call ejected it (of
+    /// several workers refused at the same moment, one ejects).
+    pub(crate) fn eject_refused(
+        &self,
+        cfg: &OutlierConfig,
+        now: u64,
+        ejected_peers: impl FnOnce() -> usize,
+        cluster_size: usize,
+    ) -> Option<u64> {
+        let until = self.ejected_until.load(Ordering::Relaxed);
+        if cfg.consecutive_failures == 0
+            || until > now
+            || !share_allows(cfg, ejected_peers(), cluster_size)
+        {
+            return None;
+        }
+        let ms = ejection_ms(cfg, self.ejections.load(Ordering::Relaxed));
+        if self
+            .ejected_until
+            .compare_exchange(until, now + ms, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return None;
+        }
+        self.ejections.fetch_add(1, Ordering::Relaxed);
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.check_passes.store(0, Ordering::Relaxed);
         Some(ms)
     }
 
@@ -161,6 +196,12 @@ impl HealthState {
         self.check_passes.store(0, Ordering::Relaxed);
         self.check_failures.store(0, Ordering::Relaxed);
     }
+}
+
+/// One more ejection keeps the cluster's ejected share within `max_ejected_percent` (one
+/// server may always be ejected). `peers`: other servers ejected now.
+fn share_allows(cfg: &OutlierConfig, peers: usize, cluster_size: usize) -> bool {
+    peers == 0 || (peers + 1) * 100 <= cluster_size * cfg.max_ejected_percent as usize
 }
 
 /// The `k`-th ejection's length (k = 0 for the first): doubling from the base, capped.
@@ -212,12 +253,7 @@ impl Cluster {
             return;
         }
         let now = now_ms();
-        let peers = || {
-            self.servers
-                .iter()
-                .filter(|s| s.state.id != server.state.id && s.state.health.is_ejected(now))
-                .count()
-        };
+        let peers = || self.ejected_peers(server, now);
         if let Some(ms) = h.record_failure(cfg, now, peers, self.servers.len()) {
             self.metrics.ejections.inc();
             tracing::warn!(
@@ -227,6 +263,49 @@ impl Cluster {
                 "origin server ejected after consecutive failures"
             );
         }
+    }
+
+    /// Feed a failed try to passive outlier detection: a refused connection ejects the
+    /// server at once, another failure of the origin's counts toward `consecutive_failures`;
+    /// keymaster's own failures and the client's do not count.
+    pub(crate) fn record_failure(&self, server: &OriginServer, err: &Error) {
+        if err.is_refused() {
+            self.record_refused(server);
+        } else if err.is_origin() {
+            self.record_outcome(server, false);
+        }
+    }
+
+    /// A connection to `server` was refused: eject it at once (fast ejection) so that the
+    /// requests choosing it stop within one round trip. When it may not be ejected (see
+    /// [`HealthState::eject_refused`]) the refusal counts as one failure.
+    fn record_refused(&self, server: &OriginServer) {
+        let cfg = &self.config.outlier_detection;
+        let now = now_ms();
+        let peers = || self.ejected_peers(server, now);
+        let Some(ms) = server
+            .state
+            .health
+            .eject_refused(cfg, now, peers, self.servers.len())
+        else {
+            return self.record_outcome(server, false);
+        };
+        self.metrics.ejections.inc();
+        self.metrics.fast_ejections.inc();
+        tracing::warn!(
+            cluster = %self.config.name,
+            server = %server.label,
+            ejected_ms = ms,
+            "origin server ejected: it refused a connection"
+        );
+    }
+
+    /// Servers of the cluster other than `server` ejected at `now`.
+    fn ejected_peers(&self, server: &OriginServer, now: u64) -> usize {
+        self.servers
+            .iter()
+            .filter(|s| s.state.id != server.state.id && s.state.health.is_ejected(now))
+            .count()
     }
 
     /// The cluster's health as JSON (admin `GET /health/clusters`).
@@ -351,6 +430,32 @@ mod tests {
         assert!(HealthState::default()
             .record_failure(&outlier(0), 1, || 0, 3)
             .is_none());
+    }
+
+    #[test]
+    fn a_refusal_ejects_at_once_within_the_same_limits() {
+        let cfg = outlier(5);
+        let h = HealthState::default();
+        h.consecutive_failures.store(2, Ordering::Relaxed);
+        assert_eq!(h.eject_refused(&cfg, 10, || 0, 3), Some(100));
+        assert!(h.is_ejected(109) && !h.is_ejected(110));
+        let v = h.view(0);
+        assert_eq!((v.ejections, v.consecutive_failures), (1, 0));
+        // Ejected already: nothing changes (another worker's refusal at the same moment).
+        assert_eq!(h.eject_refused(&cfg, 50, || 0, 3), None);
+        assert!(!h.is_ejected(110));
+        // The next one doubles, like any ejection.
+        assert_eq!(h.eject_refused(&cfg, 200, || 0, 3), Some(200));
+        // The ejected share is capped; passive ejection off turns it off too.
+        assert_eq!(HealthState::default().eject_refused(&cfg, 1, || 1, 3), None);
+        assert_eq!(
+            HealthState::default().eject_refused(&cfg, 1, || 1, 4),
+            Some(100)
+        );
+        assert_eq!(
+            HealthState::default().eject_refused(&outlier(0), 1, || 0, 3),
+            None
+        );
     }
 
     #[test]

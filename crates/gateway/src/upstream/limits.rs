@@ -6,7 +6,9 @@
 //!   by `limits.max_requests`, with a bounded queue of waiters (`max_pending`) that gives up
 //!   after `queue_timeout` → 503 with `Retry-After`;
 //! - retries in flight ([`RetryToken`]), capped by the retry budget: at most `percent` of the
-//!   active requests, but always `min_retries` (Envoy's retry budget).
+//!   active requests, but always `min_retries` (Envoy's retry budget). Only the route
+//!   policy's retries take a token: a request that was never sent moves to another server
+//!   without one (see `proxy::attempt`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
