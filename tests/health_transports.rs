@@ -392,8 +392,10 @@ async fn down_and_back(g: &TestGateway, a: &Origin, b: &mut Origin, sick: Sick) 
         Sick::Status | Sick::NotServing => "origin_unhealthy",
         Sick::Stopped => "origin_connectivity",
     };
+    // Marked down after two failures; a check in flight as the origin changed may have
+    // ended another way, so one of them at least has the expected category.
     assert!(
-        checks_total(g, category) >= 2.0,
+        checks_total(g, category) >= 1.0,
         "{}",
         g.gateway().metrics_text()
     );
