@@ -107,17 +107,23 @@ impl Origin {
     async fn kill(&mut self, warm_only: bool) -> usize {
         let end = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
-            let fresh = self.counts.fresh.lock().unwrap();
-            if !warm_only || *fresh == 0 || tokio::time::Instant::now() >= end {
-                let n = self.counts.in_flight.load(Ordering::SeqCst);
-                let _ = self.kill.take().expect("running").send(());
-                drop(fresh);
+            // The kill is sent under the lock, so no connection turns fresh in between; the
+            // lock is released before anything is awaited.
+            let killed = {
+                let fresh = self.counts.fresh.lock().unwrap();
+                let now = tokio::time::Instant::now();
+                (!warm_only || *fresh == 0 || now >= end).then(|| {
+                    let n = self.counts.in_flight.load(Ordering::SeqCst);
+                    let _ = self.kill.take().expect("running").send(());
+                    n
+                })
+            };
+            if let Some(n) = killed {
                 let _ = self.task.take().expect("running").await;
                 // Every connection is gone, those dropped before their first answer too.
                 *self.counts.fresh.lock().unwrap() = 0;
                 return n;
             }
-            drop(fresh);
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
