@@ -17,9 +17,9 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
-use crate::error::{BoxError, Error, Kind};
 use crate::proxy::Exchange;
 use crate::upstream::conn::UpstreamBody;
+use keymaster_http::error::{BoxError, Error, Kind};
 
 /// Shared between a [`RequestBody`] and the proxy stage: did the body end, did it overflow,
 /// did the client leave it waiting?
@@ -454,7 +454,7 @@ pub struct OriginBody {
     pub(crate) ended: bool,
     /// The response's header fields in wire form, for the HTTP/1.1 server to write as they
     /// are (the response's `HeaderMap` is then empty).
-    pub(crate) raw_head: Option<crate::headers::RawHead>,
+    pub(crate) raw_head: Option<keymaster_http::headers::RawHead>,
 }
 
 impl Drop for OriginBody {
@@ -510,8 +510,8 @@ impl Body for ResponseBody {
                         o.exchange.fail_body("origin_request_timeout");
                         if o.grpc {
                             o.ended = true;
-                            let err = crate::error::Error::new(
-                                crate::error::Kind::RequestTimeout,
+                            let err = keymaster_http::error::Error::new(
+                                keymaster_http::error::Kind::RequestTimeout,
                                 "request deadline passed while streaming the response",
                             );
                             let trailers = crate::respond::grpc_trailers(&err);

@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::{Error, Kind};
 use crate::worker::Worker;
 use keymaster_config::{LoadSheddingConfig, ShedPriority};
+use keymaster_http::error::{Error, Kind};
 
 /// How often each worker samples its event-loop lag.
 const LAG_TICK: Duration = Duration::from_millis(50);

@@ -22,15 +22,15 @@ use tokio::time::Instant;
 use crate::access_log::LogRecord;
 use crate::body::{ClientBody, OriginBody, RequestBody, RequestBodyState, ResponseBody};
 use crate::downstream::ConnCtx;
-use crate::error::{Error, Kind, Side};
 use crate::filter::{staged, FilterCtx, FilterState};
-use crate::headers::{self as hdr, WireHead};
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
 use crate::upgrade;
 use crate::upstream::{conn::Conn, limits::Slot, Cluster};
 use keymaster_config::ProxyProtocol;
+use keymaster_http::error::{Error, Kind, Side};
+use keymaster_http::headers::{self as hdr, WireHead};
 
 mod attempt;
 mod filters;
@@ -260,7 +260,7 @@ async fn proxy(
         return Err(err);
     }
     // One canonical path for routing, the filters and the origin (path.rs).
-    let raw_target = crate::path::canonicalise(&mut parts.uri, &listener.path)?;
+    let raw_target = keymaster_http::path::canonicalise(&mut parts.uri, &listener.path)?;
 
     // Request id: propagate the client's or make one. A new one goes into the map when a
     // filter may read the request headers, else it is sent with the other added fields
@@ -513,7 +513,7 @@ async fn proxy(
     let deadline = route.request_timeout.map(|d| start + d);
     let grpc_timeout = info
         .grpc
-        .then(|| crate::grpc::timeout(&parts.headers))
+        .then(|| keymaster_http::grpc::timeout(&parts.headers))
         .flatten();
     let deadline = match grpc_timeout {
         Some(g) => Some(deadline.map_or(start + g, |d| d.min(start + g))),

@@ -4,7 +4,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Response, Version};
 
 use crate::body::ResponseBody;
-use crate::error::Error;
+use keymaster_http::error::Error;
 
 /// Build the client's response for `err`. Client-side framing errors and oversized bodies
 /// close the connection: the rest of the byte stream cannot be trusted or is not worth reading.

@@ -6,10 +6,10 @@ use http::{HeaderMap, Method};
 use regex::Regex;
 use std::sync::Arc;
 
-use crate::headers::HeaderEdits;
 use crate::metrics::RouteMetrics;
 use crate::upstream::Cluster;
 use keymaster_config::{HostPolicy, RouteConfig};
+use keymaster_http::headers::HeaderEdits;
 
 /// How a route matches the host.
 #[derive(Debug)]

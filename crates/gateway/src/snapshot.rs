@@ -6,12 +6,12 @@
 use std::sync::Arc;
 
 use crate::filter::{FilterChain, FilterSpec};
-use crate::headers::Stamps;
 use crate::metrics::Metrics;
 use crate::route::{Route, Router};
 use crate::upstream::discovery::Lists;
 use crate::upstream::Cluster;
 use keymaster_config::Config;
+use keymaster_http::headers::Stamps;
 
 pub struct Snapshot {
     pub version: u64,

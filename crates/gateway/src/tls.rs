@@ -34,15 +34,6 @@ pub(crate) struct TlsSettings {
     pub(crate) identity_header: Option<HeaderName>,
 }
 
-/// What the TLS handshake established, kept with the connection's facts.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct TlsFacts {
-    /// The verified client certificate's identity: subject CN, else its first DNS name.
-    pub(crate) client_identity: Option<String>,
-    /// Copied from [`TlsSettings::identity_header`] at handshake time.
-    pub(crate) identity_header: Option<HeaderName>,
-}
-
 impl ListenerTls {
     pub(crate) fn new(settings: TlsSettings) -> Self {
         ListenerTls {

@@ -42,12 +42,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use crate::downstream::ConnCtx;
-use crate::error::{Error, Kind};
-use crate::headers::{has_token, HeadScan};
 use crate::metrics::TunnelMetrics;
 use crate::proxy::InFlight;
 use crate::upstream::conn::UpstreamBody;
 use crate::upstream::h1::Upgraded;
+use keymaster_http::error::{Error, Kind};
+use keymaster_http::headers::{has_token, HeadScan};
 
 /// A route's upgrade settings, compiled.
 #[derive(Debug, Clone)]

@@ -34,12 +34,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
-use crate::headers::{ClientFacts, HeadLimits};
-use crate::io::Io;
 use crate::metrics::ListenerMetrics;
-use crate::tls::{ListenerTls, TlsFacts};
+use crate::tls::ListenerTls;
 use crate::worker::Worker;
 use keymaster_config::{ListenerConfig, ListenerProtocol};
+use keymaster_http::headers::TlsFacts;
+use keymaster_http::headers::{ClientFacts, HeadLimits};
+use keymaster_http::io::Io;
 
 /// A listener's settings, shared by its sockets on every worker.
 pub(crate) struct ListenerCtx {
@@ -61,7 +62,7 @@ pub(crate) struct ListenerCtx {
     /// PROXY protocol header before TLS/HTTP (`proxy_protocol.rs`).
     pub(crate) proxy: crate::proxy_protocol::Settings,
     /// How the request path is made canonical before routing.
-    pub(crate) path: crate::path::PathPolicy,
+    pub(crate) path: keymaster_http::path::PathPolicy,
     /// When a client connection is closed gracefully (`max_requests_per_connection`,
     /// `max_connection_age`).
     pub(crate) retire: RetirePolicy,
@@ -106,7 +107,7 @@ impl ListenerCtx {
                 &cfg.proxy_protocol_from,
             )
             .map_err(|e| format!("listener {}: {e}", cfg.name))?,
-            path: crate::path::PathPolicy::new(&cfg.path),
+            path: keymaster_http::path::PathPolicy::new(&cfg.path),
             retire: RetirePolicy {
                 max_requests: cfg.max_requests_per_connection,
                 max_age: Some(cfg.max_connection_age.get()).filter(|a| !a.is_zero()),
@@ -648,7 +649,7 @@ fn client_facts(
     ClientFacts {
         ip_value: http::HeaderValue::from_str(&ip.to_string())
             .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
-        forwarded_for: crate::headers::forwarded_for(ip),
+        forwarded_for: keymaster_http::headers::forwarded_for(ip),
         trusted: listener.trusted.iter().any(|n| n.contains(&ip)),
         proto,
         tls,

@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 
 use super::{FilterChain, FilterCtx, FilterStage, State};
-use crate::error::{Error, Kind};
+use keymaster_http::error::{Error, Kind};
 
 impl FilterChain {
     /// Whether a `pre`/`route` filter that needs the request body matches this request.

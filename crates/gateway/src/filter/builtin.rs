@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 
 use super::rate_limit_redis::RedisBackend;
 use super::{done, Filter, FilterCtx, FilterFuture, FilterSpec};
-use crate::headers::HeaderEdits;
 use crate::metrics::Metrics;
 use keymaster_config::{
     FilterConfig, FilterStage, FilterType, RateLimitBackend, RateLimitKey, RateLimitScope,
     RedisConfig,
 };
+use keymaster_http::headers::HeaderEdits;
 
 /// One `[[filters]]` table → chain entries (cors yields a pre and a post entry).
 pub(super) fn compile(
@@ -179,7 +179,7 @@ struct ResponseHeaders(HeaderEdits);
 /// `name: value\r\n` lines go in as they are ([`HeaderEdits::compiled_adds`]).
 struct ResponseLines(HeaderEdits);
 
-/// Whether a `post` headers filter only appends fields [`crate::headers::RawHead::may_append`]
+/// Whether a `post` headers filter only appends fields [`keymaster_http::headers::RawHead::may_append`]
 /// allows.
 fn appends_lines(edits: &HeaderEdits) -> bool {
     edits.remove.is_empty()
@@ -187,7 +187,7 @@ fn appends_lines(edits: &HeaderEdits) -> bool {
         && edits
             .add
             .iter()
-            .all(|(n, _)| crate::headers::RawHead::may_append(n))
+            .all(|(n, _)| keymaster_http::headers::RawHead::may_append(n))
 }
 
 impl Filter for RequestHeaders {

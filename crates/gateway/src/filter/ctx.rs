@@ -21,7 +21,7 @@ use std::sync::Arc;
 #[cfg(doc)]
 use super::FilterChain;
 use super::{Failure, FilterStage};
-use crate::headers::{RawHead, RawRequestFields, WireHead};
+use keymaster_http::headers::{RawHead, RawRequestFields, WireHead};
 
 /// A response set by a filter (`pre`/`route` short-circuit, or an `error` filter).
 pub(crate) struct LocalResponse {
@@ -167,7 +167,7 @@ impl ResponseRef<'_> {
     fn map_mut(&mut self) -> &mut HeaderMap {
         if let Some(raw) = self.raw.take() {
             let map = self.view.take().map_or_else(|| raw.to_map(), |m| *m);
-            crate::headers::replace_map(self.map, map);
+            keymaster_http::headers::replace_map(self.map, map);
         }
         self.map
     }
@@ -211,7 +211,7 @@ impl FilterState {
     pub(crate) fn new(
         method: &Method,
         client: SocketAddr,
-        tls: Option<&crate::tls::TlsFacts>,
+        tls: Option<&keymaster_http::headers::TlsFacts>,
         route: Arc<str>,
         request_id: &HeaderName,
     ) -> FilterState {
@@ -419,7 +419,7 @@ impl FilterCtx<'_> {
 
     /// The wire-form request fields, to change a field in place, if they are in wire form
     /// and the field is not one the head scan looks at (`scanned`:
-    /// [`crate::headers::affects_head_scan`] of its name, as [`RawRequestFields::may_edit`]
+    /// [`keymaster_http::headers::affects_head_scan`] of its name, as [`RawRequestFields::may_edit`]
     /// requires).
     fn wire_to_change(&mut self, scanned: bool) -> Option<&mut RawRequestFields> {
         if scanned {
@@ -435,7 +435,10 @@ impl FilterCtx<'_> {
         let view = self.view.take();
         let (map, wire) = self.request_fields_mut();
         if let Some(w) = wire.take() {
-            crate::headers::replace_map(map, view.map_or_else(|| w.fields.to_map(), |m| *m));
+            keymaster_http::headers::replace_map(
+                map,
+                view.map_or_else(|| w.fields.to_map(), |m| *m),
+            );
         }
         map
     }
@@ -514,7 +517,7 @@ impl FilterCtx<'_> {
     /// A change to the request field `name` is coming: noted for the proxy stage. Returns
     /// whether the head scan looks at that field.
     fn note_change(&mut self, name: &HeaderName) -> bool {
-        let scanned = crate::headers::affects_head_scan(name);
+        let scanned = keymaster_http::headers::affects_head_scan(name);
         self.state.head_touched |= scanned;
         self.state.may_set_request_id |= name.as_str().len() == self.state.request_id_len;
         scanned
@@ -523,7 +526,7 @@ impl FilterCtx<'_> {
         if self.request_fields().is_none() {
             return; // past the proxy stage with none kept: nothing to remove
         }
-        let scanned = crate::headers::affects_head_scan(name);
+        let scanned = keymaster_http::headers::affects_head_scan(name);
         self.state.head_touched |= scanned;
         match self.wire_to_change(scanned) {
             Some(w) => w.remove(name),
@@ -533,7 +536,7 @@ impl FilterCtx<'_> {
         }
     }
     /// Apply compiled header edits to the request.
-    pub(crate) fn edit_request_headers(&mut self, edits: &crate::headers::HeaderEdits) {
+    pub(crate) fn edit_request_headers(&mut self, edits: &keymaster_http::headers::HeaderEdits) {
         let scanned = edits.affects_head_scan();
         self.state.head_touched |= scanned;
         self.state.may_set_request_id |= edits.sets_name_of_len(self.state.request_id_len);
@@ -671,7 +674,7 @@ impl FilterCtx<'_> {
     /// [`Self::append_response_field`] with the field's `name: value\r\n` line written ahead
     /// of time (a `headers` filter's compiled `add`), for a name [`RawHead::may_append`]
     /// allows: one copy into a wire-form head.
-    pub(crate) fn append_response_line(&mut self, f: &crate::headers::CompiledField) {
+    pub(crate) fn append_response_line(&mut self, f: &keymaster_http::headers::CompiledField) {
         let Some(r) = self.response.as_mut() else {
             return;
         };

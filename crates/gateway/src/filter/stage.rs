@@ -275,7 +275,7 @@ impl FilterChain {
     fn stamp_debug(
         state: &mut State,
         headers: &mut HeaderMap,
-        raw: &mut Option<crate::headers::RawHead>,
+        raw: &mut Option<keymaster_http::headers::RawHead>,
     ) {
         if state.debug_trace().is_some() {
             Self::stamp_trace(state, headers, raw);
@@ -286,7 +286,7 @@ impl FilterChain {
     fn stamp_trace(
         state: &mut State,
         headers: &mut HeaderMap,
-        raw: &mut Option<crate::headers::RawHead>,
+        raw: &mut Option<keymaster_http::headers::RawHead>,
     ) {
         if let Some(d) = state.extras_mut().and_then(|x| x.debug.take()) {
             if let Some(r) = raw.take() {
@@ -328,7 +328,7 @@ impl FilterChain {
         state: &mut State,
         uri: &http::Uri,
         map: &HeaderMap,
-        wire: Option<&crate::headers::WireHead>,
+        wire: Option<&keymaster_http::headers::WireHead>,
     ) {
         if !(self.outbound || self.outbound_line) {
             return;
@@ -343,7 +343,10 @@ impl FilterChain {
                 Some(w) => {
                     let fields = w.fields.clone();
                     let facts = Default::default();
-                    kept.wire = Some(Box::new(crate::headers::WireHead { fields, facts }));
+                    kept.wire = Some(Box::new(keymaster_http::headers::WireHead {
+                        fields,
+                        facts,
+                    }));
                 }
                 None => kept.map = map.clone(),
             }
@@ -363,7 +366,7 @@ impl FilterChain {
         mut ctx: FilterCtx<'a>,
         status: &'a mut StatusCode,
         headers: &'a mut HeaderMap,
-        raw: &'a mut Option<crate::headers::RawHead>,
+        raw: &'a mut Option<keymaster_http::headers::RawHead>,
         failed: impl Fn() -> Response<ResponseBody> + 'a,
     ) -> Staged<'a, Result<(), Box<Response<ResponseBody>>>> {
         let post = self.stage(FilterStage::Post);

@@ -34,12 +34,12 @@ use tokio::time::Instant;
 use crate::access_log::{LogRecord, TryRecord};
 use crate::body::{RequestBody, RequestBodyState};
 use crate::downstream::ConnCtx;
-use crate::error::{Error, Kind};
 use crate::route::Route;
 use crate::upstream::conn::{Conn, HeadTimedOut, HeadWait, OriginResponse, SendWithin};
 use crate::upstream::limits::RetryToken;
 use crate::upstream::pool::checkout;
 use crate::upstream::{Cluster, OriginServer};
+use keymaster_http::error::{Error, Kind};
 
 /// The Host header each attempt sends.
 pub(super) enum UpstreamHost {
@@ -62,7 +62,7 @@ pub(super) struct Upstream<'a> {
     /// fields changes in it (see `finish_response`).
     pub(super) raw_head: bool,
     /// Forwarding fields and Via, when not in the request's map.
-    pub(super) added: Option<crate::headers::AddedFields<'a>>,
+    pub(super) added: Option<keymaster_http::headers::AddedFields<'a>>,
 }
 
 /// The attempt that got a response head to pass on.

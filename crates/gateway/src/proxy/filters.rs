@@ -7,11 +7,11 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use std::sync::Arc;
 
-use crate::error::{Error, Kind};
 use crate::filter::{ClusterChoice, State};
-use crate::headers::WireHead;
 use crate::snapshot::Snapshot;
 use crate::upstream::Cluster;
+use keymaster_http::error::{Error, Kind};
+use keymaster_http::headers::WireHead;
 
 /// What the `pre` and `route` filters chose for the proxy stage (nothing, without filters).
 #[derive(Default)]

@@ -17,7 +17,7 @@ use super::h1;
 use super::h2::Lease;
 use super::OriginServer;
 use crate::body::{RequestBody, RequestBodyState};
-use crate::error::{BoxError, Error, Kind};
+use keymaster_http::error::{BoxError, Error, Kind};
 use std::time::Duration;
 
 pub(crate) use h1::Failure as SendFailure;
@@ -98,7 +98,7 @@ impl Conn {
         mut req: Box<Request<RequestBody>>,
         wait: HeadWait<'a>,
         raw_head: Option<http::HeaderName>,
-        added: Option<&crate::headers::AddedFields>,
+        added: Option<&keymaster_http::headers::AddedFields>,
     ) -> SendWithin<'a> {
         let Conn {
             sender,
@@ -299,7 +299,7 @@ pub(crate) enum UpstreamBody {
 
 impl UpstreamBody {
     /// The response head as bytes, if the HTTP/1.1 client kept it so.
-    pub(crate) fn take_raw_head(&mut self) -> Option<crate::headers::RawHead> {
+    pub(crate) fn take_raw_head(&mut self) -> Option<keymaster_http::headers::RawHead> {
         match self {
             UpstreamBody::H1(b) => b.take_raw_head(),
             UpstreamBody::H2(_) => None,

@@ -20,8 +20,8 @@ use super::h1::{self, Io};
 use super::h2::{H2Conn, LocalExec, StreamLimit};
 use super::{Cluster, OriginServer};
 use crate::body::RequestBody;
-use crate::error::{Error, Kind};
 use keymaster_config::UpstreamProtocol;
+use keymaster_http::error::{Error, Kind};
 
 /// A new connection: HTTP/1.1 (one request at a time) or HTTP/2 (multiplexed).
 pub(crate) enum Connected {

@@ -29,8 +29,8 @@ use super::conn::{Conn, Sender};
 use super::connect::{connect, Connected};
 use super::{Cluster, OriginServer};
 use crate::body::RequestBody;
-use crate::error::{Error, Kind};
 use keymaster_config::UpstreamProtocol;
+use keymaster_http::error::{Error, Kind};
 
 /// Runs hyper's connection and stream tasks on the worker's `LocalSet` (bodies are `!Send`).
 #[derive(Clone, Copy)]

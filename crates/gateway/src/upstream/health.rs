@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::{Cluster, OriginServer};
-use crate::error::{Error, Kind};
 use keymaster_config::{AllUnhealthy, HealthCheckConfig, OutlierConfig};
+use keymaster_http::error::{Error, Kind};
 
 /// Milliseconds since the process's health clock started (never 0 after the first call).
 pub(crate) fn now_ms() -> u64 {

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::error::{Error, Kind};
 use keymaster_config::{ClusterLimits, RetryBudgetConfig};
+use keymaster_http::error::{Error, Kind};
 
 /// Live counts of one cluster (by name).
 #[derive(Debug, Default)]

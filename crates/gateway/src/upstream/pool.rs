@@ -16,7 +16,7 @@ use super::conn::Conn;
 use super::connect::{connect, Connected};
 use super::h2::H2Pools;
 use super::{Cluster, OriginServer};
-use crate::error::{Error, Kind};
+use keymaster_http::error::{Error, Kind};
 
 /// How many idle connections a checkout looks at before opening a new one.
 const CHECKOUT_SCAN: usize = 8;

@@ -33,8 +33,8 @@ use tokio::time::{timeout_at, Instant};
 
 use super::connect::{self, Transport};
 use super::OriginServer;
-use crate::error::{BoxError, Error, Kind};
 use keymaster_config::{ClusterConfig, HealthCheckConfig, HealthCheckKind};
+use keymaster_http::error::{BoxError, Error, Kind};
 
 /// The gRPC health protocol's method (grpc.health.v1, `doc/health-checking.md`).
 const GRPC_CHECK: &str = "/grpc.health.v1.Health/Check";

@@ -39,11 +39,11 @@ use tokio_util::io::poll_read_buf;
 
 use super::{ConnCtx, RetirePolicy};
 use crate::body::{ClientBody, ResponseBody};
-use crate::error::Error;
-use crate::framing::Decoder;
-use crate::headers::WireHead;
-use crate::io::{Io, Upgraded};
 use crate::proxy::ClientResponse;
+use keymaster_http::error::Error;
+use keymaster_http::framing::Decoder;
+use keymaster_http::headers::WireHead;
+use keymaster_http::io::{Io, Upgraded};
 use request::{Head, HeadScan};
 use response::{BodyFraming, Outbox, RequestFacts};
 
@@ -68,7 +68,7 @@ pub(crate) struct ConnIo {
     body_failed: bool,
     /// The chunked body that came with the request's head has broken framing: the request
     /// is refused before any origin hears of it ([`RequestBody::refused`]).
-    body_refused: Option<crate::framing::FramingError>,
+    body_refused: Option<keymaster_http::framing::FramingError>,
     /// Bytes of a `100 Continue` still to be written before the body is read.
     continue_left: usize,
     /// The client closed its side (or the read failed).
@@ -346,7 +346,7 @@ fn request(conn: &Rc<RefCell<ConnIo>>, head: Head) -> (Request<ClientBody>, Opti
     *req.method_mut() = head.method;
     *req.uri_mut() = head.uri;
     *req.version_mut() = head.version;
-    crate::headers::replace_map(req.headers_mut(), head.headers);
+    keymaster_http::headers::replace_map(req.headers_mut(), head.headers);
     (req, head.wire)
 }
 
@@ -450,7 +450,7 @@ async fn write_response(
     let written = response::encode_head(&mut out.head, &head, req, keep_alive);
     drop(raw);
     let status = parts.status;
-    crate::headers::discard_map(parts.headers);
+    keymaster_http::headers::discard_map(parts.headers);
     let (tunnel, body) = match body {
         ResponseBody::Tunnel(t) if status == StatusCode::SWITCHING_PROTOCOLS => (Some(t), None),
         body => (None, Some(body)),

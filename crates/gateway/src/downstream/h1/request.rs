@@ -22,9 +22,9 @@ use std::rc::Rc;
 use std::task::{ready, Context, Poll};
 
 use super::ConnIo;
-use crate::error::{Error, Kind};
-use crate::framing::{self, Declared, Decoder, FramingError, Step};
-use crate::headers::{
+use keymaster_http::error::{Error, Kind};
+use keymaster_http::framing::{self, Declared, Decoder, FramingError, Step};
+use keymaster_http::headers::{
     ClientLength, HeadFacts, HeadLimits, NameSummary, RawRequestFields, WireHead,
 };
 
@@ -253,7 +253,7 @@ fn parse_complete<'h>(
                     .split(|&b| b == b',')
                     .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
             }
-            12 if is(b"content-type") => facts.grpc = crate::grpc::is_grpc_content_type(v),
+            12 if is(b"content-type") => facts.grpc = keymaster_http::grpc::is_grpc_content_type(v),
             _ if !noted && is(request_id.as_str().as_bytes()) && facts.request_id.is_none() => {
                 facts.request_id = Some(value_of(head, v)?)
             }
@@ -511,17 +511,24 @@ mod tests {
         let mut out = Vec::new();
         let via = HeaderValue::from_static("1.1 k");
         let ip = HeaderValue::from_static("1.2.3.4");
-        let facts = crate::headers::ClientFacts {
+        let facts = keymaster_http::headers::ClientFacts {
             ip_value: ip,
             forwarded_for: String::new(),
             trusted: false,
             proto: "http",
             tls: None,
         };
-        crate::headers::AddedFields::for_request(&wire.facts.scan, &facts, None, false, &via, None)
-            .unwrap()
-            .with_client_fields(Some(&wire.fields))
-            .write(&mut out);
+        keymaster_http::headers::AddedFields::for_request(
+            &wire.facts.scan,
+            &facts,
+            None,
+            false,
+            &via,
+            None,
+        )
+        .unwrap()
+        .with_client_fields(Some(&wire.fields))
+        .write(&mut out);
         assert!(out.starts_with(b"Host:  x \r\nX-Request-Id:r1\r\nx-forwarded-for: 1.2.3.4\r\n"));
         assert_eq!(wire.facts.request_id.unwrap(), "r1");
         assert_eq!(wire.facts.host.unwrap(), "x");

@@ -15,9 +15,9 @@ use std::task::{Context, Poll};
 use std::time::SystemTime;
 use tokio::io::AsyncWrite;
 
-use crate::framing::put_chunk_size;
-use crate::headers::{put_field, RawHead};
-use crate::io::Io;
+use keymaster_http::framing::put_chunk_size;
+use keymaster_http::headers::{put_field, RawHead};
+use keymaster_http::io::Io;
 
 /// How a response's body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

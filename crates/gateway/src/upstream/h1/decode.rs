@@ -12,10 +12,10 @@ use bytes::BytesMut;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 
-use crate::error::{Error, Kind};
-use crate::framing::{self, Declared, Decoder};
-use crate::headers::has_token;
-use crate::headers::RawHead;
+use keymaster_http::error::{Error, Kind};
+use keymaster_http::framing::{self, Declared, Decoder};
+use keymaster_http::headers::has_token;
+use keymaster_http::headers::RawHead;
 
 /// The largest response head read (status line and fields).
 pub(super) const MAX_HEAD: usize = 64 * 1024;

@@ -12,9 +12,9 @@ use std::task::{ready, Context, Poll};
 use tokio::io::AsyncWrite;
 
 use crate::body::RequestBody;
-use crate::error::BoxError;
-use crate::headers::{put_field, AddedFields};
-use crate::io::Io;
+use keymaster_http::error::BoxError;
+use keymaster_http::headers::{put_field, AddedFields};
+use keymaster_http::io::Io;
 
 /// Small buffered bodies go out in the same write as the head.
 const COALESCE: usize = 16 * 1024;

@@ -19,7 +19,7 @@
 //!
 //! - [`decode`]: response head and body framing, on bytes already read.
 //! - [`encode`]: request head and body writing.
-//! - [`crate::io`]: the transport (TCP or TLS) and what a 101 leaves of it.
+//! - [`keymaster_http::io`]: the transport (TCP or TLS) and what a 101 leaves of it.
 
 mod decode;
 mod encode;
@@ -36,14 +36,14 @@ use tokio_util::io::poll_read_buf;
 use super::conn::{OriginResponse, UpstreamBody};
 use super::connect::OpenSlot;
 use crate::body::RequestBody;
-use crate::error::{BoxError, Error, Kind};
-use crate::framing::{Decoder, Step};
-use crate::headers::RawHead;
-pub(crate) use crate::io::Io;
 use decode::{Framing, Head};
 use encode::{Pump, PumpError};
+use keymaster_http::error::{BoxError, Error, Kind};
+use keymaster_http::framing::{Decoder, Step};
+use keymaster_http::headers::RawHead;
+pub(crate) use keymaster_http::io::Io;
 /// An origin connection after a 101, holding its slot under the cluster's cap.
-pub(crate) type Upgraded = crate::io::Upgraded<OpenSlot>;
+pub(crate) type Upgraded = keymaster_http::io::Upgraded<OpenSlot>;
 
 /// Whether an idle transport has something to read (a close, a reset, stray bytes): what
 /// tokio last saw of the socket, read outside the task's cooperative budget. With the
@@ -217,12 +217,12 @@ fn is_reset(e: &std::io::Error) -> bool {
 /// Send `req` on `conn` and read the response head. The response body owns the connection.
 /// `raw_head`: the response head may be kept as bytes ([`RawHead`]); the name is the
 /// request-id field's.
-/// `added`: fields written after the request's own (see [`crate::headers::AddedFields`]).
+/// `added`: fields written after the request's own (see [`keymaster_http::headers::AddedFields`]).
 pub(crate) fn send(
     conn: Connection,
     mut req: Box<Request<RequestBody>>,
     raw_head: Option<http::HeaderName>,
-    added: Option<&crate::headers::AddedFields>,
+    added: Option<&keymaster_http::headers::AddedFields>,
 ) -> Sending {
     // The body goes to the pump; the boxed head stays for a resend (moved: 8 bytes).
     let body = std::mem::replace(req.body_mut(), RequestBody::Empty);
@@ -303,7 +303,7 @@ impl std::future::Future for Sending {
                 let broken = this.pump.is_some() && this.write_failed;
                 let pump = this.pump.take().filter(|_| !broken).map(Box::new);
                 if let Some(req) = this.req.take() {
-                    crate::headers::discard_map((*req).into_parts().0.headers);
+                    keymaster_http::headers::discard_map((*req).into_parts().0.headers);
                 }
                 return Poll::Ready(Ok(respond(head, conn, pump, broken)));
             }
@@ -345,7 +345,7 @@ fn respond(head: Head, conn: Connection, pump: Option<Box<Pump>>, broken: bool) 
     let mut resp = Box::new(Response::new(UpstreamBody::H1(body)));
     *resp.status_mut() = head.status;
     *resp.version_mut() = head.version;
-    crate::headers::replace_map(resp.headers_mut(), head.headers);
+    keymaster_http::headers::replace_map(resp.headers_mut(), head.headers);
     if let Some(r) = head.reason {
         resp.extensions_mut().insert(r);
     }

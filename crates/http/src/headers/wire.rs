@@ -21,7 +21,7 @@ use super::{AddedFields, HeadScan};
 /// without a map: the changes are kept beside the block ([`FieldEdit`]) and applied when it
 /// is written or turned into a map.
 #[derive(Debug, Clone)]
-pub(crate) struct RawRequestFields {
+pub struct RawRequestFields {
     block: bytes::Bytes,
     /// The block's names, summarised: a name it does not hold is mostly known so without a
     /// search (a filter usually sets a field of the gateway's own, which the client did not
@@ -37,7 +37,7 @@ pub(crate) struct RawRequestFields {
 
 /// The Content-Length a client's wire-form fields hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ClientLength {
+pub enum ClientLength {
     /// None (no body, or a chunked one).
     None,
     /// One `Content-Length` line with one value: it goes upstream as sent.
@@ -51,9 +51,9 @@ pub(crate) enum ClientLength {
 /// A request head's fields in wire form, with what the server's parse noted about them.
 /// Boxed by the server, and passed on in that box: the proxy stage takes the facts out and
 /// hands the fields to the filter context and back as one pointer.
-pub(crate) struct WireHead {
-    pub(crate) fields: RawRequestFields,
-    pub(crate) facts: super::HeadFacts,
+pub struct WireHead {
+    pub fields: RawRequestFields,
+    pub facts: super::HeadFacts,
 }
 
 /// A change to a [`RawRequestFields`]: the client's fields called by the edit's name are
@@ -92,16 +92,16 @@ impl FieldEdit {
 /// A field a configured edit sets or adds, built when the config is loaded: its name and
 /// value, validated then, and its `name: value\r\n` line, written upstream as it is.
 #[derive(Debug)]
-pub(crate) struct CompiledField {
-    pub(crate) name: HeaderName,
-    pub(crate) value: HeaderValue,
+pub struct CompiledField {
+    pub name: HeaderName,
+    pub value: HeaderValue,
     line: Box<[u8]>,
     /// The name's bit in a [`NameSummary`].
     name_bit: u64,
 }
 
 impl CompiledField {
-    pub(crate) fn new(name: &HeaderName, value: &HeaderValue) -> Arc<CompiledField> {
+    pub fn new(name: &HeaderName, value: &HeaderValue) -> Arc<CompiledField> {
         let mut line = Vec::with_capacity(name.as_str().len() + value.len() + 4);
         put_field(&mut line, name.as_str().as_bytes(), value.as_bytes());
         Arc::new(CompiledField {
@@ -113,7 +113,7 @@ impl CompiledField {
     }
 
     /// `name: value\r\n`.
-    pub(crate) fn line(&self) -> &[u8] {
+    pub fn line(&self) -> &[u8] {
         &self.line
     }
 }
@@ -122,7 +122,7 @@ impl CompiledField {
 /// length and its first and last bytes, case folded. A name whose bit is clear is not in
 /// the block; a set bit means it may be (the block is then searched).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct NameSummary(u64);
+pub struct NameSummary(u64);
 
 impl NameSummary {
     /// The name's bit. `| 0x20` folds an ASCII letter's case and is the same for both
@@ -138,7 +138,7 @@ impl NameSummary {
 
     /// Note a name the block holds.
     #[inline]
-    pub(crate) fn add(&mut self, name: &[u8]) {
+    pub fn add(&mut self, name: &[u8]) {
         self.0 |= Self::bit(name);
     }
 
@@ -162,11 +162,7 @@ impl RawRequestFields {
     /// `block`: complete CRLF-terminated field lines that passed the server's parse;
     /// `content_length`: what they say of the body's length; `names`: their names,
     /// summarised as the server read them.
-    pub(crate) fn new(
-        block: bytes::Bytes,
-        content_length: ClientLength,
-        names: NameSummary,
-    ) -> Self {
+    pub fn new(block: bytes::Bytes, content_length: ClientLength, names: NameSummary) -> Self {
         debug_assert_eq!(names, NameSummary::of(&block), "the summary of {block:?}");
         RawRequestFields {
             block,
@@ -178,7 +174,7 @@ impl RawRequestFields {
 
     /// [`Self::new`] with the names summarised here (tests).
     #[cfg(test)]
-    pub(crate) fn from_block(block: bytes::Bytes, content_length: bool) -> Self {
+    pub fn from_block(block: bytes::Bytes, content_length: bool) -> Self {
         let names = NameSummary::of(&block);
         let length = match content_length {
             true => ClientLength::AsSent,
@@ -211,7 +207,7 @@ impl RawRequestFields {
     }
 
     /// The fields as a map, values sharing the block's memory.
-    pub(crate) fn to_map(&self) -> HeaderMap {
+    pub fn to_map(&self) -> HeaderMap {
         let lines = self.kept_lines();
         let mut map = HeaderMap::with_capacity(lines.clone().count() + self.edits.len());
         for (name, value) in lines {
@@ -229,12 +225,12 @@ impl RawRequestFields {
     }
 
     /// The value of the first field called `name` (any case).
-    pub(crate) fn get(&self, name: &str) -> Option<&[u8]> {
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.get_all(name).next()
     }
 
     /// Every value of the fields called `name` (any case), in order.
-    pub(crate) fn get_all<'a, 'n>(
+    pub fn get_all<'a, 'n>(
         &'a self,
         name: &'n str,
     ) -> impl Iterator<Item = &'a [u8]> + use<'a, 'n> {
@@ -256,18 +252,18 @@ impl RawRequestFields {
     }
 
     /// The client's Content-Length line goes upstream as sent (the origin's framing).
-    pub(crate) fn declares_length(&self) -> bool {
+    pub fn declares_length(&self) -> bool {
         self.content_length == ClientLength::AsSent
     }
 
     /// Whether a filter may change the field `name` here, without a map: not one the proxy
     /// stage's head scan looks at.
-    pub(crate) fn may_edit(name: &HeaderName) -> bool {
+    pub fn may_edit(name: &HeaderName) -> bool {
         !affects_head_scan(name)
     }
 
     /// Replace every field called `name` with `name: value` (a [`Self::may_edit`] name).
-    pub(crate) fn set(&mut self, name: HeaderName, value: HeaderValue) {
+    pub fn set(&mut self, name: HeaderName, value: HeaderValue) {
         let replaces = self.drop_named(&name);
         let field = EditField::Owned(Box::new((name, Some(value))));
         self.push_edit(FieldEdit { field, replaces });
@@ -276,7 +272,7 @@ impl RawRequestFields {
     /// [`Self::set`] with a configured field (shared, not copied). The usual case, a field
     /// of the gateway's own that the client did not send and nothing edited yet, is told by
     /// the field's summary bit alone.
-    pub(crate) fn set_compiled(&mut self, f: &Arc<CompiledField>) {
+    pub fn set_compiled(&mut self, f: &Arc<CompiledField>) {
         let fresh = self.edits.is_empty() && self.names.0 & f.name_bit == 0;
         let replaces = !fresh && self.drop_named(&f.name);
         let field = EditField::Compiled(f.clone());
@@ -284,7 +280,7 @@ impl RawRequestFields {
     }
 
     /// Add the field `name: value` (a [`Self::may_edit`] name).
-    pub(crate) fn append(&mut self, name: HeaderName, value: HeaderValue) {
+    pub fn append(&mut self, name: HeaderName, value: HeaderValue) {
         let field = EditField::Owned(Box::new((name, Some(value))));
         self.push_edit(FieldEdit {
             field,
@@ -293,7 +289,7 @@ impl RawRequestFields {
     }
 
     /// [`Self::append`] with a configured field (shared, not copied).
-    pub(crate) fn append_compiled(&mut self, f: &Arc<CompiledField>) {
+    pub fn append_compiled(&mut self, f: &Arc<CompiledField>) {
         let field = EditField::Compiled(f.clone());
         self.push_edit(FieldEdit {
             field,
@@ -308,7 +304,7 @@ impl RawRequestFields {
     }
 
     /// Remove every field called `name` (a [`Self::may_edit`] name).
-    pub(crate) fn remove(&mut self, name: &HeaderName) {
+    pub fn remove(&mut self, name: &HeaderName) {
         if self.drop_named(name) {
             let field = EditField::Owned(Box::new((name.clone(), None)));
             self.push_edit(FieldEdit {
@@ -424,35 +420,35 @@ impl<'a> Iterator for WireLines<'a> {
 /// client gets the map path); post filters see it as a map built when one reads or changes a
 /// field other than by appending (`FilterCtx::response_headers`).
 #[derive(Debug)]
-pub(crate) struct RawHead {
+pub struct RawHead {
     /// The fields as `name: value\r\n` lines (names as the origin spelled them), without
     /// `Content-Length` and `Transfer-Encoding`: the client's framing is written from the
     /// body.
-    pub(crate) block: bytes::BytesMut,
+    pub block: bytes::BytesMut,
     /// One of them is `Date`.
-    pub(crate) has_date: bool,
+    pub has_date: bool,
     /// One of them is the request-id field.
-    pub(crate) has_request_id: bool,
+    pub has_request_id: bool,
     /// The origin's Content-Length, for a map built from the block.
-    pub(crate) content_length: Option<u64>,
+    pub content_length: Option<u64>,
 }
 
 impl RawHead {
     /// Append the field `name: value`.
-    pub(crate) fn push(&mut self, name: &[u8], value: &[u8]) {
+    pub fn push(&mut self, name: &[u8], value: &[u8]) {
         self.block.reserve(name.len() + value.len() + 4);
         put_field(&mut self.block, name, value);
     }
 
     /// Append a whole `name: value\r\n` line (a field [`Self::may_append`] allows, written
     /// ahead of time: one copy instead of four).
-    pub(crate) fn push_line(&mut self, line: &[u8]) {
+    pub fn push_line(&mut self, line: &[u8]) {
         self.block.extend_from_slice(line);
     }
 
     /// Whether a field may be appended to the block: not one hyper writes or acts on itself
     /// (framing, Connection and the other hop-by-hop fields, Trailer, Date).
-    pub(crate) fn may_append(name: &HeaderName) -> bool {
+    pub fn may_append(name: &HeaderName) -> bool {
         !(affects_head_scan(name)
             || *name == header::DATE
             || *name == header::TRAILER
@@ -460,7 +456,7 @@ impl RawHead {
     }
 
     /// The fields the proxy stage adds: Via, and the request id unless the origin sent one.
-    pub(crate) fn add_proxy_fields(
+    pub fn add_proxy_fields(
         &mut self,
         via: &HeaderValue,
         (rid_name, rid): (&HeaderName, &HeaderValue),
@@ -473,7 +469,7 @@ impl RawHead {
     }
 
     /// The fields as a map (with the origin's Content-Length), as the map path has them.
-    pub(crate) fn to_map(&self) -> HeaderMap {
+    pub fn to_map(&self) -> HeaderMap {
         let mut map = HeaderMap::with_capacity(16);
         for (name, value) in wire_lines(&self.block) {
             if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {

@@ -1,17 +1,17 @@
 //! gRPC awareness on the proxy path: recognising a gRPC call and reading its
 //! `grpc-timeout` (the client's deadline, which becomes the request deadline). gRPC-shaped
-//! error responses are built in [`crate::respond`], like every error response.
+//! error responses are built in the gateway's `respond` module, like every error response.
 
 use http::header::{HeaderMap, CONTENT_TYPE};
 use std::time::Duration;
 
 /// A gRPC call: `content-type: application/grpc` or `application/grpc+<codec>`.
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+pub fn is_grpc(headers: &HeaderMap) -> bool {
     crate::headers::find(headers, &CONTENT_TYPE).is_some_and(|v| is_grpc_content_type(v.as_bytes()))
 }
 
 /// Whether a `content-type` value names gRPC.
-pub(crate) fn is_grpc_content_type(value: &[u8]) -> bool {
+pub fn is_grpc_content_type(value: &[u8]) -> bool {
     let ct = value.trim_ascii();
     ct.len() >= 16
         && ct[..16].eq_ignore_ascii_case(b"application/grpc")
@@ -20,7 +20,7 @@ pub(crate) fn is_grpc_content_type(value: &[u8]) -> bool {
 
 /// The `grpc-timeout` header: 1 to 8 ASCII digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
 /// An invalid value is ignored (gRPC servers treat it the same way).
-pub(crate) fn timeout(headers: &HeaderMap) -> Option<Duration> {
+pub fn timeout(headers: &HeaderMap) -> Option<Duration> {
     let v = headers.get("grpc-timeout")?.as_bytes();
     let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
     if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {

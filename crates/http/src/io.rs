@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsStream;
 
 /// A connection's transport.
-pub(crate) enum Io {
+pub enum Io {
     Tcp(TcpStream),
     /// Boxed: a TLS session is large, and most connections are plain.
     Tls(Box<TlsStream<TcpStream>>),
@@ -19,7 +19,7 @@ pub(crate) enum Io {
 
 impl Io {
     /// The TCP socket under the transport.
-    pub(crate) fn tcp(&self) -> &TcpStream {
+    pub fn tcp(&self) -> &TcpStream {
         match self {
             Io::Tcp(s) => s,
             Io::Tls(s) => s.get_ref().0,
@@ -88,10 +88,10 @@ impl AsyncWrite for Io {
 /// A connection after `101 Switching Protocols`: the bytes the peer sent after the head that
 /// were already read, then the socket. `H` is held until the tunnel ends (an origin
 /// connection's slot under its cluster's cap).
-pub(crate) struct Upgraded<H = ()> {
-    pub(crate) read_ahead: Bytes,
-    pub(crate) io: Io,
-    pub(crate) _held: H,
+pub struct Upgraded<H = ()> {
+    pub read_ahead: Bytes,
+    pub io: Io,
+    pub _held: H,
 }
 
 impl<H: Unpin> AsyncRead for Upgraded<H> {

@@ -10,7 +10,7 @@ use super::{affects_head_scan, CompiledField, RawRequestFields};
 
 /// A compiled header edit list: remove, then set, then add.
 #[derive(Debug, Default, Clone)]
-pub(crate) struct HeaderEdits {
+pub struct HeaderEdits {
     pub remove: Vec<HeaderName>,
     pub set: Vec<(HeaderName, HeaderValue)>,
     pub add: Vec<(HeaderName, HeaderValue)>,
@@ -24,7 +24,7 @@ pub(crate) struct HeaderEdits {
 }
 
 impl HeaderEdits {
-    pub(crate) fn compile(cfg: &keymaster_config::HeaderEdits) -> Result<Self, String> {
+    pub fn compile(cfg: &keymaster_config::HeaderEdits) -> Result<Self, String> {
         let name = |n: &str| HeaderName::from_bytes(n.as_bytes()).map_err(|e| format!("{n}: {e}"));
         let pair = |(n, v): (&String, &String)| -> Result<(HeaderName, HeaderValue), String> {
             Ok((
@@ -61,26 +61,26 @@ impl HeaderEdits {
         Ok(edits)
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
     }
 
     /// Whether a set or added name is `len` bytes long (a cheap "may it set this field?").
-    pub(crate) fn sets_name_of_len(&self, len: usize) -> bool {
+    pub fn sets_name_of_len(&self, len: usize) -> bool {
         self.set_name_lens & (1 << len.min(63)) != 0
     }
 
     /// The added fields, compiled (with their wire lines).
-    pub(crate) fn compiled_adds(&self) -> &[std::sync::Arc<CompiledField>] {
+    pub fn compiled_adds(&self) -> &[std::sync::Arc<CompiledField>] {
         &self.wire_add
     }
 
     /// Whether applying these edits can change what [`HeadScan`] finds.
-    pub(crate) fn affects_head_scan(&self) -> bool {
+    pub fn affects_head_scan(&self) -> bool {
         self.touches_scan
     }
 
-    pub(crate) fn apply(&self, headers: &mut HeaderMap) {
+    pub fn apply(&self, headers: &mut HeaderMap) {
         for n in &self.remove {
             headers.remove(n);
         }
@@ -94,7 +94,7 @@ impl HeaderEdits {
 
     /// [`Self::apply`] to wire-form request fields (edits that do not
     /// [`Self::affects_head_scan`]): the set and added fields are shared, not copied.
-    pub(crate) fn apply_wire(&self, fields: &mut RawRequestFields) {
+    pub fn apply_wire(&self, fields: &mut RawRequestFields) {
         for n in &self.remove {
             fields.remove(n);
         }

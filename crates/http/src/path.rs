@@ -23,15 +23,15 @@ use crate::error::{Error, Kind};
 
 /// A listener's path policy, compiled from its `path` table.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct PathPolicy {
+pub struct PathPolicy {
     merge_slashes: bool,
     keep_escaped_slashes: bool,
     /// The origin gets the client's path as sent when nothing rewrote it.
-    pub(crate) forward_raw: bool,
+    pub forward_raw: bool,
 }
 
 impl PathPolicy {
-    pub(crate) fn new(cfg: &PathConfig) -> PathPolicy {
+    pub fn new(cfg: &PathConfig) -> PathPolicy {
         PathPolicy {
             merge_slashes: cfg.merge_slashes,
             keep_escaped_slashes: cfg.escaped_slashes == EscapedSlashes::Keep,
@@ -48,10 +48,7 @@ impl Default for PathPolicy {
 
 /// Make `uri`'s path canonical in place (the query stays as sent). Returns the client's own
 /// path and query when the policy forwards the raw path and the canonical one differs.
-pub(crate) fn canonicalise(
-    uri: &mut Uri,
-    policy: &PathPolicy,
-) -> Result<Option<PathAndQuery>, Error> {
+pub fn canonicalise(uri: &mut Uri, policy: &PathPolicy) -> Result<Option<PathAndQuery>, Error> {
     // Authority-form (CONNECT) and `*` (OPTIONS only, checked with the head) have no path.
     let Some(pq) = uri.path_and_query().filter(|pq| pq.path() != "*") else {
         return Ok(None);
@@ -77,7 +74,7 @@ pub(crate) fn canonicalise(
 
 /// The canonical form of `path` (a request target's path, without the query), or `None`
 /// when it already is canonical. The error says why the path was refused.
-pub(crate) fn canonical(path: &str, policy: &PathPolicy) -> Result<Option<String>, &'static str> {
+pub fn canonical(path: &str, policy: &PathPolicy) -> Result<Option<String>, &'static str> {
     let p = path.as_bytes();
     if p.first() != Some(&b'/') {
         return Err("the request path does not start with '/'");

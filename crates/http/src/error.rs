@@ -4,7 +4,7 @@
 //! ([`Side`]: the downstream client, the upstream origin, or keymaster itself) and whether
 //! the request may be retried ([`Error::is_retry_safe`]). It is opaque: callers ask
 //! `is_*` predicates (hyper's habit) instead of matching on a kind, so the set of kinds can
-//! grow. Errors become HTTP responses in exactly one place: [`crate::respond`].
+//! grow. Errors become HTTP responses in exactly one place: the gateway's `respond` module.
 
 use http::StatusCode;
 use std::fmt;
@@ -35,7 +35,7 @@ impl Side {
 
 /// What went wrong. Private: the public surface is the predicates on [`Error`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub enum Kind {
     /// The request is malformed or ambiguous (400).
     BadRequest,
     /// The request target is longer than the listener allows (414).
@@ -94,7 +94,7 @@ pub(crate) enum Kind {
 
 /// Whether the request may be sent again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Retry {
+pub enum Retry {
     /// Nothing reached the origin: always safe.
     Safe,
     /// The request may have been processed: never retry automatically.
@@ -119,7 +119,7 @@ struct Inner {
 }
 
 impl Error {
-    pub(crate) fn new(kind: Kind, detail: &'static str) -> Self {
+    pub fn new(kind: Kind, detail: &'static str) -> Self {
         let (side, retry) = match kind {
             Kind::BadRequest
             | Kind::UriTooLong
@@ -154,13 +154,13 @@ impl Error {
     }
 
     /// Attach the underlying cause.
-    pub(crate) fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
         self.inner.source = Some(source.into());
         self
     }
 
     /// Ask the client to come back after `after` (rounded up to whole seconds, at least 1).
-    pub(crate) fn with_retry_after(mut self, after: std::time::Duration) -> Self {
+    pub fn with_retry_after(mut self, after: std::time::Duration) -> Self {
         let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
         self.inner.retry_after = Some(secs.clamp(1, u64::from(u32::MAX)) as u32);
         self

@@ -9,13 +9,11 @@ use crate::error::{Error, Kind};
 
 mod edits;
 mod wire;
-pub(crate) use edits::HeaderEdits;
-pub(crate) use wire::{
-    ClientLength, CompiledField, NameSummary, RawHead, RawRequestFields, WireHead,
-};
+pub use edits::HeaderEdits;
+pub use wire::{ClientLength, CompiledField, NameSummary, RawHead, RawRequestFields, WireHead};
 
 /// Per-connection facts computed once, used by every request on the connection.
-pub(crate) struct ClientFacts {
+pub struct ClientFacts {
     /// The client's IP as a header value (for X-Forwarded-For).
     pub ip_value: HeaderValue,
     /// The `for=` parameter of an RFC 7239 Forwarded element.
@@ -25,11 +23,11 @@ pub(crate) struct ClientFacts {
     /// "http" or "https".
     pub proto: &'static str,
     /// What the TLS handshake established (TLS listeners only).
-    pub tls: Option<crate::tls::TlsFacts>,
+    pub tls: Option<TlsFacts>,
 }
 
 /// A listener's limits on request heads.
-pub(crate) struct HeadLimits {
+pub struct HeadLimits {
     /// The longest request line (method, target, version; without its line end): 414.
     pub max_request_line: usize,
     /// The most bytes of header fields (name, value, ": " and CRLF each): 431.
@@ -41,7 +39,7 @@ pub(crate) struct HeadLimits {
 impl HeadLimits {
     /// The most bytes a request head can take on the wire: a buffer holding more without
     /// the head's end is refused (431).
-    pub(crate) fn max_head(&self) -> usize {
+    pub fn max_head(&self) -> usize {
         self.max_request_line + self.max_header_bytes + 8
     }
 }
@@ -50,7 +48,7 @@ impl HeadLimits {
 /// Scanning once lets the common request (no hop-by-hop fields, one Host, no body framing)
 /// skip every further lookup.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct HeadScan {
+pub struct HeadScan {
     /// Bytes of the header section as sent (name + value + ": " + CRLF per field).
     pub bytes: usize,
     pub hosts: usize,
@@ -67,7 +65,7 @@ pub(crate) struct HeadScan {
 }
 
 impl HeadScan {
-    pub(crate) fn of(headers: &HeaderMap) -> HeadScan {
+    pub fn of(headers: &HeaderMap) -> HeadScan {
         let mut s = HeadScan::default();
         for (name, value) in headers {
             s.bytes += name.as_str().len() + value.len() + 4;
@@ -82,7 +80,7 @@ impl HeadScan {
     }
 
     /// [`HeadScan::note`] for a name as sent (any case).
-    pub(crate) fn note_name(&mut self, name: &[u8]) -> bool {
+    pub fn note_name(&mut self, name: &[u8]) -> bool {
         let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
         match name.len() {
             4 if is(b"host") => self.hosts += 1,
@@ -113,7 +111,7 @@ impl HeadScan {
 /// What keymaster's HTTP/1.1 server noted while parsing a request head that it kept in wire
 /// form ([`RawRequestFields`]): the scan, and the fields the proxy stage looks up first.
 #[derive(Debug, Default)]
-pub(crate) struct HeadFacts {
+pub struct HeadFacts {
     pub scan: HeadScan,
     /// The first Host field.
     pub host: Option<HeaderValue>,
@@ -125,7 +123,7 @@ pub(crate) struct HeadFacts {
 
 impl HeadFacts {
     /// The facts of a head given as a map.
-    pub(crate) fn of(headers: &HeaderMap, request_id: &HeaderName) -> HeadFacts {
+    pub fn of(headers: &HeaderMap, request_id: &HeaderName) -> HeadFacts {
         HeadFacts {
             scan: HeadScan::of(headers),
             host: find(headers, &header::HOST).cloned(),
@@ -140,7 +138,7 @@ impl HeadFacts {
 /// its drop glue, which walks and frees three vectors, costs ~60 instructions. The request
 /// path makes and drops several empty maps (heads kept in wire form).
 #[inline]
-pub(crate) fn discard_map(map: HeaderMap) {
+pub fn discard_map(map: HeaderMap) {
     if map.capacity() == 0 {
         std::mem::forget(map);
     }
@@ -148,7 +146,7 @@ pub(crate) fn discard_map(map: HeaderMap) {
 
 /// Put `new` in `slot`, discarding the map it replaces ([`discard_map`]).
 #[inline]
-pub(crate) fn replace_map(slot: &mut HeaderMap, new: HeaderMap) {
+pub fn replace_map(slot: &mut HeaderMap, new: HeaderMap) {
     discard_map(std::mem::replace(slot, new));
 }
 
@@ -156,7 +154,7 @@ pub(crate) fn replace_map(slot: &mut HeaderMap, new: HeaderMap) {
 /// usual request) is searched in order, which costs a few comparisons; hashing the name for
 /// the map's index costs more than that.
 #[inline]
-pub(crate) fn find<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
+pub fn find<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
     if h.len() <= 8 {
         h.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
     } else {
@@ -166,14 +164,14 @@ pub(crate) fn find<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a Header
 
 /// Does adding, changing or removing the field `name` change what [`HeadScan`] finds
 /// (beyond its byte count)?
-pub(crate) fn affects_head_scan(name: &HeaderName) -> bool {
+pub fn affects_head_scan(name: &HeaderName) -> bool {
     // Only these lengths name a scanned field (see `HeadScan::note_name`).
     matches!(name.as_str().len(), 2 | 4 | 6 | 7 | 9 | 10 | 14..=17)
         && HeadScan::default().note(name)
 }
 
 /// Validate what hyper's parser accepted but a gateway must not forward.
-pub(crate) fn validate_request_head(
+pub fn validate_request_head(
     method: &Method,
     uri: &http::Uri,
     version: Version,
@@ -277,7 +275,7 @@ static HOST_CHARS: [bool; 256] = {
 };
 
 /// Content-Length is 1*DIGIT (no sign, no spaces inside, no lists with differing values).
-pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
+pub fn parse_content_length(v: &[u8]) -> Option<u64> {
     // At most 19 digits: 10^19 - 1 fits a u64, so the sum cannot overflow.
     if v.is_empty() || v.len() > 19 {
         return None;
@@ -288,7 +286,7 @@ pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
 }
 
 /// Does any `name` field line list `token` (comma-separated, case-insensitive)?
-pub(crate) fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+pub fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
     headers.get_all(name).iter().any(|v| {
         v.to_str()
             .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
@@ -296,7 +294,7 @@ pub(crate) fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> b
     })
 }
 
-pub(crate) fn final_coding_is_chunked(headers: &HeaderMap) -> bool {
+pub fn final_coding_is_chunked(headers: &HeaderMap) -> bool {
     let last = headers
         .get_all(header::TRANSFER_ENCODING)
         .iter()
@@ -306,7 +304,7 @@ pub(crate) fn final_coding_is_chunked(headers: &HeaderMap) -> bool {
 
 /// Is `chunked` the last coding of this `Transfer-Encoding` field value? (A value with
 /// anything but visible ASCII is not.)
-pub(crate) fn ends_in_chunked(value: &[u8]) -> bool {
+pub fn ends_in_chunked(value: &[u8]) -> bool {
     value
         .iter()
         .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
@@ -317,7 +315,7 @@ pub(crate) fn ends_in_chunked(value: &[u8]) -> bool {
 }
 
 /// A response head an origin must not send us: ambiguous or invalid framing.
-pub(crate) fn validate_response_head(headers: &HeaderMap, scan: &HeadScan) -> Result<(), Error> {
+pub fn validate_response_head(headers: &HeaderMap, scan: &HeadScan) -> Result<(), Error> {
     if scan.transfer_encoding {
         if scan.content_length {
             return Err(Error::new(
@@ -348,7 +346,7 @@ static HOP_BY_HOP: [HeaderName; 6] = [
 /// an HTTP/1.1 message carries one, and origins often read only the first. Before a request
 /// from HTTP/2 goes on, its cookie fields are joined, in order, with `"; "` (RFC 9113
 /// §8.2.3). One field (the usual HTTP/1.1 case) stays as it is.
-pub(crate) fn join_cookies(headers: &mut HeaderMap) {
+pub fn join_cookies(headers: &mut HeaderMap) {
     let mut fields = headers.get_all(header::COOKIE).iter();
     if fields.next().is_none() || fields.next().is_none() {
         return;
@@ -368,7 +366,7 @@ pub(crate) fn join_cookies(headers: &mut HeaderMap) {
 /// Remove hop-by-hop fields: `Connection` and every field it names, `Keep-Alive`, `TE`,
 /// `Transfer-Encoding`, `Upgrade`, `Proxy-Connection`. Returns whether the client asked for
 /// trailers (`TE: trailers`), which the caller may pass on.
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, scan: &HeadScan) -> bool {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, scan: &HeadScan) -> bool {
     if !scan.hop_by_hop {
         return false;
     }
@@ -401,7 +399,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, scan: &HeadScan) -> bool
 
 /// Append the field line `name: value\r\n` (heads and trailers written as bytes).
 #[inline]
-pub(crate) fn put_field(dst: &mut impl bytes::BufMut, name: &[u8], value: &[u8]) {
+pub fn put_field(dst: &mut impl bytes::BufMut, name: &[u8], value: &[u8]) {
     dst.put_slice(name);
     dst.put_slice(b": ");
     dst.put_slice(value);
@@ -409,14 +407,14 @@ pub(crate) fn put_field(dst: &mut impl bytes::BufMut, name: &[u8], value: &[u8])
 }
 
 /// Values computed once per config version for the headers keymaster adds.
-pub(crate) struct Stamps {
+pub struct Stamps {
     pub via_10: HeaderValue,
     pub via_11: HeaderValue,
     pub via_2: HeaderValue,
 }
 
 impl Stamps {
-    pub(crate) fn new(pseudonym: &str) -> Self {
+    pub fn new(pseudonym: &str) -> Self {
         let v = |p: &str| {
             HeaderValue::from_str(&format!("{p} {pseudonym}"))
                 .unwrap_or_else(|_| HeaderValue::from_static("1.1 keymaster"))
@@ -427,7 +425,7 @@ impl Stamps {
             via_2: v("2"),
         }
     }
-    pub(crate) fn via(&self, version: Version) -> &HeaderValue {
+    pub fn via(&self, version: Version) -> &HeaderValue {
         match version {
             Version::HTTP_10 | Version::HTTP_09 => &self.via_10,
             Version::HTTP_2 | Version::HTTP_3 => &self.via_2,
@@ -448,7 +446,7 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 ///
 /// When the request's own fields were kept in wire form ([`RawRequestFields`]; the request's
 /// map is then empty), they are written first, as the client sent them.
-pub(crate) struct AddedFields<'a> {
+pub struct AddedFields<'a> {
     /// The request's own fields in wire form.
     client: Option<&'a RawRequestFields>,
     forwarded_for: &'a HeaderValue,
@@ -463,7 +461,7 @@ impl<'a> AddedFields<'a> {
     /// `None` when a field must replace, extend or remove one of the request's (it carries
     /// forwarding fields, or the listener vouches for TLS client identities or sends RFC 7239
     /// Forwarded): then [`add_forwarding`] edits the map.
-    pub(crate) fn for_request(
+    pub fn for_request(
         scan: &HeadScan,
         client: &'a ClientFacts,
         host: Option<&'a HeaderValue>,
@@ -489,19 +487,19 @@ impl<'a> AddedFields<'a> {
     }
 
     /// The request's own fields are `fields`, in wire form (its map is empty).
-    pub(crate) fn with_client_fields(mut self, fields: Option<&'a RawRequestFields>) -> Self {
+    pub fn with_client_fields(mut self, fields: Option<&'a RawRequestFields>) -> Self {
         self.client = fields;
         self
     }
 
     /// The request's fields in wire form include a Content-Length.
-    pub(crate) fn declares_length(&self) -> bool {
+    pub fn declares_length(&self) -> bool {
         self.client.is_some_and(RawRequestFields::declares_length)
     }
 
     /// Append the fields to a request head being written. (Each name and its `: ` is one
     /// constant, which the compiler copies inline; only the values take a `memcpy`.)
-    pub(crate) fn write(&self, dst: &mut Vec<u8>) {
+    pub fn write(&self, dst: &mut Vec<u8>) {
         let host = self.forwarded_host.as_ref().map_or(0, |h| h.len() + 20);
         let id = self
             .request_id
@@ -529,7 +527,7 @@ impl<'a> AddedFields<'a> {
     }
 
     /// Put the fields in a request's map.
-    pub(crate) fn insert_into(&self, headers: &mut HeaderMap) {
+    pub fn insert_into(&self, headers: &mut HeaderMap) {
         if let Some(c) = self.client {
             for (name, value) in &c.to_map() {
                 headers.append(name.clone(), value.clone());
@@ -550,7 +548,7 @@ impl<'a> AddedFields<'a> {
 
 /// Add `X-Forwarded-For/-Proto/-Host` (and optionally `Forwarded`) from what the gateway saw.
 /// An existing chain is kept only when the peer is a trusted proxy.
-pub(crate) fn add_forwarding(
+pub fn add_forwarding(
     headers: &mut HeaderMap,
     client: &ClientFacts,
     host: Option<&HeaderValue>,
@@ -629,7 +627,7 @@ pub(crate) fn add_forwarding(
 }
 
 /// The RFC 7239 `for=` value of an address (IPv6 bracketed and quoted).
-pub(crate) fn forwarded_for(ip: std::net::IpAddr) -> String {
+pub fn forwarded_for(ip: std::net::IpAddr) -> String {
     match ip {
         std::net::IpAddr::V4(v4) => v4.to_string(),
         std::net::IpAddr::V6(v6) => format!("\"[{v6}]\""),
@@ -637,7 +635,7 @@ pub(crate) fn forwarded_for(ip: std::net::IpAddr) -> String {
 }
 
 /// A fresh request id: 32 lowercase hex digits (128 random bits).
-pub(crate) fn new_request_id() -> HeaderValue {
+pub fn new_request_id() -> HeaderValue {
     let n = fastrand::u128(..);
     let mut buf = [0u8; 32];
     for (i, pair) in buf.chunks_exact_mut(2).enumerate() {
@@ -661,6 +659,15 @@ static HEX_PAIRS: [u8; 512] = {
     }
     t
 };
+
+/// What the TLS handshake established, kept with the connection's facts.
+#[derive(Debug, Clone, Default)]
+pub struct TlsFacts {
+    /// The verified client certificate's identity: subject CN, else its first DNS name.
+    pub client_identity: Option<String>,
+    /// Copied from the listener's `identity_header` at handshake time.
+    pub identity_header: Option<HeaderName>,
+}
 
 #[cfg(test)]
 mod tests {

@@ -23,7 +23,7 @@ const MAX_TRAILER_FIELDS: usize = 32;
 
 /// What was wrong with a message's framing or body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FramingError {
+pub enum FramingError {
     TransferEncodingOnHttp10,
     BothTransferEncodingAndContentLength,
     TransferEncodingNotChunked,
@@ -40,7 +40,7 @@ pub(crate) enum FramingError {
 
 impl FramingError {
     /// The error when an origin's response is at fault (502, or an aborted response).
-    pub(crate) fn by_origin(self) -> Error {
+    pub fn by_origin(self) -> Error {
         use FramingError::*;
         let detail = match self {
             TransferEncodingOnHttp10 => "HTTP/1.0 origin sent Transfer-Encoding",
@@ -68,7 +68,7 @@ impl FramingError {
     }
 
     /// The error when a client's request is at fault (400, or a cancelled request).
-    pub(crate) fn by_client(self) -> Error {
+    pub fn by_client(self) -> Error {
         use FramingError::*;
         let detail = match self {
             TransferEncodingOnHttp10 | TransferEncodingNotChunked => "invalid Transfer-Encoding",
@@ -93,7 +93,7 @@ impl FramingError {
 
 /// The body length a message's framing fields declare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Declared {
+pub enum Declared {
     /// Neither field: no body for a request, a body until close for a response.
     Nothing,
     Length(u64),
@@ -104,7 +104,7 @@ pub(crate) enum Declared {
 /// `Content-Length` value. Ambiguity is an error: both fields, differing lengths, a
 /// `Transfer-Encoding` not ending in `chunked` or on HTTP/1.0. A list of identical lengths
 /// is one length (RFC 9110 §8.6).
-pub(crate) fn declared<'a>(
+pub fn declared<'a>(
     version: Version,
     transfer_encoding: Option<&[u8]>,
     content_lengths: impl Iterator<Item = &'a [u8]>,
@@ -139,7 +139,7 @@ pub(crate) fn declared<'a>(
 /// What the body decoder produced from the buffer (`D`: a piece of the body, or only its
 /// length when the bytes are checked in place, see [`Input`]).
 #[derive(Debug)]
-pub(crate) enum Step<D = Bytes> {
+pub enum Step<D = Bytes> {
     Data(D),
     Trailers(HeaderMap),
     /// The body is complete.
@@ -150,7 +150,7 @@ pub(crate) enum Step<D = Bytes> {
 
 /// Where a chunked body is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Chunk {
+pub enum Chunk {
     Size,
     Data(u64),
     /// The CRLF after a chunk's data.
@@ -161,7 +161,7 @@ pub(crate) enum Chunk {
 /// Where the decoder takes its bytes from: a read buffer, whose body bytes come out as
 /// [`Bytes`] without a copy, or a slice that is only checked ([`Decoder::check`]), whose
 /// body bytes come out as their length.
-pub(crate) trait Input {
+pub trait Input {
     type Data;
     fn bytes(&self) -> &[u8];
     /// Drop `n` bytes off the front.
@@ -199,7 +199,7 @@ impl Input for &[u8] {
 
 /// What [`Decoder::check`] found in the bytes at hand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Checked {
+pub enum Checked {
     /// The body ends in them: `len` bytes of body, framing included `used` bytes.
     Complete { len: u64, used: usize },
     /// Well formed so far; more is to come.
@@ -208,7 +208,7 @@ pub(crate) enum Checked {
 
 /// A body's decoder: takes body bytes off the front of the read buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Decoder {
+pub enum Decoder {
     Length(u64),
     Chunked(Chunk),
     /// Until the peer closes (responses only).
@@ -218,7 +218,7 @@ pub(crate) enum Decoder {
 
 impl Decoder {
     /// A decoder for a body of `n` bytes (done at once for 0).
-    pub(crate) fn length(n: u64) -> Decoder {
+    pub fn length(n: u64) -> Decoder {
         if n == 0 {
             Decoder::Done
         } else {
@@ -226,16 +226,16 @@ impl Decoder {
         }
     }
 
-    pub(crate) fn chunked() -> Decoder {
+    pub fn chunked() -> Decoder {
         Decoder::Chunked(Chunk::Size)
     }
 
-    pub(crate) fn is_done(&self) -> bool {
+    pub fn is_done(&self) -> bool {
         *self == Decoder::Done
     }
 
     /// Bytes still expected, when the length is known.
-    pub(crate) fn remaining(&self) -> Option<u64> {
+    pub fn remaining(&self) -> Option<u64> {
         match self {
             Decoder::Length(n) => Some(*n),
             Decoder::Done => Some(0),
@@ -244,7 +244,7 @@ impl Decoder {
     }
 
     /// Decode the next piece of the body from `buf`.
-    pub(crate) fn decode<I: Input>(&mut self, buf: &mut I) -> Result<Step<I::Data>, FramingError> {
+    pub fn decode<I: Input>(&mut self, buf: &mut I) -> Result<Step<I::Data>, FramingError> {
         loop {
             let len = buf.bytes().len();
             match self {
@@ -327,7 +327,7 @@ impl Decoder {
     /// Decode what `buf` holds without taking it: whether its framing is broken, or the body
     /// ends in it. A request body that came with its head is checked so before the head
     /// goes anywhere: a framing error then never reaches an origin.
-    pub(crate) fn check(mut self, buf: &[u8]) -> Result<Checked, FramingError> {
+    pub fn check(mut self, buf: &[u8]) -> Result<Checked, FramingError> {
         let mut rest = buf;
         let mut len = 0u64;
         loop {
@@ -362,7 +362,7 @@ impl Decoder {
 
     /// The peer closed the connection: the end of a close-delimited body, otherwise a
     /// truncated one.
-    pub(crate) fn on_eof(&mut self) -> Result<Step, FramingError> {
+    pub fn on_eof(&mut self) -> Result<Step, FramingError> {
         match self {
             Decoder::Close | Decoder::Done => {
                 *self = Decoder::Done;
@@ -427,7 +427,7 @@ fn chunk_size(line: &[u8]) -> Result<u64, FramingError> {
 }
 
 /// Write the size line of a chunk of `len` bytes (`{hex}\r\n`).
-pub(crate) fn put_chunk_size(dst: &mut BytesMut, len: usize) {
+pub fn put_chunk_size(dst: &mut BytesMut, len: usize) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut digits = [0u8; 16];
     let mut i = digits.len();
