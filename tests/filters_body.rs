@@ -9,7 +9,7 @@ mod support;
 use bytes::Bytes;
 use http_body_util::Full;
 use keymaster_config::FilterStage;
-use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec};
+use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec, Needs};
 use lua_support::*;
 use support::*;
 use tokio::io::AsyncWriteExt;
@@ -116,8 +116,9 @@ impl Filter for Upper {
         }
         done(Ok(()))
     }
-    fn needs_response_body(&self) -> bool {
-        true
+
+    fn needs(&self) -> Needs {
+        Needs::DEFAULT | Needs::RESPONSE_BODY
     }
 }
 
@@ -130,8 +131,9 @@ impl Filter for Peek {
             .insert("x-peeked", http::HeaderValue::from(n));
         done(Ok(()))
     }
-    fn needs_request_body(&self) -> bool {
-        true
+
+    fn needs(&self) -> Needs {
+        Needs::DEFAULT | Needs::REQUEST_BODY
     }
 }
 

@@ -4,7 +4,7 @@ mod support;
 use bytes::Bytes;
 use http_body_util::Full;
 use keymaster_config::FilterStage;
-use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec};
+use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec, Needs};
 use std::net::SocketAddr;
 use support::*;
 use tokio::io::AsyncWriteExt;
@@ -685,8 +685,9 @@ impl Filter for SetsHeader {
         }
         done(Ok(()))
     }
-    fn reads_request_headers(&self) -> bool {
-        false
+
+    fn needs(&self) -> Needs {
+        Needs::REQUEST_LINE
     }
 }
 

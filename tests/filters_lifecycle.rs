@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::Full;
 use keymaster_config::{FilterMatch, FilterStage};
-use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec};
+use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec, Needs};
 use std::net::SocketAddr;
 use support::*;
 use tokio::io::AsyncWriteExt;
@@ -149,8 +149,9 @@ impl<F: Filter> Filter for Sync<F> {
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         self.0.run(ctx)
     }
-    fn synchronous(&self) -> bool {
-        true
+
+    fn needs(&self) -> Needs {
+        Needs::DEFAULT | Needs::SYNCHRONOUS
     }
 }
 
@@ -411,8 +412,9 @@ impl Filter for LineOut {
         }
         done(Ok(()))
     }
-    fn reads_request_line(&self) -> bool {
-        self.reads_line
+
+    fn needs(&self) -> Needs {
+        Needs::REQUEST_HEADERS.with_if(Needs::REQUEST_LINE, self.reads_line)
     }
 }
 
@@ -816,8 +818,9 @@ impl Filter for SeesRequest {
         ctx.response_headers_mut().unwrap().insert("x-in-seen", v);
         done(Ok(()))
     }
-    fn needs_request_headers(&self) -> bool {
-        self.0
+
+    fn needs(&self) -> Needs {
+        Needs::DEFAULT.with_if(Needs::REQUEST_HEADERS_AFTER_PROXY, self.0)
     }
 }
 

@@ -12,7 +12,7 @@ use http_body_util::{combinators::BoxBody, BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use keymaster_config::FilterStage;
-use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec};
+use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec, Needs};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -421,8 +421,9 @@ impl Filter for WantsBody {
     fn run<'a>(&'a self, _ctx: &'a mut FilterCtx) -> FilterFuture<'a> {
         done(Ok(()))
     }
-    fn needs_request_body(&self) -> bool {
-        true
+
+    fn needs(&self) -> Needs {
+        Needs::DEFAULT | Needs::REQUEST_BODY
     }
 }
 

@@ -1,6 +1,6 @@
 //! Helpers for the Lua filter tests: filter directories (the shipped examples plus
 //! test-specific files), echo origins, and a gateway started with the Lua host wired in
-//! exactly as the binary does it (`keymaster_lua::start_gateway`).
+//! exactly as the binary does it (`keymaster::start_gateway`).
 #![allow(dead_code)]
 
 use crate::support::*;
@@ -69,7 +69,7 @@ servers = [{{ address = "{canary}" }}]
 /// Start a gateway with the Lua host, as `keymaster run` does.
 pub fn try_start(toml: &str) -> Result<TestGateway, String> {
     let config = keymaster_config::load_str(toml, "<test>").map_err(|e| e.to_string())?;
-    let (gw, _lua) = keymaster_lua::start_gateway(config, ConfigSource::Memory)?;
+    let (gw, _lua) = keymaster::start_gateway(config, ConfigSource::Memory)?;
     let addr = gw.listener_addr("main").expect("listener main");
     let admin = gw.admin_addr().expect("admin listener");
     Ok(TestGateway {
@@ -82,7 +82,7 @@ pub fn try_start(toml: &str) -> Result<TestGateway, String> {
 /// [`start`], keeping the Lua host (its shared dictionary).
 pub fn start_with_host(toml: &str) -> (TestGateway, keymaster_lua::LuaFilters) {
     let config = keymaster_config::load_str(toml, "<test>").unwrap_or_else(|e| panic!("{e}"));
-    let (gw, lua) = keymaster_lua::start_gateway(config, ConfigSource::Memory)
+    let (gw, lua) = keymaster::start_gateway(config, ConfigSource::Memory)
         .unwrap_or_else(|e| panic!("gateway starts: {e}"));
     let addr = gw.listener_addr("main").expect("listener main");
     let admin = gw.admin_addr().expect("admin listener");

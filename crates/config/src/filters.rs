@@ -64,6 +64,9 @@ pub struct LuaConfig {
     pub shared_dict_size: ByteSize,
     /// Largest value (string) `shared.set` stores; a longer one gets `nil, "no memory"`.
     pub shared_max_value: ByteSize,
+    /// Per filter (the file's name): the table its `ctx.settings` reads. A route may override
+    /// keys in its `lua_settings`. `{ env = "NAME" }` reads an environment variable.
+    pub settings: BTreeMap<String, toml::Table>,
 }
 
 impl Default for LuaConfig {
@@ -80,6 +83,7 @@ impl Default for LuaConfig {
             max_call_time: Duration::from_millis(100),
             shared_dict_size: ByteSize(64 * 1024 * 1024),
             shared_max_value: ByteSize(1024 * 1024),
+            settings: BTreeMap::new(),
         }
     }
 }
@@ -153,6 +157,9 @@ pub enum FilterType {
     Reroute,
     /// Verify a JWT (HS256 or RS256) from a header; 401.
     Jwt,
+    /// A native (Rust) filter type built into the binary, named by `native`, with its
+    /// `params` table.
+    Native,
 }
 
 impl FilterType {
@@ -162,6 +169,7 @@ impl FilterType {
             FilterType::Redirect => "redirect",
             FilterType::Static => "static",
             FilterType::Cors => "cors",
+            FilterType::Native => "native",
             FilterType::IpFilter => "ip_filter",
             FilterType::ApiKey => "api_key",
             FilterType::RateLimit => "rate_limit",
@@ -305,6 +313,50 @@ pub struct FilterConfig {
     pub audience: Option<String>,
     /// jwt: claim name → request header set from it (any incoming value is removed first).
     pub claims_to_headers: BTreeMap<String, String>,
+
+    /// native: the filter type, as the binary registered it.
+    pub native: Option<String>,
+    /// native: the filter's parameters, checked by the filter type when the config loads.
+    /// A value `{ env = "NAME" }` reads the environment variable `NAME` (see [`env_value`]).
+    pub params: toml::Table,
+}
+
+/// A parameter value that names an environment variable: `{ env = "NAME" }`. Filter
+/// parameters and Lua settings may use it for secrets and per-host values; its variable
+/// must be set when the config loads.
+pub fn env_reference(v: &toml::Value) -> Option<&str> {
+    let t = v.as_table()?;
+    match (t.len(), t.get("env")) {
+        (1, Some(toml::Value::String(name))) => Some(name),
+        _ => None,
+    }
+}
+
+/// `v` with every `{ env = "NAME" }` in it (at any depth) replaced by the variable's value,
+/// or the first variable that is not set (or not Unicode), with the key path leading to it.
+pub fn env_value(v: &toml::Value) -> Result<toml::Value, String> {
+    if let Some(name) = env_reference(v) {
+        return std::env::var(name)
+            .map(toml::Value::String)
+            .map_err(|_| format!("environment variable {name} is not set"));
+    }
+    Ok(match v {
+        toml::Value::Table(t) => toml::Value::Table(env_table(t)?),
+        toml::Value::Array(a) => toml::Value::Array(
+            a.iter()
+                .enumerate()
+                .map(|(i, x)| env_value(x).map_err(|e| format!("[{i}]: {e}")))
+                .collect::<Result<_, _>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
+/// [`env_value`] for each value of a table.
+pub fn env_table(t: &toml::Table) -> Result<toml::Table, String> {
+    t.iter()
+        .map(|(k, x)| Ok((k.clone(), env_value(x).map_err(|e| format!("{k}: {e}"))?)))
+        .collect()
 }
 
 /// A JWT signature algorithm.

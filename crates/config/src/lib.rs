@@ -18,6 +18,7 @@ mod validate_filters;
 mod validate_resilience;
 
 pub use error::{ConfigError, ConfigErrors};
+pub use filters::{env_reference, env_table, env_value};
 pub use model::*;
 pub use redact::{url_without_credentials, REDACTED};
 pub use servers_file::parse_servers_file;

@@ -577,6 +577,9 @@ pub struct RouteConfig {
     pub retry: RetryConfig,
     /// `"low"`, `"normal"` or `"high"`: lower priorities are shed first under overload.
     pub shed_priority: ShedPriority,
+    /// Lua filter settings for this route, per filter: keys here replace the same keys of
+    /// `[lua.settings.<filter>]` for requests of this route.
+    pub lua_settings: BTreeMap<String, toml::Table>,
 }
 
 /// Protocol upgrades (`Connection: upgrade` + `Upgrade: <protocol>`) on a route. An allowed
@@ -626,6 +629,7 @@ impl Default for RouteConfig {
             upgrade: UpgradeConfig::default(),
             retry: RetryConfig::default(),
             shed_priority: ShedPriority::Normal,
+            lua_settings: BTreeMap::new(),
         }
     }
 }

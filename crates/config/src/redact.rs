@@ -20,7 +20,16 @@ impl Config {
         if let Some(url) = &c.redis.url {
             c.redis.url = Some(url_without_credentials(url));
         }
+        for t in c.lua.settings.values_mut() {
+            redact_table(t);
+        }
+        for r in &mut c.routes {
+            for t in r.lua_settings.values_mut() {
+                redact_table(t);
+            }
+        }
         for f in &mut c.filters {
+            redact_table(&mut f.params);
             for k in &mut f.keys {
                 *k = REDACTED.into();
             }
@@ -31,6 +40,17 @@ impl Config {
             }
         }
         c
+    }
+}
+
+/// Filter parameters and Lua settings may hold secrets: their values are shown as
+/// [`REDACTED`], except references to environment variables (`{ env = "NAME" }`), which
+/// name a secret without holding it.
+fn redact_table(t: &mut toml::Table) {
+    for (_, v) in t.iter_mut() {
+        if crate::filters::env_reference(v).is_none() {
+            *v = toml::Value::String(REDACTED.into());
+        }
     }
 }
 

@@ -22,6 +22,7 @@ fn stages_of(kind: FilterType) -> &'static [FilterStage] {
         FilterType::IpFilter | FilterType::ApiKey | FilterType::RateLimit => &[Pre, Route],
         FilterType::Reroute => &[Route],
         FilterType::Jwt => &[Pre, Route],
+        FilterType::Native => &[Pre, Route, Post, Error],
     }
 }
 
@@ -44,6 +45,7 @@ fn keys_of(kind: FilterType) -> &'static [&'static str] {
             "requests", "period", "burst", "key", "header", "backend", "scope",
         ],
         FilterType::Reroute => &["cluster", "path", "host"],
+        FilterType::Native => &["native", "params"],
         FilterType::Jwt => &[
             "header",
             "jwt_keys",
@@ -166,9 +168,27 @@ fn check_redis(r: &RedisConfig, p: &mut Problems) {
 
 /// `[lua]`: the directory is checked for form here; whether it exists and its files
 /// compile is checked when the filter set is built (start, reload).
+/// Every `{ env = "NAME" }` in a parameter table names a variable that is set.
+fn check_env_refs(t: &toml::Table, at: &KeyPath, p: &mut Problems) {
+    for (k, v) in t {
+        if let Err(e) = crate::filters::env_value(v) {
+            p.push(at.key(k), format!("{e}; set it, or give the value itself"));
+        }
+    }
+}
+
 fn check_lua(config: &Config, p: &mut Problems) {
     let l = &config.lua;
     let at = KeyPath::root().key("lua");
+    for (name, t) in &l.settings {
+        check_env_refs(t, &at.key("settings").key(name), p);
+    }
+    for (i, r) in config.routes.iter().enumerate() {
+        let rat = KeyPath::root().key("routes").index(i).key("lua_settings");
+        for (name, t) in &r.lua_settings {
+            check_env_refs(t, &rat.key(name), p);
+        }
+    }
     if l.dir.as_deref().is_some_and(|d| d.trim().is_empty()) {
         p.push(
             at.key("dir"),
@@ -301,6 +321,8 @@ fn check_filter(
     set.push(("issuer", f.issuer.is_some()));
     set.push(("audience", f.audience.is_some()));
     set.push(("claims_to_headers", !f.claims_to_headers.is_empty()));
+    set.push(("native", f.native.is_some()));
+    set.push(("params", !f.params.is_empty()));
     for (key, is_set) in set {
         if is_set && !allowed.contains(&key) {
             p.push(
@@ -495,6 +517,15 @@ fn check_filter(
             for (claim, h) in &f.claims_to_headers {
                 check_header_name(h, at.key("claims_to_headers").key(claim), p);
             }
+        }
+        FilterType::Native => {
+            if f.native.as_deref().is_none_or(|n| n.trim().is_empty()) {
+                p.push(
+                    at.key("native"),
+                    "missing; expected the name of a native filter type built into this binary",
+                );
+            }
+            check_env_refs(&f.params, &at.key("params"), p);
         }
         FilterType::Reroute => {
             if f.cluster.is_none() && f.path.is_none() && f.host.is_none() {

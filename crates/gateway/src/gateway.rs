@@ -490,7 +490,7 @@ impl Gateway {
 
     /// A handle that reloads from another thread (a filter directory watcher).
     pub fn reloader(&self) -> Reloader {
-        Reloader(Arc::downgrade(&self.shared))
+        Reloader::new(Arc::downgrade(&self.shared) as std::sync::Weak<dyn keymaster_filter::Reload>)
     }
 
     /// The active config version.
@@ -580,5 +580,11 @@ impl Signals {
             )
         };
         Ok(Signals { rt, term, int, hup })
+    }
+}
+
+impl keymaster_filter::Reload for Shared {
+    fn reload_from_source(&self) -> Result<u64, String> {
+        Shared::reload_from_source(self)
     }
 }

@@ -12,7 +12,7 @@
 
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
-use keymaster_gateway::filter::FilterCtx;
+use keymaster_filter::FilterCtx;
 use mlua::{FromLua, FromLuaMulti, IntoLuaMulti, Lua, Table, Value};
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;

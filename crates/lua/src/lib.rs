@@ -12,8 +12,9 @@
 //! | `api` | `shared` (process-wide dictionary) and `http` (non-blocking client) |
 //! | [`dict`] | the sharded shared dictionary |
 //!
-//! The gateway crate knows nothing of Lua: this crate plugs in through
-//! [`keymaster_gateway::filter::FilterSource`] and [`keymaster_gateway::filter::Reloader`].
+//! It depends on the filter API (`keymaster-filter`) and the config alone, not on the
+//! gateway: it plugs in through [`keymaster_filter::FilterSource`] and
+//! [`keymaster_filter::Reloader`], and the `keymaster` crate wires it to a running gateway.
 
 mod api;
 mod cfind;
@@ -30,8 +31,7 @@ mod watch;
 
 use ctx::Lent;
 use keymaster_config::Config;
-use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSource, FilterSpec};
-use keymaster_gateway::{ConfigSource, Gateway};
+use keymaster_filter::{done, Filter, FilterCtx, FilterFuture, FilterSource, FilterSpec, Needs};
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -60,6 +60,12 @@ impl LuaFilters {
         LuaFilters::default()
     }
 
+    /// The admin listener's bound address, once the gateway has started: `ctx.http` may
+    /// not reach it (unless `http_allow_admin`).
+    pub fn set_admin_addr(&self, admin: SocketAddr) {
+        let _ = self.inner.admin.set(admin);
+    }
+
     /// The process-wide dictionary behind `shared`.
     pub fn dict(&self) -> Arc<dict::SharedDict> {
         self.inner.dict.clone()
@@ -70,7 +76,7 @@ impl LuaFilters {
     /// thread ends once the gateway is gone.
     pub fn spawn_watcher(
         &self,
-        reloader: keymaster_gateway::filter::Reloader,
+        reloader: keymaster_filter::Reloader,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
         let inner = self.inner.clone();
         std::thread::Builder::new()
@@ -128,23 +134,6 @@ impl FilterSource for LuaFilters {
     }
 }
 
-/// Start a gateway with the Lua filter host wired in: the `[lua]` filters join every config
-/// version, and the directory watcher runs. What the binary and the tests use.
-pub fn start_gateway(
-    config: Config,
-    source: ConfigSource,
-) -> Result<(Gateway, LuaFilters), String> {
-    let lua = LuaFilters::new();
-    let gateway =
-        Gateway::start_with_sources(config, source, Vec::new(), vec![Arc::new(lua.clone())])?;
-    if let Some(admin) = gateway.admin_addr() {
-        let _ = lua.inner.admin.set(admin);
-    }
-    lua.spawn_watcher(gateway.reloader())
-        .map_err(|e| format!("cannot start the lua watcher thread: {e}"))?;
-    Ok((gateway, lua))
-}
-
 /// One Lua file of one set version, as a filter of the chain.
 struct LuaFilter {
     set: Arc<LuaSet>,
@@ -158,10 +147,6 @@ thread_local! {
 }
 
 impl Filter for LuaFilter {
-    fn has_should_filter(&self) -> bool {
-        self.set.files[self.index].has_should
-    }
-
     fn should_filter(&self, ctx: &FilterCtx<'_>) -> bool {
         if !self.set.files[self.index].has_should {
             return true;
@@ -198,29 +183,26 @@ impl Filter for LuaFilter {
         FilterFuture::new(run(self.set.clone(), self.index, ctx))
     }
 
-    // A file that cannot suspend is run by a plain protected call (`run_sync`).
-    fn synchronous(&self) -> bool {
-        !self.set.files[self.index].may_suspend
-    }
-
-    fn needs_request_headers(&self) -> bool {
-        self.set.files[self.index].needs_request_headers
-    }
-
-    fn reads_request_headers(&self) -> bool {
-        self.set.files[self.index].reads_request_headers
-    }
-
-    fn reads_request_line(&self) -> bool {
-        self.set.files[self.index].reads_request_line
-    }
-
-    fn needs_request_body(&self) -> bool {
-        self.set.files[self.index].request_body
-    }
-
-    fn needs_response_body(&self) -> bool {
-        self.set.files[self.index].response_body
+    fn needs(&self) -> Needs {
+        Needs::NONE
+            .with_if(Needs::SYNCHRONOUS, !self.set.files[self.index].may_suspend)
+            .with_if(
+                Needs::REQUEST_LINE,
+                self.set.files[self.index].reads_request_line,
+            )
+            .with_if(
+                Needs::REQUEST_HEADERS,
+                self.set.files[self.index].reads_request_headers,
+            )
+            .with_if(
+                Needs::REQUEST_HEADERS_AFTER_PROXY,
+                self.set.files[self.index].needs_request_headers,
+            )
+            .with_if(Needs::REQUEST_BODY, self.set.files[self.index].request_body)
+            .with_if(
+                Needs::RESPONSE_BODY,
+                self.set.files[self.index].response_body,
+            )
     }
 }
 
@@ -228,7 +210,7 @@ fn should_filter(set: &Arc<LuaSet>, index: usize, ctx: &FilterCtx<'_>) -> Result
     vm::call(set, index, vm::Entry::ShouldFilter, Lent::read_only(ctx))
 }
 
-type FilterResult = Result<(), keymaster_gateway::filter::FilterError>;
+type FilterResult = Result<(), keymaster_filter::FilterError>;
 
 /// A file that never names `http` cannot suspend: a plain protected call, no coroutine.
 fn run_sync(set: &Arc<LuaSet>, index: usize, ctx: &mut FilterCtx<'_>) -> FilterResult {

@@ -13,7 +13,7 @@
 
 use http::header::{HeaderName, HeaderValue};
 use http::StatusCode;
-use keymaster_gateway::filter::FilterCtx;
+use keymaster_filter::FilterCtx;
 use mlua::ffi::{self, lua_State};
 use std::ffi::c_int;
 use std::sync::Arc;

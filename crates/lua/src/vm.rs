@@ -515,7 +515,7 @@ mod tests {
     /// every call would outgrow the thread's stack).
     #[test]
     fn synchronous_calls_leave_the_caller_thread_as_they_found_it() {
-        use keymaster_gateway::filter::TestRequest;
+        use keymaster_filter::TestRequest;
         let dir = tempfile::tempdir().unwrap();
         for (name, src) in [
             (

@@ -5,7 +5,7 @@
 //! every file system (bind mounts, NFS, editors that replace files).
 
 use keymaster_config::LuaConfig;
-use keymaster_gateway::filter::Reloader;
+use keymaster_filter::Reloader;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};

@@ -21,7 +21,7 @@ impl FilterChain {
     fn request_body_matches(&self, ctx: &FilterCtx<'_>) -> bool {
         self.pre_and_route()
             .iter()
-            .any(|e| e.filter.needs_request_body() && e.matcher.matches(ctx))
+            .any(|e| e.needs.contains(super::Needs::REQUEST_BODY) && e.matcher.matches(ctx))
     }
 
     /// Whether a `post` filter that needs the response body matches this request (and the
@@ -38,47 +38,7 @@ impl FilterChain {
             && self
                 .stage(FilterStage::Post)
                 .iter()
-                .any(|e| e.filter.needs_response_body() && e.matcher.matches(ctx))
-    }
-}
-
-impl FilterCtx<'_> {
-    /// The request body, when a filter of this chain declared
-    /// [`super::Filter::needs_request_body`] and matched this request (`None` otherwise:
-    /// the body streams past).
-    pub fn request_body(&self) -> Option<&Bytes> {
-        self.state.extras_ref()?.request_body.as_ref()
-    }
-    /// Replace the buffered request body (`pre`/`route`); Content-Length follows. Ignored
-    /// when the body was not buffered.
-    pub fn set_request_body(&mut self, body: impl Into<Bytes>) {
-        if self.request_body().is_some() {
-            self.state.extras().request_body = Some(body.into());
-        }
-    }
-    /// `post`: the origin's response body, when a post filter declared
-    /// [`super::Filter::needs_response_body`] and matched this request.
-    pub fn response_body(&self) -> Option<&Bytes> {
-        self.state.extras_ref()?.response_body.as_ref()
-    }
-    /// `post`: replace the buffered response body; Content-Length follows. Ignored when the
-    /// body was not buffered.
-    pub fn set_response_body(&mut self, body: impl Into<Bytes>) {
-        if self.response_body().is_some() {
-            self.state.extras().response_body = Some(body.into());
-        }
-    }
-    pub(crate) fn put_request_body(&mut self, b: Bytes) {
-        self.state.extras().request_body = Some(b);
-    }
-}
-
-impl State {
-    pub(crate) fn put_response_body(&mut self, b: Bytes) {
-        self.extras().response_body = Some(b);
-    }
-    pub(crate) fn take_response_body(&mut self) -> Option<Bytes> {
-        self.extras_mut()?.response_body.take()
+                .any(|e| e.needs.contains(super::Needs::RESPONSE_BODY) && e.matcher.matches(ctx))
     }
 }
 

@@ -3,6 +3,7 @@
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -12,7 +13,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use super::rate_limit_redis::RedisBackend;
-use super::{done, Filter, FilterCtx, FilterFuture, FilterSpec};
+use super::{done, Filter, FilterCtx, FilterFuture, FilterSpec, Needs};
 use crate::metrics::Metrics;
 use keymaster_config::{
     FilterConfig, FilterStage, FilterType, RateLimitBackend, RateLimitKey, RateLimitScope,
@@ -118,6 +119,8 @@ pub(super) fn compile(
             }))
         }
         FilterType::Jwt => one(Arc::new(super::jwt::Jwt::compile(f)?)),
+        // Built by the binary's native filter types (a `FilterSource`), under this name.
+        FilterType::Native => Ok(Vec::new()),
         FilterType::Reroute => one(Arc::new(Reroute {
             cluster: f
                 .cluster
@@ -125,7 +128,7 @@ pub(super) fn compile(
                 .map(|name| {
                     clusters
                         .get(name)
-                        .cloned()
+                        .map(|c| (Arc::from(name), c.clone() as Arc<dyn Any + Send + Sync>))
                         .ok_or_else(|| format!("unknown cluster {name:?}"))
                 })
                 .transpose()?,
@@ -191,29 +194,18 @@ fn appends_lines(edits: &HeaderEdits) -> bool {
 }
 
 impl Filter for RequestHeaders {
-    fn synchronous(&self) -> bool {
-        true
-    }
-    fn has_should_filter(&self) -> bool {
-        false
-    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         ctx.edit_request_headers(&self.0);
         done(Ok(()))
     }
-    // A removal may target the request id, which must then be in the map to go.
-    fn reads_request_headers(&self) -> bool {
-        !self.0.remove.is_empty()
+
+    fn needs(&self) -> Needs {
+        (Needs::SYNCHRONOUS | Needs::REQUEST_LINE)
+            .with_if(Needs::REQUEST_HEADERS, !self.0.remove.is_empty())
     }
 }
 
 impl Filter for ResponseHeaders {
-    fn synchronous(&self) -> bool {
-        true
-    }
-    fn has_should_filter(&self) -> bool {
-        false
-    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         let e = &self.0;
         if e.remove.is_empty() && e.set.is_empty() {
@@ -226,32 +218,22 @@ impl Filter for ResponseHeaders {
         }
         done(Ok(()))
     }
-    fn reads_request_headers(&self) -> bool {
-        false
-    }
-    fn reads_request_line(&self) -> bool {
-        false
+
+    fn needs(&self) -> Needs {
+        Needs::SYNCHRONOUS
     }
 }
 
 impl Filter for ResponseLines {
-    fn synchronous(&self) -> bool {
-        true
-    }
-    fn has_should_filter(&self) -> bool {
-        false
-    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         for f in self.0.compiled_adds() {
             ctx.append_response_line(f);
         }
         done(Ok(()))
     }
-    fn reads_request_headers(&self) -> bool {
-        false
-    }
-    fn reads_request_line(&self) -> bool {
-        false
+
+    fn needs(&self) -> Needs {
+        Needs::SYNCHRONOUS
     }
 }
 
@@ -263,21 +245,13 @@ struct Fixed {
 }
 
 impl Filter for Fixed {
-    fn synchronous(&self) -> bool {
-        true
-    }
-    fn has_should_filter(&self) -> bool {
-        false
-    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         ctx.respond(self.status, self.headers.clone(), self.body.clone());
         done(Ok(()))
     }
-    fn reads_request_headers(&self) -> bool {
-        false
-    }
-    fn reads_request_line(&self) -> bool {
-        false
+
+    fn needs(&self) -> Needs {
+        Needs::SYNCHRONOUS
     }
 }
 
@@ -324,9 +298,6 @@ const CORS_ORIGIN: &str = "keymaster.cors.origin";
 struct CorsPre(Arc<Cors>);
 
 impl Filter for CorsPre {
-    fn synchronous(&self) -> bool {
-        true
-    }
     fn should_filter(&self, ctx: &FilterCtx<'_>) -> bool {
         ctx.request_headers().contains_key(header::ORIGIN)
     }
@@ -365,15 +336,16 @@ impl Filter for CorsPre {
         ctx.respond(StatusCode::NO_CONTENT, h, bytes::Bytes::new());
         done(Ok(()))
     }
+
+    fn needs(&self) -> Needs {
+        Needs::DEFAULT | Needs::SYNCHRONOUS
+    }
 }
 
 /// Adds Access-Control-Allow-Origin (and friends) to responses of allowed origins.
 struct CorsPost(Arc<Cors>);
 
 impl Filter for CorsPost {
-    fn synchronous(&self) -> bool {
-        true
-    }
     fn should_filter(&self, ctx: &FilterCtx<'_>) -> bool {
         ctx.meta().contains_key(CORS_ORIGIN)
     }
@@ -392,8 +364,9 @@ impl Filter for CorsPost {
         }
         done(Ok(()))
     }
-    fn reads_request_line(&self) -> bool {
-        false
+
+    fn needs(&self) -> Needs {
+        Needs::SYNCHRONOUS | Needs::REQUEST_HEADERS
     }
 }
 
@@ -403,12 +376,6 @@ struct IpFilter {
 }
 
 impl Filter for IpFilter {
-    fn synchronous(&self) -> bool {
-        true
-    }
-    fn has_should_filter(&self) -> bool {
-        false
-    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         let ip = match ctx.client_ip() {
             IpAddr::V6(v6) => v6
@@ -424,8 +391,9 @@ impl Filter for IpFilter {
         }
         done(Ok(()))
     }
-    fn reads_request_headers(&self) -> bool {
-        false
+
+    fn needs(&self) -> Needs {
+        Needs::SYNCHRONOUS | Needs::REQUEST_LINE
     }
 }
 
@@ -435,12 +403,6 @@ struct ApiKey {
 }
 
 impl Filter for ApiKey {
-    fn synchronous(&self) -> bool {
-        true
-    }
-    fn has_should_filter(&self) -> bool {
-        false
-    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         let ok = ctx
             .request_headers()
@@ -455,6 +417,10 @@ impl Filter for ApiKey {
             deny(ctx, StatusCode::UNAUTHORIZED, HeaderMap::new());
         }
         done(Ok(()))
+    }
+
+    fn needs(&self) -> Needs {
+        Needs::DEFAULT | Needs::SYNCHRONOUS
     }
 }
 
@@ -551,13 +517,6 @@ impl RateLimit {
 }
 
 impl Filter for RateLimit {
-    // Only the Redis backend awaits.
-    fn synchronous(&self) -> bool {
-        self.redis.is_none()
-    }
-    fn has_should_filter(&self) -> bool {
-        false
-    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         let key = match self.key {
             RateLimitKey::ClientIp => ctx.client_ip().to_string(),
@@ -582,6 +541,10 @@ impl Filter for RateLimit {
             Ok(())
         })
     }
+
+    fn needs(&self) -> Needs {
+        Needs::DEFAULT.with_if(Needs::SYNCHRONOUS, self.redis.is_none())
+    }
 }
 
 /// 429 with Retry-After when the bucket said to wait.
@@ -596,7 +559,8 @@ fn limited(ctx: &mut FilterCtx<'_>, decision: Result<(), u64>) {
 struct Reroute {
     /// The cluster of this config version, found when the chain is built: no lookup per
     /// request.
-    cluster: Option<Arc<crate::upstream::Cluster>>,
+    /// Its name, and the cluster as the filter context carries it.
+    cluster: Option<(Arc<str>, Arc<dyn Any + Send + Sync>)>,
     path: Option<String>,
     host: Option<HeaderValue>,
 }
@@ -620,23 +584,18 @@ impl Reroute {
 }
 
 impl Filter for Reroute {
-    fn synchronous(&self) -> bool {
-        true
-    }
-    fn has_should_filter(&self) -> bool {
-        false
-    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
-        if let Some(c) = &self.cluster {
-            ctx.choose_cluster(c.clone());
+        if let Some((name, c)) = &self.cluster {
+            ctx.choose_cluster(name.clone(), c.clone());
         }
         if self.path.is_some() || self.host.is_some() {
             self.set_target(ctx);
         }
         done(Ok(()))
     }
-    fn reads_request_headers(&self) -> bool {
-        false
+
+    fn needs(&self) -> Needs {
+        Needs::SYNCHRONOUS | Needs::REQUEST_LINE
     }
 }
 

@@ -9,7 +9,7 @@ use ring::{hmac, signature};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::builtin::deny;
-use super::{done, Filter, FilterCtx, FilterFuture};
+use super::{done, Filter, FilterCtx, FilterFuture, Needs};
 use keymaster_config::{FilterConfig, JwtAlg};
 
 /// Seconds of clock skew allowed on `exp` and `nbf`.
@@ -161,12 +161,6 @@ impl Jwt {
 }
 
 impl Filter for Jwt {
-    fn synchronous(&self) -> bool {
-        true
-    }
-    fn has_should_filter(&self) -> bool {
-        false
-    }
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
         // Claim headers come only from a verified token, never from the client.
         for (_, h) in &self.claims {
@@ -212,5 +206,9 @@ impl Filter for Jwt {
             }
         }
         done(Ok(()))
+    }
+
+    fn needs(&self) -> Needs {
+        Needs::DEFAULT | Needs::SYNCHRONOUS
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! A stage is a loop over its filters in run order: the declarative match, then
 //! `should_filter`, then `run`, each guarded against panics, with the counters, the sampled
-//! timing and the debug trace. Filters that declare themselves [`super::Filter::synchronous`] (the
+//! timing and the debug trace. Filters that declare themselves synchronous ([`keymaster_filter::Needs::SYNCHRONOUS`]) (the
 //! built-ins, Lua files that cannot suspend) run in [`FilterChain::run_sync`], a plain loop;
 //! only a filter that may await is run from an async frame ([`FilterChain::run_from`]),
 //! after which the plain loop goes on. A chain of synchronous filters therefore runs without
@@ -17,12 +17,11 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
-use super::ctx::KeptRequest;
 use super::{
-    builtin, Entry, Failure, FilterChain, FilterCtx, FilterError, FilterFuture, FilterStage, Run,
-    State,
+    builtin, Entry, Failure, FilterChain, FilterCtx, FilterError, FilterFuture, FilterStage, State,
 };
 use crate::body::ResponseBody;
+use keymaster_filter::host::KeptRequest;
 
 /// A stage's outcome: there at once when every filter of the stage ran synchronously (no
 /// future made), else a boxed future that finishes the stage. Taken with [`staged!`].
@@ -87,20 +86,6 @@ impl FilterChain {
             {
                 break; // answered: the rest of pre/route is skipped
             }
-            if e.plain && !ctx.state.timed {
-                // Nothing to decide and no clock to read: count it and run it.
-                e.metrics.invocations.inc();
-                let ran = match run_now(e, ctx) {
-                    Ok(Ok(())) => continue,
-                    outcome => self.finish(e, ctx, outcome, None),
-                };
-                if let Err(f) = ran {
-                    if e.stage != FilterStage::Error {
-                        return Err(f);
-                    }
-                }
-                continue;
-            }
             if !e.synchronous {
                 return Ok(Some(at));
             }
@@ -158,8 +143,10 @@ impl FilterChain {
             let c = c; // moved in: the closure is FnOnce, so the future may borrow it
             e.filter.run(c)
         })) {
-            Ok(FilterFuture(Run::Ready(r))) => Ok(r.unwrap_or_else(polled_twice)),
-            Ok(f) => AssertUnwindSafe(f).catch_unwind().await,
+            Ok(f) => match f.try_ready() {
+                Ok(r) => Ok(r.unwrap_or_else(polled_twice)),
+                Err(f) => AssertUnwindSafe(f).catch_unwind().await,
+            },
             Err(p) => Err(p),
         };
         self.finish(e, ctx, outcome, started)
@@ -170,15 +157,13 @@ impl FilterChain {
     #[inline(always)]
     fn admit(&self, e: &Entry, ctx: &mut FilterCtx<'_>) -> Admission {
         let should = e.matcher.matches(ctx)
-            && (!e.asks
-                || match std::panic::catch_unwind(AssertUnwindSafe(|| e.filter.should_filter(ctx)))
-                {
-                    Ok(b) => b,
-                    Err(p) => {
-                        let message = format!("should_filter panicked: {}", panic_text(&p));
-                        return Admission::Failed(self.failed(e, message));
-                    }
-                });
+            && match std::panic::catch_unwind(AssertUnwindSafe(|| e.filter.should_filter(ctx))) {
+                Ok(b) => b,
+                Err(p) => {
+                    let message = format!("should_filter panicked: {}", panic_text(&p));
+                    return Admission::Failed(self.failed(e, message));
+                }
+            };
         if should {
             return Admission::Run;
         }
@@ -217,7 +202,7 @@ impl FilterChain {
         }
         let message = match outcome {
             Ok(Ok(())) => return Ok(()),
-            Ok(Err(err)) => err.0,
+            Ok(Err(err)) => err.to_string(),
             Err(p) => format!("panicked: {}", panic_text(&p)),
         };
         Err(self.failed(e, message))
@@ -533,9 +518,9 @@ fn run_now(e: &Entry, ctx: &mut FilterCtx<'_>) -> Outcome {
     let c = &mut *ctx;
     std::panic::catch_unwind(AssertUnwindSafe(move || {
         let c = c; // moved in: the closure is FnOnce, so the future may borrow it
-        match e.filter.run(c) {
-            FilterFuture(Run::Ready(r)) => r.unwrap_or_else(polled_twice),
-            f => poll_once(f),
+        match e.filter.run(c).try_ready() {
+            Ok(r) => r.unwrap_or_else(polled_twice),
+            Err(f) => poll_once(f),
         }
     }))
 }
@@ -546,34 +531,14 @@ fn poll_once(f: FilterFuture<'_>) -> Result<(), FilterError> {
     let waker = std::task::Waker::noop();
     match std::pin::pin!(f).poll(&mut std::task::Context::from_waker(waker)) {
         std::task::Poll::Ready(r) => r,
-        std::task::Poll::Pending => Err(FilterError(
-            "a filter declared synchronous did not finish its run at once".into(),
+        std::task::Poll::Pending => Err(FilterError::new(
+            "a filter declared synchronous did not finish its run at once",
         )),
     }
 }
 
 fn polled_twice() -> Result<(), FilterError> {
     Err("filter future polled after completion".into())
-}
-
-/// The filter runs of one request in this many are timed for
-/// `keymaster_filter_duration_seconds`.
-pub(crate) const TIMING_SAMPLE: u32 = 16;
-
-thread_local! {
-    static TIMING_TICK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// Whether to time the filter runs of a new request: one request in [`TIMING_SAMPLE`],
-/// counted per worker thread (every request in debug mode). Two clock reads and a histogram
-/// update per run would cost more than a small filter itself; a sampled request has all its
-/// runs timed, so each filter's runs are sampled one in 16 all the same.
-pub(super) fn sample_timing() -> bool {
-    TIMING_TICK.with(|t| {
-        let n = t.get().wrapping_add(1);
-        t.set(n);
-        n % TIMING_SAMPLE == 0
-    })
 }
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {

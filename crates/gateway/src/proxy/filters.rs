@@ -64,7 +64,16 @@ pub(super) fn handoff(
     chosen.head_touched = state.head_touched();
     match state.take_cluster() {
         None => {}
-        Some(ClusterChoice::Resolved(c)) => chosen.cluster = Some(c),
+        Some(ClusterChoice::Resolved(_, c)) => {
+            // Put there by `reroute` (filter::builtin): always one of ours.
+            let c = c.downcast::<Cluster>().map_err(|_| {
+                Error::new(
+                    Kind::FilterFailed,
+                    "a filter chose a cluster of another kind",
+                )
+            })?;
+            chosen.cluster = Some(c);
+        }
         Some(ClusterChoice::Named(name)) => {
             let c = snapshot.clusters.get(&*name).ok_or_else(|| {
                 Error::new(Kind::FilterFailed, "a filter chose an unknown cluster")

@@ -3,10 +3,9 @@
 //! is compiled (start, reload), off the request path, and a [`Reloader`] lets it ask for a
 //! new version when its own inputs change (a watched directory).
 
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 
-use super::FilterSpec;
-use crate::gateway::Shared;
+use crate::FilterSpec;
 use keymaster_config::Config;
 
 /// Produces filters for each config version. `build` runs off the request path, serialised
@@ -19,9 +18,20 @@ pub trait FilterSource: Send + Sync + 'static {
 /// A handle that reloads the gateway's config source (and so every [`FilterSource`]) from any
 /// thread. It does not keep the gateway alive: once the gateway is gone `reload` says so.
 #[derive(Clone)]
-pub struct Reloader(pub(crate) Weak<Shared>);
+pub struct Reloader(Weak<dyn Reload>);
+
+/// What a [`Reloader`] calls: the running gateway.
+pub trait Reload: Send + Sync + 'static {
+    /// Re-read the config source, rebuild every filter set and swap the new version in.
+    fn reload_from_source(&self) -> Result<u64, String>;
+}
 
 impl Reloader {
+    /// A handle on `gateway` that does not keep it alive.
+    pub fn new(gateway: Weak<dyn Reload>) -> Reloader {
+        Reloader(gateway)
+    }
+
     /// Re-read the config source, rebuild every filter set and swap the new version in.
     /// Blocks (reading files, compiling): call it from a thread of your own.
     pub fn reload(&self) -> Result<u64, String> {
@@ -35,17 +45,4 @@ impl Reloader {
     pub fn is_alive(&self) -> bool {
         self.0.strong_count() > 0
     }
-}
-
-/// Every source's filters for `config`, after the ones registered in code.
-pub(crate) fn collect(
-    config: &Config,
-    natives: &[FilterSpec],
-    sources: &[Arc<dyn FilterSource>],
-) -> Result<Vec<FilterSpec>, String> {
-    let mut all = natives.to_vec();
-    for s in sources {
-        all.extend(s.build(config)?);
-    }
-    Ok(all)
 }

@@ -9,6 +9,7 @@
 //! a [`FilterState`], which the proxy stage keeps across the proxy stage; each stage makes
 //! a context over it and the heads of the moment.
 
+use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Method, StatusCode};
@@ -18,16 +19,14 @@ use std::mem::{ManuallyDrop, MaybeUninit};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-#[cfg(doc)]
-use super::FilterChain;
 use super::{Failure, FilterStage};
 use keymaster_http::headers::{RawHead, RawRequestFields, WireHead};
 
 /// A response set by a filter (`pre`/`route` short-circuit, or an `error` filter).
-pub(crate) struct LocalResponse {
-    pub(super) status: StatusCode,
-    pub(super) headers: HeaderMap,
-    pub(super) body: bytes::Bytes,
+pub struct LocalResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: bytes::Bytes,
 }
 
 /// What the filters of one request share across its stages ([`State`]), owned by the
@@ -37,7 +36,7 @@ pub(crate) struct LocalResponse {
 /// the proxy stage stays small. The box is reused: a dropped state leaves its allocation
 /// (its value dropped) to the next one made on the same thread ([`SPARE`]), which writes a
 /// whole new value into it.
-pub(crate) struct FilterState(ManuallyDrop<Box<State>>);
+pub struct FilterState(ManuallyDrop<Box<State>>);
 
 thread_local! {
     /// The allocation of the last state dropped on this thread, without a value: a worker
@@ -84,8 +83,8 @@ impl std::ops::DerefMut for FilterState {
 /// `meta` map, upstream path and Host overrides, a failure, the debug trace, buffered
 /// bodies) are in [`Extras`], allocated on first use, so making and dropping a state
 /// touches as little memory as possible.
-pub(crate) struct State {
-    pub(super) stage: FilterStage,
+pub struct State {
+    pub stage: FilterStage,
     /// The request head may have changed in a field the proxy stage's head scan looks at
     /// (framing, hop-by-hop, Host, Expect): it scans again only then.
     head_touched: bool,
@@ -95,29 +94,29 @@ pub(crate) struct State {
     /// Comparing lengths is a cheap over-approximation of comparing names.
     may_set_request_id: bool,
     /// The filter runs of this request are timed (sampled, or debug mode).
-    pub(super) timed: bool,
+    pub timed: bool,
     /// The length of the listener's request id field name.
     request_id_len: usize,
-    pub(super) method: Method,
+    pub method: Method,
     client: SocketAddr,
     /// TLS listeners: the verified client certificate identity (mTLS), if any.
     tls: Option<Option<String>>,
-    pub(super) route: Arc<str>,
+    pub route: Arc<str>,
     cluster: Option<ClusterChoice>,
-    pub(super) local: Option<Box<LocalResponse>>,
+    pub local: Option<Box<LocalResponse>>,
     /// Past the proxy stage: what `post` and `error` filters see of the request (its target
     /// and fields as they were after the `route` stage), when a filter of those stages
-    /// reads them (see [`FilterChain::keep_request`]).
-    pub(super) kept: Option<Box<KeptRequest>>,
+    /// reads them (see the chain's `keep_request`).
+    pub kept: Option<Box<KeptRequest>>,
     extras: Option<Box<Extras>>,
 }
 
 /// The request's target and fields kept for the `post` and `error` stages.
 #[derive(Default)]
-pub(crate) struct KeptRequest {
-    pub(super) target: Option<PathAndQuery>,
-    pub(super) map: HeaderMap,
-    pub(super) wire: Option<Box<WireHead>>,
+pub struct KeptRequest {
+    pub target: Option<PathAndQuery>,
+    pub map: HeaderMap,
+    pub wire: Option<Box<WireHead>>,
 }
 
 /// The narrow per-request API filters see. Bodies are not part of it (they stream past).
@@ -126,13 +125,13 @@ pub(crate) struct KeptRequest {
 /// proxy stage keeps it (`pre`, `route`), the response head (`post`), and the request's
 /// [`FilterState`].
 pub struct FilterCtx<'r> {
-    pub(super) state: &'r mut State,
+    pub state: &'r mut State,
     request: RequestRef<'r>,
     /// A map built from wire-form request fields on the first whole read (boxed: few
     /// requests build one); dropped on a change.
     view: View,
     /// `post` (and then `error`): the response head.
-    pub(super) response: Option<ResponseRef<'r>>,
+    pub response: Option<ResponseRef<'r>>,
 }
 
 /// The request target and fields a context shows.
@@ -154,10 +153,10 @@ enum RequestRef<'r> {
 /// The response head the `post` (and then `error`) filters see: the status and the fields
 /// as a map, or the origin's head in wire form while `raw` holds it (`map` is empty then).
 /// Appending keeps the wire form; any other change turns it into the map.
-pub(crate) struct ResponseRef<'r> {
-    pub(super) status: &'r mut StatusCode,
-    pub(super) map: &'r mut HeaderMap,
-    pub(super) raw: &'r mut Option<RawHead>,
+pub struct ResponseRef<'r> {
+    pub status: &'r mut StatusCode,
+    pub map: &'r mut HeaderMap,
+    pub raw: &'r mut Option<RawHead>,
     /// A map built from `raw` on the first read.
     view: View,
 }
@@ -175,27 +174,29 @@ impl ResponseRef<'_> {
 
 /// A map built from a wire-form head on its first read; boxed, so that the context stays
 /// small (few requests build one).
-pub(crate) type View = std::cell::OnceCell<Box<HeaderMap>>;
+pub type View = std::cell::OnceCell<Box<HeaderMap>>;
 
 /// The cluster a filter chose: by name (the proxy stage looks it up in the request's config
 /// version), or one the chain found when it was built (a `reroute` filter).
-pub(crate) enum ClusterChoice {
+pub enum ClusterChoice {
     Named(Arc<str>),
-    Resolved(Arc<crate::upstream::Cluster>),
+    /// The cluster's name, and the gateway's own handle on it (opaque here).
+    Resolved(Arc<str>, Arc<dyn std::any::Any + Send + Sync>),
 }
 
 /// The parts of a state few requests use (see [`State`]).
 #[derive(Default)]
-pub(super) struct Extras {
+pub struct Extras {
     meta: HashMap<String, String>,
+    extensions: http::Extensions,
     path: Option<String>,
     host: Option<HeaderValue>,
-    pub(super) failure: Option<Failure>,
+    pub failure: Option<Failure>,
     /// Debug mode: one entry per filter considered.
-    pub(super) debug: Option<Vec<String>>,
+    pub debug: Option<Vec<String>>,
     /// Bodies buffered for filters that declared they need them (`filter::body`).
-    pub(super) request_body: Option<bytes::Bytes>,
-    pub(super) response_body: Option<bytes::Bytes>,
+    pub request_body: Option<bytes::Bytes>,
+    pub response_body: Option<bytes::Bytes>,
 }
 
 /// What [`FilterCtx::meta`] reads before anything was put in the map.
@@ -208,7 +209,7 @@ static NO_HEADERS: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(Hea
 impl FilterState {
     /// The state of a request with filters, before its `pre` stage. `request_id`: the
     /// listener's request id field name.
-    pub(crate) fn new(
+    pub fn new(
         method: &Method,
         client: SocketAddr,
         tls: Option<&keymaster_http::headers::TlsFacts>,
@@ -218,7 +219,7 @@ impl FilterState {
         // Every value that takes a call is made first, so that the state is then written
         // straight into its allocation (the spare, else a new one), not built on the stack
         // and copied in.
-        let timed = super::stage::sample_timing();
+        let timed = crate::sample_timing();
         let method = method.clone();
         let tls = tls.map(|t| t.client_identity.clone());
         let state = (SPARE.try_with(Cell::take).ok().flatten()).unwrap_or_else(Box::new_uninit);
@@ -245,44 +246,44 @@ impl FilterState {
 
 impl State {
     /// The rarely used parts, allocated on first use.
-    pub(super) fn extras(&mut self) -> &mut Extras {
+    pub fn extras(&mut self) -> &mut Extras {
         self.extras.get_or_insert_with(Box::default)
     }
 
     /// The rarely used parts, if any was ever set.
-    pub(super) fn extras_ref(&self) -> Option<&Extras> {
+    pub fn extras_ref(&self) -> Option<&Extras> {
         self.extras.as_deref()
     }
 
     /// The rarely used parts, if any was ever set, writable.
-    pub(super) fn extras_mut(&mut self) -> Option<&mut Extras> {
+    pub fn extras_mut(&mut self) -> Option<&mut Extras> {
         self.extras.as_deref_mut()
     }
 
     /// Debug mode: the trace to add entries to.
-    pub(super) fn debug_trace(&mut self) -> Option<&mut Vec<String>> {
+    pub fn debug_trace(&mut self) -> Option<&mut Vec<String>> {
         self.extras_mut()?.debug.as_mut()
     }
 
     /// Whether a filter may have set the request id field (see `may_set_request_id`).
-    pub(crate) fn may_have_set_request_id(&self) -> bool {
+    pub fn may_have_set_request_id(&self) -> bool {
         self.may_set_request_id
     }
 
     /// Whether a filter may have changed a field the proxy stage's head scan looks at.
-    pub(crate) fn head_touched(&self) -> bool {
+    pub fn head_touched(&self) -> bool {
         self.head_touched
     }
 
     /// After the route stage: the cluster a filter chose, if any.
-    pub(crate) fn take_cluster(&mut self) -> Option<ClusterChoice> {
+    pub fn take_cluster(&mut self) -> Option<ClusterChoice> {
         self.cluster.take()
     }
 
     /// After the route stage: the request body buffered for filters, and the upstream path
     /// and Host a filter set (`None`: nothing touched the rarely used parts of the state,
     /// so there is none of them).
-    pub(crate) fn take_rare_choices(
+    pub fn take_rare_choices(
         &mut self,
     ) -> Option<(Option<bytes::Bytes>, Option<String>, Option<HeaderValue>)> {
         let x = self.extras_mut()?;
@@ -323,7 +324,7 @@ impl TestRequest {
 impl<'r> FilterCtx<'r> {
     /// `pre` and `route`: a context over the request head where the proxy stage keeps it:
     /// the target of `uri`, and the fields in `wire` when it holds them, else in `map`.
-    pub(crate) fn lent(
+    pub fn lent(
         state: &'r mut State,
         uri: &'r http::Uri,
         map: &'r mut HeaderMap,
@@ -340,7 +341,7 @@ impl<'r> FilterCtx<'r> {
 
     /// Past the proxy stage (`post`, `error`): a context over what the state kept of the
     /// request.
-    pub(crate) fn kept(state: &'r mut State) -> Self {
+    pub fn kept(state: &'r mut State) -> Self {
         FilterCtx {
             state,
             request: RequestRef::Kept,
@@ -350,7 +351,7 @@ impl<'r> FilterCtx<'r> {
     }
 
     /// The same context for a shorter while, without a response head.
-    pub(super) fn reborrow(&mut self) -> FilterCtx<'_> {
+    pub fn reborrow(&mut self) -> FilterCtx<'_> {
         let request = match &mut self.request {
             RequestRef::Lent { target, map, wire } => RequestRef::Lent {
                 target: *target,
@@ -369,7 +370,7 @@ impl<'r> FilterCtx<'r> {
 
     /// `post`: the response head to show, its fields in `raw` when it holds them (the map
     /// is empty then), else in `map`.
-    pub(super) fn show_response(
+    pub fn show_response(
         &mut self,
         status: &'r mut StatusCode,
         map: &'r mut HeaderMap,
@@ -536,7 +537,7 @@ impl FilterCtx<'_> {
         }
     }
     /// Apply compiled header edits to the request.
-    pub(crate) fn edit_request_headers(&mut self, edits: &keymaster_http::headers::HeaderEdits) {
+    pub fn edit_request_headers(&mut self, edits: &keymaster_http::headers::HeaderEdits) {
         let scanned = edits.affects_head_scan();
         self.state.head_touched |= scanned;
         self.state.may_set_request_id |= edits.sets_name_of_len(self.state.request_id_len);
@@ -566,11 +567,28 @@ impl FilterCtx<'_> {
         &self.state.route
     }
     /// Per-request values shared by the filters of one request.
+    /// The request's string map, shared by every filter of the request from the first `pre`
+    /// filter to the last `post` or `error` one (Lua filters see it as `ctx.meta`).
     pub fn meta(&self) -> &HashMap<String, String> {
         self.state.extras_ref().map_or(&NO_META, |x| &x.meta)
     }
+    /// [`Self::meta`], writable.
     pub fn meta_mut(&mut self) -> &mut HashMap<String, String> {
         &mut self.state.extras().meta
+    }
+    /// The request's typed values, shared by every filter of the request like
+    /// [`Self::meta`], keyed by type: a native `pre` filter puts what it found (a verified
+    /// identity, a parsed token) and a later filter reads it without parsing a string.
+    pub fn extensions(&self) -> Option<&http::Extensions> {
+        self.state.extras_ref().map(|x| &x.extensions)
+    }
+    /// [`Self::extensions`], writable (made on first use).
+    pub fn extensions_mut(&mut self) -> &mut http::Extensions {
+        &mut self.state.extras().extensions
+    }
+    /// One typed value of [`Self::extensions`].
+    pub fn extension<T: Send + Sync + 'static>(&self) -> Option<&T> {
+        self.extensions()?.get::<T>()
     }
 
     /// Route stage (or pre): send to this cluster instead of the route's. An unknown name
@@ -580,8 +598,13 @@ impl FilterCtx<'_> {
     }
     /// [`Self::set_cluster`] with the cluster itself, found when the chain was built (it
     /// belongs to the same config version as the request).
-    pub(crate) fn choose_cluster(&mut self, cluster: Arc<crate::upstream::Cluster>) {
-        self.state.cluster = Some(ClusterChoice::Resolved(cluster));
+    #[doc(hidden)]
+    pub fn choose_cluster(
+        &mut self,
+        name: Arc<str>,
+        cluster: Arc<dyn std::any::Any + Send + Sync>,
+    ) {
+        self.state.cluster = Some(ClusterChoice::Resolved(name, cluster));
     }
     /// Route stage (or pre): the path and query sent upstream; replaces the route's rewrite.
     /// An invalid one (not an origin-form target) fails the request with 500.
@@ -596,7 +619,7 @@ impl FilterCtx<'_> {
     pub fn upstream_cluster(&self) -> Option<&str> {
         match self.state.cluster.as_ref()? {
             ClusterChoice::Named(name) => Some(name),
-            ClusterChoice::Resolved(c) => Some(&c.config.name),
+            ClusterChoice::Resolved(name, _) => Some(name),
         }
     }
 
@@ -653,7 +676,7 @@ impl FilterCtx<'_> {
     }
     /// [`Self::append_response_header`] for a field the caller keeps (cloned only if the
     /// head is a map).
-    pub(crate) fn append_response_field(&mut self, name: &HeaderName, value: &HeaderValue) {
+    pub fn append_response_field(&mut self, name: &HeaderName, value: &HeaderValue) {
         let Some(r) = self.response.as_mut() else {
             return;
         };
@@ -674,7 +697,7 @@ impl FilterCtx<'_> {
     /// [`Self::append_response_field`] with the field's `name: value\r\n` line written ahead
     /// of time (a `headers` filter's compiled `add`), for a name [`RawHead::may_append`]
     /// allows: one copy into a wire-form head.
-    pub(crate) fn append_response_line(&mut self, f: &keymaster_http::headers::CompiledField) {
+    pub fn append_response_line(&mut self, f: &keymaster_http::headers::CompiledField) {
         let Some(r) = self.response.as_mut() else {
             return;
         };
@@ -694,6 +717,50 @@ impl FilterCtx<'_> {
     /// `error` (and the `post` filters after it): what failed.
     pub fn failure(&self) -> Option<&Failure> {
         self.state.extras_ref()?.failure.as_ref()
+    }
+}
+
+// Bodies, for filters that declared they need them (the gateway buffers them).
+impl FilterCtx<'_> {
+    /// The request body, when a filter of this chain declared
+    /// [`crate::Filter::needs_request_body`] and matched this request (`None` otherwise:
+    /// the body streams past).
+    pub fn request_body(&self) -> Option<&Bytes> {
+        self.state.extras_ref()?.request_body.as_ref()
+    }
+    /// Replace the buffered request body (`pre`/`route`); Content-Length follows. Ignored
+    /// when the body was not buffered.
+    pub fn set_request_body(&mut self, body: impl Into<Bytes>) {
+        if self.request_body().is_some() {
+            self.state.extras().request_body = Some(body.into());
+        }
+    }
+    /// `post`: the origin's response body, when a post filter declared
+    /// [`crate::Filter::needs_response_body`] and matched this request.
+    pub fn response_body(&self) -> Option<&Bytes> {
+        self.state.extras_ref()?.response_body.as_ref()
+    }
+    /// `post`: replace the buffered response body; Content-Length follows. Ignored when the
+    /// body was not buffered.
+    pub fn set_response_body(&mut self, body: impl Into<Bytes>) {
+        if self.response_body().is_some() {
+            self.state.extras().response_body = Some(body.into());
+        }
+    }
+    #[doc(hidden)]
+    pub fn put_request_body(&mut self, b: Bytes) {
+        self.state.extras().request_body = Some(b);
+    }
+}
+
+impl State {
+    #[doc(hidden)]
+    pub fn put_response_body(&mut self, b: Bytes) {
+        self.extras().response_body = Some(b);
+    }
+    #[doc(hidden)]
+    pub fn take_response_body(&mut self) -> Option<Bytes> {
+        self.extras_mut()?.response_body.take()
     }
 }
 
