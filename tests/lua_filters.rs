@@ -748,3 +748,65 @@ async fn a_filter_answer_without_a_final_status_or_with_a_bad_path_fails_the_fil
     assert_eq!(filter_metric(&g, "errors", "badpost"), 2.0);
     assert_eq!(get(g.addr, "/fine").await.status, 200);
 }
+
+const SETTINGS: &str = r#"
+return {
+  stage = "post",
+  run = function(ctx)
+    local s = ctx:settings()
+    ctx:set_response_header("x-key", s.key or "-")
+    ctx:set_response_header("x-limit", tostring(s.limit or "-"))
+    ctx:set_response_header("x-first", (s.list and s.list[1]) or "-")
+  end,
+}
+"#;
+
+/// `ctx:settings()`: `[lua.settings.<file>]` for every route, a route's `lua_settings` keys
+/// over it for that route, `{ env = "NAME" }` read from the environment; a table naming no
+/// file, or an unset variable, refuses the config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_come_from_the_config_per_filter_and_route() {
+    // SAFETY of set_var: read only by this test (its own variable name), before the start.
+    std::env::set_var("KM_TEST_LUA_SETTINGS_KEY", "from-env");
+    let origin = echo_origin("main").await;
+    let dir = filters_dir(false, &[("cfg.lua", SETTINGS)]);
+    let routes = r#"
+[lua.settings.cfg]
+key = { env = "KM_TEST_LUA_SETTINGS_KEY" }
+limit = 5
+list = ["a", "b"]
+
+[[routes]]
+name = "special"
+cluster = "origin"
+match = { path_prefix = "/special" }
+lua_settings = { cfg = { limit = 9 } }
+"#;
+    let g = start(&lua_config(origin.addr, origin.addr, dir.path(), routes));
+    let r = get(g.addr, "/plain").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(header(&r, "x-key"), Some("from-env"));
+    assert_eq!(header(&r, "x-limit"), Some("5"));
+    assert_eq!(header(&r, "x-first"), Some("a"));
+    let r = get(g.addr, "/special/x").await;
+    assert_eq!(header(&r, "x-limit"), Some("9"), "the route's key wins");
+    assert_eq!(
+        header(&r, "x-key"),
+        Some("from-env"),
+        "the rest is the filter's"
+    );
+
+    for (extra, expect) in [
+        ("[lua.settings.nope]\na = 1\n", "no filter \"nope\""),
+        (
+            "[lua.settings.cfg]\nkey = { env = \"KM_TEST_SURELY_UNSET\" }\n",
+            "KM_TEST_SURELY_UNSET",
+        ),
+    ] {
+        let text = lua_config(origin.addr, origin.addr, dir.path(), extra);
+        match try_start(&text) {
+            Ok(_) => panic!("started with {extra}"),
+            Err(e) => assert!(e.contains(expect), "{extra}: {e}"),
+        }
+    }
+}

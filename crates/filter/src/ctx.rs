@@ -291,11 +291,15 @@ impl State {
     }
 }
 
-/// A request for unit tests of filters: it owns what a [`FilterCtx`] borrows.
+/// A request for unit tests of filters: it owns what a [`FilterCtx`] borrows, and a
+/// response head for the `post` stage ([`TestRequest::with_response`]).
 pub struct TestRequest {
     parts: http::request::Parts,
     wire: Option<Box<WireHead>>,
     state: FilterState,
+    status: StatusCode,
+    response: HeaderMap,
+    raw: Option<RawHead>,
 }
 
 impl TestRequest {
@@ -311,13 +315,47 @@ impl TestRequest {
             parts,
             wire: None,
             state,
+            status: StatusCode::OK,
+            response: HeaderMap::new(),
+            raw: None,
         }
+    }
+
+    /// The origin's response head that [`TestRequest::post_ctx`] shows (default: 200, no
+    /// fields).
+    pub fn with_response(mut self, status: StatusCode, headers: HeaderMap) -> Self {
+        (self.status, self.response) = (status, headers);
+        self
     }
 
     /// A context over the request, as the `pre` stage sees it.
     pub fn ctx(&mut self) -> FilterCtx<'_> {
         let p = &mut self.parts;
         FilterCtx::lent(&mut self.state, &p.uri, &mut p.headers, &mut self.wire)
+    }
+
+    /// A context over the request and the response head, as the `post` stage sees it
+    /// (what `pre` filters put in `meta` or the extensions is there).
+    pub fn post_ctx(&mut self) -> FilterCtx<'_> {
+        self.state.stage = FilterStage::Post;
+        let p = &mut self.parts;
+        let mut ctx = FilterCtx::lent(&mut self.state, &p.uri, &mut p.headers, &mut self.wire);
+        ctx.show_response(&mut self.status, &mut self.response, &mut self.raw);
+        ctx
+    }
+
+    /// The status of the response a filter answered with ([`FilterCtx::respond`]), if any.
+    pub fn answered(&self) -> Option<StatusCode> {
+        self.state.local.as_ref().map(|l| l.status)
+    }
+
+    /// The response head after `post` filters ran on [`TestRequest::post_ctx`].
+    pub fn response(&self) -> (StatusCode, HeaderMap) {
+        let map = match &self.raw {
+            Some(raw) => raw.to_map(),
+            None => self.response.clone(),
+        };
+        (self.status, map)
     }
 }
 

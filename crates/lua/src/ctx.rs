@@ -365,6 +365,52 @@ pub(crate) fn table_for_file(lua: &Lua) -> mlua::Result<Table> {
     Ok(t)
 }
 
+/// `ctx:settings()` of a file: the table of the request's route if that route overrides
+/// keys, else the file's table. Built once per VM; every call returns the same tables
+/// (scripts treat them as read-only).
+pub(crate) fn add_settings(
+    lua: &Lua,
+    ctx: &Table,
+    settings: &crate::set::FileSettings,
+) -> mlua::Result<()> {
+    let default = toml_table(lua, &settings.default)?;
+    let by_route = lua.create_table()?;
+    for (route, t) in &settings.routes {
+        by_route.raw_set(route.as_str(), toml_table(lua, t)?)?;
+    }
+    let f: mlua::Function = lua
+        .load("local d, r = ... return function(ctx) return r[ctx:route()] or d end")
+        .set_name("=settings")
+        .call((default, by_route))?;
+    ctx.raw_set("settings", f)
+}
+
+fn toml_table(lua: &Lua, t: &toml::Table) -> mlua::Result<Table> {
+    let out = lua.create_table()?;
+    for (k, v) in t {
+        out.raw_set(k.as_str(), toml_value(lua, v)?)?;
+    }
+    Ok(out)
+}
+
+fn toml_value(lua: &Lua, v: &toml::Value) -> mlua::Result<Value> {
+    Ok(match v {
+        toml::Value::String(s) => Value::String(lua.create_string(s)?),
+        toml::Value::Integer(i) => Value::Number(*i as f64),
+        toml::Value::Float(f) => Value::Number(*f),
+        toml::Value::Boolean(b) => Value::Boolean(*b),
+        toml::Value::Datetime(d) => Value::String(lua.create_string(d.to_string())?),
+        toml::Value::Array(a) => {
+            let t = lua.create_table()?;
+            for (i, x) in a.iter().enumerate() {
+                t.raw_set(i + 1, toml_value(lua, x)?)?;
+            }
+            Value::Table(t)
+        }
+        toml::Value::Table(t) => Value::Table(toml_table(lua, t)?),
+    })
+}
+
 fn methods(lua: &Lua, r: &Table) -> mlua::Result<()> {
     // Methods on plain values (most of them) are C functions (`methods.rs`); these build
     // or read tables and bodies.

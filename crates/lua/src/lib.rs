@@ -104,7 +104,9 @@ impl FilterSource for LuaFilters {
             self.inner.admin.clone(),
             self.inner.dict.clone(),
         );
-        let set = Arc::new(set::compile(&dir, settings)?);
+        let mut set = set::compile(&dir, settings)?;
+        set::attach_settings(&mut set, config)?;
+        let set = Arc::new(set);
         for f in &set.files {
             if let Some(r) = f
                 .matches

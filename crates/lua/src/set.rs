@@ -88,6 +88,65 @@ pub(crate) struct LuaFile {
     /// Body opt-in: `request_body = true` / `response_body = true`.
     pub request_body: bool,
     pub response_body: bool,
+    /// What `ctx:settings()` returns (`[lua.settings.<name>]`, routes' `lua_settings`).
+    pub settings: FileSettings,
+}
+
+/// A file's settings from the config, environment references resolved: the table for
+/// every route, and the merged table of each route that overrides keys.
+#[derive(Default)]
+pub(crate) struct FileSettings {
+    pub default: toml::Table,
+    pub routes: Vec<(String, toml::Table)>,
+}
+
+/// Give each file of `set` its settings from `config`. A settings table that names no file
+/// of the directory, or an environment variable that is not set, refuses the version.
+pub(crate) fn attach_settings(
+    set: &mut LuaSet,
+    config: &keymaster_config::Config,
+) -> Result<(), String> {
+    let names: Vec<&str> = set.files.iter().map(|f| f.name.as_str()).collect();
+    let unknown = |at: String, name: &str| {
+        format!(
+            "{at}: no filter {name:?} in the Lua directory; expected one of: {}",
+            names.join(", ")
+        )
+    };
+    for name in config.lua.settings.keys() {
+        if !names.contains(&name.as_str()) {
+            return Err(unknown(format!("lua.settings.{name}"), name));
+        }
+    }
+    for r in &config.routes {
+        for name in r.lua_settings.keys() {
+            if !names.contains(&name.as_str()) {
+                return Err(unknown(
+                    format!("routes.{}.lua_settings.{name}", r.name),
+                    name,
+                ));
+            }
+        }
+    }
+    for f in &mut set.files {
+        let at = format!("lua.settings.{}", f.name);
+        let default = match config.lua.settings.get(&f.name) {
+            Some(t) => keymaster_config::env_table(t).map_err(|e| format!("{at}.{e}"))?,
+            None => toml::Table::new(),
+        };
+        let mut routes = Vec::new();
+        for r in &config.routes {
+            if let Some(over) = r.lua_settings.get(&f.name) {
+                let at = format!("routes.{}.lua_settings.{}", r.name, f.name);
+                let over = keymaster_config::env_table(over).map_err(|e| format!("{at}.{e}"))?;
+                let mut merged = default.clone();
+                merged.extend(over);
+                routes.push((r.name.clone(), merged));
+            }
+        }
+        f.settings = FileSettings { default, routes };
+    }
+    Ok(())
 }
 
 /// One version of the directory's filters.
@@ -238,6 +297,7 @@ fn compile_file(lua: &mlua::Lua, path: &Path, limits: Limits) -> Result<LuaFile,
             || source.windows(5).any(|w| w == b"query"),
         request_body,
         response_body,
+        settings: FileSettings::default(),
     })
 }
 

@@ -278,6 +278,7 @@ fn instantiate(lua: &Lua, set: &LuaSet) -> mlua::Result<Vec<Fns>> {
         let should: Option<Function> = t.get("should_filter")?;
         let run: Function = t.get("run")?;
         let ctx = crate::ctx::table_for_file(lua)?;
+        crate::ctx::add_settings(lua, &ctx, &file.settings)?;
         // The caller thread's stack: `run` (put there by `create_thread`), `ctx`, then
         // `should_filter` if the file has one.
         let caller = lua.create_thread(run.clone())?;
