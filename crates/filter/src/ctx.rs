@@ -344,6 +344,18 @@ impl TestRequest {
         ctx
     }
 
+    /// Run `filter` as the `pre` stage does: its `should_filter`, then `run` (`Ok(false)`:
+    /// it chose not to run). For filters whose run finishes at once; one that suspends
+    /// panics here: await `filter.run(&mut req.ctx())` on a runtime of your own instead.
+    pub fn run_pre(&mut self, filter: &dyn crate::Filter) -> Result<bool, crate::FilterError> {
+        run_at_once(filter, &mut self.ctx())
+    }
+
+    /// [`TestRequest::run_pre`] as the `post` stage does (over [`TestRequest::post_ctx`]).
+    pub fn run_post(&mut self, filter: &dyn crate::Filter) -> Result<bool, crate::FilterError> {
+        run_at_once(filter, &mut self.post_ctx())
+    }
+
     /// The status of the response a filter answered with ([`FilterCtx::respond`]), if any.
     pub fn answered(&self) -> Option<StatusCode> {
         self.state.local.as_ref().map(|l| l.status)
@@ -356,6 +368,22 @@ impl TestRequest {
             None => self.response.clone(),
         };
         (self.status, map)
+    }
+}
+
+/// `should_filter`, then `run` polled once: it must be finished then.
+fn run_at_once(
+    filter: &dyn crate::Filter,
+    ctx: &mut FilterCtx<'_>,
+) -> Result<bool, crate::FilterError> {
+    if !filter.should_filter(ctx) {
+        return Ok(false);
+    }
+    let mut run = std::pin::pin!(filter.run(ctx));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::future::Future::poll(run.as_mut(), &mut cx) {
+        std::task::Poll::Ready(r) => r.map(|()| true),
+        std::task::Poll::Pending => panic!("the filter's run suspended: await it on a runtime"),
     }
 }
 

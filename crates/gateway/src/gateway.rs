@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use crate::tls::ListenerTls;
 use crate::upstream::discovery::{self, Endpoint, Lists, Source};
+use crate::upstream::limits::ClusterStates;
 use crate::worker::{self, WorkerSockets};
 use keymaster_config::{ClusterConfig, Config, DnsConfig};
 
@@ -49,6 +50,8 @@ impl ConfigSource {
 pub(crate) struct Shared {
     pub(crate) snapshot: ArcSwap<Snapshot>,
     pub(crate) metrics: Metrics,
+    /// Every cluster's live counts (caps, queue, retry budget), kept across versions.
+    cluster_states: ClusterStates,
     pub(crate) access_log: Option<AccessLog>,
     pub(crate) draining: AtomicBool,
     pub(crate) source: ConfigSource,
@@ -114,8 +117,18 @@ impl Shared {
         };
         // Serialised by `reload_lock`: a rejected config does not use up a version number.
         let version = self.next_version.load(Ordering::Acquire);
-        let built = crate::filter::collect_sources(&config, &self.natives, &self.sources)
-            .and_then(|filters| Snapshot::build(config, version, &self.metrics, &filters, &lists));
+        let built = crate::filter::collect_sources(&config, &self.natives, &self.sources).and_then(
+            |filters| {
+                Snapshot::build(
+                    config,
+                    version,
+                    &self.metrics,
+                    &self.cluster_states,
+                    &filters,
+                    &lists,
+                )
+            },
+        );
         match built {
             Ok(snap) => {
                 self.next_version.store(version + 1, Ordering::Release);
@@ -190,6 +203,7 @@ impl Shared {
             current.config.clone(),
             version,
             &self.metrics,
+            &self.cluster_states,
             // The running version's filters, sources' included (no source is asked again
             // for a discovery update).
             &current.filter_specs,
@@ -320,7 +334,14 @@ impl Gateway {
         });
         match crate::filter::collect_sources(config, &natives, &sources) {
             Ok(filters) => {
-                if let Err(e) = Snapshot::build(config.clone(), 1, &metrics, &filters, &lists) {
+                if let Err(e) = Snapshot::build(
+                    config.clone(),
+                    1,
+                    &metrics,
+                    &ClusterStates::default(),
+                    &filters,
+                    &lists,
+                ) {
                     problems.push(e);
                 }
             }
@@ -398,11 +419,13 @@ impl Gateway {
 
         let lists = discovery::initial(&config, &Lists::new())?;
         let filters = crate::filter::collect_sources(&config, &natives, &sources)?;
-        let snapshot = Snapshot::build(config, 1, &metrics, &filters, &lists)?;
+        let cluster_states = ClusterStates::default();
+        let snapshot = Snapshot::build(config, 1, &metrics, &cluster_states, &filters, &lists)?;
         metrics.config_version.set(1);
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
+            cluster_states,
             access_log,
             draining: AtomicBool::new(false),
             source,

@@ -1,10 +1,6 @@
 //! Prometheus metrics. Label lookups happen when a config version is built; the request
 //! path only touches pre-resolved counter and histogram handles (atomics, no locks).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-use crate::upstream::limits::ClusterState;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -61,9 +57,6 @@ pub struct Metrics {
     /// Active health checks by cluster and result (`pass` or the failure's category).
     health_checks: IntCounterVec,
     shed: IntCounterVec,
-    /// Live per-cluster counts (caps, queue, retry budget) by cluster name: one per gateway,
-    /// shared by every config version.
-    cluster_states: Mutex<HashMap<String, Arc<ClusterState>>>,
     rate_limit_redis: IntCounterVec,
     pub(crate) discovery_updates: IntCounterVec,
     pub(crate) discovery_errors: IntCounterVec,
@@ -132,8 +125,6 @@ pub(crate) struct ClusterMetrics {
     pub(crate) descriptors_exhausted: IntCounter,
     /// Health checks skipped for lack of file descriptors.
     pub(crate) check_descriptors_exhausted: IntCounter,
-    /// The cluster's live counts (not a metric; kept here because it has the same lifetime).
-    pub(crate) limits: Arc<ClusterState>,
 }
 
 /// Handles for one listener.
@@ -429,7 +420,6 @@ impl Metrics {
                 "Requests shed with 503 because the gateway was overloaded, by route priority",
                 &["priority"],
             ),
-            cluster_states: Mutex::default(),
             rate_limit_redis: counter_vec(
                 &r,
                 "rate_limit_redis_total",
@@ -520,13 +510,6 @@ impl Metrics {
             check_descriptors_exhausted: self
                 .descriptors_exhausted
                 .with_label_values(&["health_check"]),
-            limits: self
-                .cluster_states
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(name.to_owned())
-                .or_default()
-                .clone(),
         }
     }
 

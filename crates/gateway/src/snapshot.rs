@@ -9,6 +9,7 @@ use crate::filter::{FilterChain, FilterSpec};
 use crate::metrics::Metrics;
 use crate::route::{Route, Router};
 use crate::upstream::discovery::Lists;
+use crate::upstream::limits::ClusterStates;
 use crate::upstream::Cluster;
 use keymaster_config::Config;
 use keymaster_http::headers::Stamps;
@@ -40,14 +41,16 @@ impl Snapshot {
         config: Config,
         version: u64,
         metrics: &Metrics,
+        states: &ClusterStates,
         filters: &[FilterSpec],
         discovered: &Lists,
     ) -> Result<Snapshot, String> {
         let mut clusters = rustc_hash::FxHashMap::default();
         for c in &config.clusters {
+            let (m, limits) = (metrics.cluster(&c.name), states.get(&c.name));
             let cluster = match discovered.get(&c.name) {
-                Some(d) => Cluster::with_endpoints(c, &d.endpoints, metrics.cluster(&c.name))?,
-                None => Cluster::build(c, metrics.cluster(&c.name))?,
+                Some(d) => Cluster::with_endpoints(c, &d.endpoints, m, limits)?,
+                None => Cluster::build(c, m, limits)?,
             };
             clusters.insert(c.name.clone(), Arc::new(cluster));
         }

@@ -10,7 +10,7 @@
 //! and `{ env = "NAME" }` in it reads an environment variable. See `gateway.toml` and
 //! `examples/gateway.rs` beside this crate.
 
-use keymaster_filter::http::{HeaderName, HeaderValue, StatusCode};
+use keymaster_filter::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use keymaster_filter::{done, Filter, FilterCtx, FilterFuture, Needs, Params};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -71,14 +71,15 @@ impl Filter for ApiAuth {
             Some(name) => {
                 ctx.extensions_mut().insert(Caller(name));
             }
-            None => ctx.respond(
-                StatusCode::UNAUTHORIZED,
-                vec![(
-                    HeaderName::from_static("www-authenticate"),
-                    HeaderValue::from_static("ApiKey"),
-                )],
-                "a valid API key is required\n",
-            ),
+            None => {
+                let mut headers = HeaderMap::new();
+                headers.insert("www-authenticate", HeaderValue::from_static("ApiKey"));
+                ctx.respond(
+                    StatusCode::UNAUTHORIZED,
+                    headers,
+                    "a valid API key is required\n",
+                );
+            }
         }
         done(Ok(()))
     }
@@ -128,7 +129,7 @@ impl Filter for Stamp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keymaster_filter::http::{HeaderMap, Method};
+    use keymaster_filter::http::Method;
     use keymaster_filter::TestRequest;
 
     fn params(text: &str) -> Params {
@@ -155,20 +156,20 @@ mod tests {
     #[test]
     fn a_known_key_passes_and_names_the_caller() {
         let mut req = request(Some("k1"));
-        let mut ctx = req.ctx();
-        let run = auth().run(&mut ctx).try_ready();
-        assert!(matches!(run, Ok(Some(Ok(())))));
-        assert!(!ctx.responded());
-        assert_eq!(ctx.extension::<Caller>(), Some(&Caller("alice".into())));
+        assert!(req.run_pre(&auth()).expect("runs"));
+        assert_eq!(req.answered(), None);
+        assert_eq!(
+            req.ctx().extension::<Caller>(),
+            Some(&Caller("alice".into()))
+        );
     }
 
     #[test]
     fn a_missing_or_unknown_key_is_answered_401() {
         for key in [None, Some("nope")] {
             let mut req = request(key);
-            let mut ctx = req.ctx();
-            let _ = auth().run(&mut ctx).try_ready();
-            assert!(ctx.extension::<Caller>().is_none());
+            assert!(req.run_pre(&auth()).expect("runs"));
+            assert!(req.ctx().extension::<Caller>().is_none());
             assert_eq!(req.answered(), Some(StatusCode::UNAUTHORIZED), "{key:?}");
         }
     }
@@ -177,15 +178,15 @@ mod tests {
     fn the_stamp_names_the_caller_that_auth_found() {
         let stamp = Stamp::from_params(&params("value = \"v1\"")).expect("stamp");
         let mut req = request(Some("k1")).with_response(StatusCode::OK, HeaderMap::new());
-        let _ = auth().run(&mut req.ctx()).try_ready();
-        let _ = stamp.run(&mut req.post_ctx()).try_ready();
+        req.run_pre(&auth()).expect("auth runs");
+        req.run_post(&stamp).expect("stamp runs");
         let (status, headers) = req.response();
         assert_eq!(status, StatusCode::OK);
         assert_eq!(headers["x-stamp"], "v1");
         assert_eq!(headers["x-caller"], "alice");
         // No caller (auth did not run): the stamp alone.
         let mut req = request(None);
-        let _ = stamp.run(&mut req.post_ctx()).try_ready();
+        req.run_post(&stamp).expect("stamp runs");
         assert!(!req.response().1.contains_key("x-caller"));
     }
 

@@ -138,8 +138,7 @@ fn bad_parameters_and_unknown_types_refuse_the_config() {
         ),
     ];
     for (params, expect) in cases {
-        let text = format!("{params}");
-        let e = match keymaster().start(config(origin, &text), ConfigSource::Memory) {
+        let e = match keymaster().start(config(origin, params), ConfigSource::Memory) {
             Ok(_) => panic!("{params}: started"),
             Err(e) => e,
         };

@@ -18,6 +18,21 @@ use tokio::time::Instant;
 use keymaster_config::{ClusterLimits, RetryBudgetConfig};
 use keymaster_http::error::{Error, Kind};
 
+/// Every cluster's live counts by cluster name: one per gateway, shared by every config
+/// version (a reload keeps the counts of a cluster it keeps).
+#[derive(Default)]
+pub(crate) struct ClusterStates(
+    std::sync::Mutex<std::collections::HashMap<String, Arc<ClusterState>>>,
+);
+
+impl ClusterStates {
+    /// The counts of cluster `name` (made on first use).
+    pub(crate) fn get(&self, name: &str) -> Arc<ClusterState> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(name.to_owned()).or_default().clone()
+    }
+}
+
 /// Live counts of one cluster (by name).
 #[derive(Debug, Default)]
 pub(crate) struct ClusterState {

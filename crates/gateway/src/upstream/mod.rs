@@ -131,7 +131,11 @@ pub struct Cluster {
 
 impl Cluster {
     /// Build from config, resolving server names (DNS) now, off the request path.
-    pub(crate) fn build(cfg: &ClusterConfig, metrics: ClusterMetrics) -> Result<Cluster, String> {
+    pub(crate) fn build(
+        cfg: &ClusterConfig,
+        metrics: ClusterMetrics,
+        limits: Arc<limits::ClusterState>,
+    ) -> Result<Cluster, String> {
         use std::net::ToSocketAddrs;
         let mut endpoints = Vec::with_capacity(cfg.servers.len());
         for s in &cfg.servers {
@@ -152,7 +156,7 @@ impl Cluster {
                 weight: s.weight,
             });
         }
-        Self::with_endpoints(cfg, &endpoints, metrics)
+        Self::with_endpoints(cfg, &endpoints, metrics, limits)
     }
 
     /// Build from already resolved servers (service discovery's, or [`Cluster::build`]'s).
@@ -161,6 +165,7 @@ impl Cluster {
         cfg: &ClusterConfig,
         endpoints: &[discovery::Endpoint],
         metrics: ClusterMetrics,
+        limits: Arc<limits::ClusterState>,
     ) -> Result<Cluster, String> {
         let tls = match &cfg.tls {
             Some(t) => Some(Arc::new(tls::build(&cfg.name, t, cfg.protocol)?)),
@@ -203,7 +208,7 @@ impl Cluster {
             balancer: balance::Balancer::new(cfg.balance, &servers),
             config: cfg.clone(),
             servers,
-            limits: metrics.limits.clone(),
+            limits,
             metrics,
         })
     }
