@@ -1,11 +1,11 @@
-//! Body types on the proxy path.
+//! Request bodies on their way from the client to the origin (below the upstream layer,
+//! which sends them; the response side is `proxy::response`).
 //!
 //! [`ClientBody`] is the client's request body as its connection delivers it (keymaster's
-//! HTTP/1.1 server or hyper's HTTP/2 server). [`RequestBody`] carries it to the origin,
-//! enforcing the route's size cap as it streams. [`ResponseBody`] carries the origin's body (or a local one) to the client
-//! and owns the [`Exchange`] that returns the upstream connection to its pool only once the
-//! body ended cleanly. Nothing here buffers a whole body: frames pass through one by one, so
-//! backpressure flows from the slower side to the faster one.
+//! HTTP/1.1 server, through [`ConnBody`], or hyper's HTTP/2 server). [`RequestBody`] carries
+//! it to the origin, enforcing the route's size cap and `client_body_timeout` as it
+//! streams. Nothing here buffers a whole body unless asked ([`read_whole`]): frames pass
+//! through one by one, so backpressure flows from the slower side to the faster one.
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -17,8 +17,6 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
-use crate::proxy::Exchange;
-use crate::upstream::conn::UpstreamBody;
 use keymaster_http::error::{BoxError, Error, Kind};
 
 /// Shared between a [`RequestBody`] and the proxy stage: did the body end, did it overflow,
@@ -127,12 +125,53 @@ impl ReadGap {
     }
 }
 
+/// What a request body needs of the HTTP/1.1 client connection it is read from
+/// (`downstream::h1`'s connection implements it): the body is decoded from the connection's
+/// read buffer as the proxy stage pulls it.
+pub(crate) trait ConnBody {
+    /// The next frame of the body (`None`: it ended).
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>>;
+    /// The body has ended.
+    fn body_done(&self) -> bool;
+    /// The bytes still to come, when the framing says.
+    fn body_remaining(&self) -> Option<u64>;
+    /// The body's framing was found broken in the bytes that came with its head.
+    fn body_refused(&self) -> Option<Error>;
+}
+
+/// A request body read from an HTTP/1.1 client connection (shared with the connection,
+/// which reads the next request once this one is done).
+pub struct H1Body(pub(crate) Rc<std::cell::RefCell<dyn ConnBody>>);
+
+impl Body for H1Body {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        self.0.borrow_mut().poll_body(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.borrow().body_done()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.0.borrow().body_remaining() {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
 /// The client's request body, as its connection delivers it.
 pub enum ClientBody {
     /// No body.
     Empty,
     /// From keymaster's HTTP/1.1 server, decoded from the connection's read buffer.
-    H1(crate::downstream::h1::RequestBody),
+    H1(H1Body),
     /// From hyper's HTTP/2 server.
     H2(Incoming),
 }
@@ -143,7 +182,7 @@ impl ClientBody {
     /// before any origin hears of it.
     pub(crate) fn refused(&self) -> Option<Error> {
         match self {
-            ClientBody::H1(b) => b.refused(),
+            ClientBody::H1(b) => b.0.borrow().body_refused(),
             ClientBody::Empty | ClientBody::H2(_) => None,
         }
     }
@@ -232,7 +271,7 @@ impl RequestBody {
 
 /// A body stream keymaster itself ended: the route's size cap or the request deadline.
 #[derive(Debug)]
-pub(crate) struct BodyStopped(&'static str);
+pub(crate) struct BodyStopped(pub(crate) &'static str);
 
 impl std::fmt::Display for BodyStopped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -406,170 +445,6 @@ fn is_malformed_body(e: &hyper::Error) -> bool {
         src = s.source();
     }
     false
-}
-
-/// The body sent to the client.
-pub enum ResponseBody {
-    /// A body keymaster produced (errors, admin pages); `None` once sent.
-    Local(Option<Bytes>),
-    /// The origin's body, streamed. Boxed: the response is moved several times on its way
-    /// to the client connection, and ~450 bytes per move cost more than one allocation.
-    Origin(Box<OriginBody>),
-    /// A `101` to an HTTP/1.1 client: no body; the client connection becomes the client
-    /// side of this tunnel once the head is written.
-    Tunnel(Box<crate::upgrade::Tunnel>),
-}
-
-impl ResponseBody {
-    /// The length of a body keymaster produced (0 for any other, or once sent): what an
-    /// error or filter-made response writes, for the access log.
-    pub(crate) fn local_len(&self) -> u64 {
-        match self {
-            ResponseBody::Local(Some(b)) => b.len() as u64,
-            _ => 0,
-        }
-    }
-
-    pub fn full(bytes: impl Into<Bytes>) -> Self {
-        let b = bytes.into();
-        ResponseBody::Local(if b.is_empty() { None } else { Some(b) })
-    }
-}
-
-/// The origin's response body plus the exchange it finishes.
-pub struct OriginBody {
-    /// A body buffered for post filters (body opt-in), sent before `inner` (then at its end).
-    pub(crate) prefix: Option<Bytes>,
-    pub(crate) inner: UpstreamBody,
-    pub(crate) exchange: Exchange,
-    pub(crate) deadline: Option<Pin<Box<Sleep>>>,
-    /// The wait for more of the body, bounded by the route's `read_timeout`: the longest the
-    /// origin may leave the body with nothing to read (nginx's `proxy_read_timeout`,
-    /// HAProxy's `timeout server`).
-    pub(crate) read_gap: ReadGap,
-    /// A gRPC call: a deadline that passes mid-body ends it with DEADLINE_EXCEEDED trailers
-    /// instead of a reset.
-    pub(crate) grpc: bool,
-    /// Ended by the gateway (the gRPC trailers were sent).
-    pub(crate) ended: bool,
-    /// The response's header fields in wire form, for the HTTP/1.1 server to write as they
-    /// are (the response's `HeaderMap` is then empty).
-    pub(crate) raw_head: Option<keymaster_http::headers::RawHead>,
-}
-
-impl Drop for OriginBody {
-    /// An HTTP/1.1 connection whose body ended cleanly goes back to the exchange (which
-    /// pools it, as it is dropped right after this).
-    fn drop(&mut self) {
-        if let Some(c) = self.inner.take_reusable() {
-            self.exchange.give_back(c);
-        }
-    }
-}
-
-impl OriginBody {
-    /// The origin's body has nothing to read: it has `read_timeout` from the last read (from
-    /// the first wait after the head) to send more, or the response is cut off (the client
-    /// connection is aborted, the origin's closed).
-    fn poll_read_gap(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        ready!(self.read_gap.poll_wait(cx));
-        self.exchange.fail_body("origin_read_timeout");
-        Poll::Ready(Some(Err(Box::new(BodyStopped(
-            "the origin sent nothing of the response body within read_timeout",
-        )))))
-    }
-}
-
-impl Body for ResponseBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            ResponseBody::Local(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ResponseBody::Tunnel(_) => Poll::Ready(None),
-            ResponseBody::Origin(o) => {
-                if o.ended {
-                    return Poll::Ready(None);
-                }
-                if let Some(b) = o.prefix.take() {
-                    o.exchange.add_body_bytes(b.len());
-                    if o.inner.is_end_stream() {
-                        o.exchange.body_complete();
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(b))));
-                }
-                if let Some(d) = o.deadline.as_mut() {
-                    if d.as_mut().poll(cx).is_ready() {
-                        o.exchange.fail_body("origin_request_timeout");
-                        if o.grpc {
-                            o.ended = true;
-                            let err = keymaster_http::error::Error::new(
-                                keymaster_http::error::Kind::RequestTimeout,
-                                "request deadline passed while streaming the response",
-                            );
-                            let trailers = crate::respond::grpc_trailers(&err);
-                            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-                        }
-                        return Poll::Ready(Some(Err(Box::new(BodyStopped(
-                            "request deadline exceeded while streaming the response body",
-                        )))));
-                    }
-                }
-                let Poll::Ready(next) = Pin::new(&mut o.inner).poll_frame(cx) else {
-                    return o.poll_read_gap(cx);
-                };
-                o.read_gap.read();
-                match next {
-                    Some(Ok(frame)) => {
-                        if let Some(data) = frame.data_ref() {
-                            o.exchange.add_body_bytes(data.len());
-                        }
-                        if o.inner.is_end_stream() {
-                            o.exchange.body_complete();
-                        }
-                        Poll::Ready(Some(Ok(frame)))
-                    }
-                    Some(Err(e)) => {
-                        // The request body still going out may be what failed (the origin
-                        // answered early): a client that stalled it is not the origin's fault.
-                        o.exchange.fail_body_after_request();
-                        Poll::Ready(Some(Err(e)))
-                    }
-                    None => {
-                        o.exchange.body_complete();
-                        Poll::Ready(None)
-                    }
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            ResponseBody::Local(b) => b.is_none(),
-            ResponseBody::Tunnel(_) => true,
-            ResponseBody::Origin(o) => o.ended || (o.prefix.is_none() && o.inner.is_end_stream()),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            ResponseBody::Local(None) | ResponseBody::Tunnel(_) => SizeHint::with_exact(0),
-            ResponseBody::Local(Some(b)) => SizeHint::with_exact(b.len() as u64),
-            ResponseBody::Origin(o) => match &o.prefix {
-                Some(b) if o.inner.is_end_stream() => SizeHint::with_exact(b.len() as u64),
-                Some(_) => SizeHint::default(),
-                None => o.inner.size_hint(),
-            },
-        }
-    }
 }
 
 use std::future::Future;

@@ -157,7 +157,7 @@ impl Shared {
 
     /// The Prometheus text of every metric, health gauges refreshed first.
     pub(crate) fn render_metrics(&self) -> String {
-        crate::upstream::health::export_gauges(&self.metrics, &self.snapshot.load());
+        crate::upstream::health::export_gauges(&self.metrics, &self.snapshot.load().clusters);
         self.metrics.render()
     }
 
@@ -609,5 +609,37 @@ impl Signals {
 impl keymaster_filter::Reload for Shared {
     fn reload_from_source(&self) -> Result<u64, String> {
         Shared::reload_from_source(self)
+    }
+}
+
+impl crate::upstream::Host for Shared {
+    fn version(&self) -> u64 {
+        self.snapshot.load().version
+    }
+    fn clusters(&self) -> Vec<Arc<crate::upstream::Cluster>> {
+        self.snapshot.load().clusters.values().cloned().collect()
+    }
+    fn discovery_settings(
+        &self,
+    ) -> (
+        Vec<keymaster_config::ClusterConfig>,
+        keymaster_config::DnsConfig,
+    ) {
+        let snap = self.snapshot.load();
+        (snap.config.clusters.clone(), snap.config.dns.clone())
+    }
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+    fn apply_discovered(
+        &self,
+        cluster: &keymaster_config::ClusterConfig,
+        dns: &keymaster_config::DnsConfig,
+        endpoints: Vec<crate::upstream::discovery::Endpoint>,
+    ) {
+        Shared::apply_discovered(self, cluster, dns, endpoints);
+    }
+    fn discovery_wake(&self) -> &tokio::sync::Notify {
+        &self.discovery_wake
     }
 }

@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::worker::Worker;
 use keymaster_config::{LoadSheddingConfig, ShedPriority};
 use keymaster_http::error::{Error, Kind};
 
@@ -63,10 +62,10 @@ impl LoopLag {
 
 /// Start measuring the worker's event-loop lag (once) if the config asks for it; the task
 /// lives as long as the worker's runtime.
-pub(crate) fn ensure_lag_probe(worker: &Rc<Worker>, cfg: &LoadSheddingConfig) {
-    if cfg.max_event_loop_lag.is_some() && !worker.lag.1.replace(true) {
-        let w = worker.clone();
-        tokio::task::spawn_local(async move { sample_lag(&w.lag).await });
+pub(crate) fn ensure_lag_probe(lag: &Rc<LoopLag>, cfg: &LoadSheddingConfig) {
+    if cfg.max_event_loop_lag.is_some() && !lag.1.replace(true) {
+        let lag = lag.clone();
+        tokio::task::spawn_local(async move { sample_lag(&lag).await });
     }
 }
 

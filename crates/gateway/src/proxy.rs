@@ -20,7 +20,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::access_log::LogRecord;
-use crate::body::{ClientBody, OriginBody, RequestBody, RequestBodyState, ResponseBody};
+use crate::body::{ClientBody, RequestBody, RequestBodyState};
 use crate::downstream::ConnCtx;
 use crate::filter::{staged, FilterCtx, FilterState};
 use crate::respond::{error_response, grpc_error_response};
@@ -34,6 +34,9 @@ use keymaster_http::headers::{self as hdr, WireHead};
 
 mod attempt;
 mod filters;
+mod response;
+
+pub use response::{OriginBody, ResponseBody};
 
 /// The response to the client, boxed where it is made: it moves up through the proxy
 /// stage's layers to the client connection a pointer at a time.
@@ -302,7 +305,7 @@ async fn proxy(
         .clone();
     info.route = Some(route.clone());
     // Shed by priority before doing any work for the request.
-    crate::overload::ensure_lag_probe(&cx.worker, &snapshot.config.load_shedding);
+    crate::overload::ensure_lag_probe(&cx.worker.lag, &snapshot.config.load_shedding);
     crate::overload::check(
         &snapshot.config.load_shedding,
         &cx.worker.shared.load,

@@ -28,7 +28,6 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use crate::metrics::ListenerMetrics;
-use crate::upstream::conn::Conn;
 use keymaster_config::ProxyProtocol;
 
 /// Largest accepted header (v2 with TLVs); v1 is at most 107 bytes by its spec.
@@ -269,23 +268,6 @@ pub(crate) fn local_header(version: ProxyProtocol) -> Option<Vec<u8>> {
         .ok(),
         ProxyProtocol::Off | ProxyProtocol::Any => None,
     }
-}
-
-/// This client connection's own upstream connection to `server`, if it has a ready one.
-pub(crate) fn take_private(
-    cx: &crate::downstream::ConnCtx,
-    server: &crate::upstream::OriginServer,
-) -> Option<Conn> {
-    let mut slot = cx.private_upstream.borrow_mut();
-    let mut c = slot.take()?;
-    if c.is_closed() {
-        return None;
-    }
-    if c.server.state.id == server.state.id {
-        return Some(c);
-    }
-    *slot = Some(c); // another server's: keep it, open a new one
-    None
 }
 
 fn as_v6(a: SocketAddr) -> SocketAddr {

@@ -3,7 +3,7 @@
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Response, Version};
 
-use crate::body::ResponseBody;
+use crate::proxy::ResponseBody;
 use keymaster_http::error::Error;
 
 /// Build the client's response for `err`. Client-side framing errors and oversized bodies

@@ -10,7 +10,7 @@ use crate::metrics::Metrics;
 use crate::route::{Route, Router};
 use crate::upstream::discovery::Lists;
 use crate::upstream::limits::ClusterStates;
-use crate::upstream::Cluster;
+use crate::upstream::{Cluster, Clusters};
 use keymaster_config::Config;
 use keymaster_http::headers::Stamps;
 
@@ -26,9 +26,7 @@ pub struct Snapshot {
     /// `FilterSource`'s): a version rebuilt for a discovery update keeps them as they are.
     pub(crate) filter_specs: Vec<FilterSpec>,
     /// Clusters by name, for route filters that choose one.
-    /// By name. Fx-hashed: a route filter's choice is looked up on every request it makes
-    /// (SipHash cost ~150 instructions a lookup), and the keys are the config's own names.
-    pub(crate) clusters: rustc_hash::FxHashMap<String, Arc<Cluster>>,
+    pub(crate) clusters: Clusters,
     /// Indexed by origin id: whether a cluster of this version has that server (pools of
     /// the others are drained by the sweeper).
     live_origins: Vec<bool>,
@@ -45,7 +43,7 @@ impl Snapshot {
         filters: &[FilterSpec],
         discovered: &Lists,
     ) -> Result<Snapshot, String> {
-        let mut clusters = rustc_hash::FxHashMap::default();
+        let mut clusters = Clusters::default();
         for c in &config.clusters {
             let (m, limits) = (metrics.cluster(&c.name), states.get(&c.name));
             let cluster = match discovered.get(&c.name) {

@@ -21,7 +21,7 @@ pub(crate) struct Worker {
     /// Tells this worker's client connections to finish up (set when draining starts).
     pub(crate) drain: crate::drain::DrainSignal,
     /// This worker's event-loop lag (load shedding).
-    pub(crate) lag: crate::overload::LoopLag,
+    pub(crate) lag: std::rc::Rc<crate::overload::LoopLag>,
 }
 
 /// Sockets handed to a worker: one per listener.

@@ -188,7 +188,8 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
         ),
         (&Method::GET, "/health/clusters") => {
             let snap = shared.snapshot.load();
-            let body = crate::upstream::health::clusters_json(&snap);
+            let order = snap.config.clusters.iter().map(|c| c.name.as_str());
+            let body = crate::upstream::health::clusters_json(snap.version, order, &snap.clusters);
             text(
                 StatusCode::OK,
                 "application/json",

@@ -32,8 +32,7 @@ use std::sync::Arc;
 
 use crate::metrics::{FilterMetrics, Metrics};
 
-/// A config version's clusters by name.
-pub(crate) type Clusters = rustc_hash::FxHashMap<String, Arc<crate::upstream::Cluster>>;
+pub(crate) use crate::upstream::Clusters;
 
 /// A declarative match compiled.
 struct Matcher {

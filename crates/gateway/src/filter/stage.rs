@@ -20,7 +20,7 @@ use std::time::Instant;
 use super::{
     builtin, Entry, Failure, FilterChain, FilterCtx, FilterError, FilterFuture, FilterStage, State,
 };
-use crate::body::ResponseBody;
+use crate::proxy::ResponseBody;
 use keymaster_filter::host::KeptRequest;
 
 /// A stage's outcome: there at once when every filter of the stage ran synchronously (no

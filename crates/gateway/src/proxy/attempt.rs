@@ -440,7 +440,7 @@ async fn one(
     let proxy_header = proxy_header.as_deref();
     // A cluster that sends PROXY headers keeps connections per client connection.
     let private = match proxy_header {
-        Some(_) => crate::proxy_protocol::take_private(up.cx, server),
+        Some(_) => take_private(up.cx, server),
         None => None,
     };
     let checked_out = match private {
@@ -609,6 +609,23 @@ fn head_timeout_error(late: HeadTimedOut) -> Error {
             "origin sent no response head in time",
         )
     }
+}
+
+/// This client connection's own upstream connection to `server`, if it has a ready one.
+fn take_private(
+    cx: &crate::downstream::ConnCtx,
+    server: &crate::upstream::OriginServer,
+) -> Option<crate::upstream::conn::Conn> {
+    let mut slot = cx.private_upstream.borrow_mut();
+    let mut c = slot.take()?;
+    if c.is_closed() {
+        return None;
+    }
+    if c.server.state.id == server.state.id {
+        return Some(c);
+    }
+    *slot = Some(c); // another server's: keep it, open a new one
+    None
 }
 
 #[cfg(test)]

@@ -16,38 +16,39 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::probe::Probe;
-use crate::gateway::Shared;
+use super::Host;
 use keymaster_config::HealthCheckConfig;
 
 /// How often the thread looks for a new config version.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 
 /// Start the health-check thread; it ends when `shutdown` turns true or its sender goes.
-pub(crate) fn start(
-    shared: Arc<Shared>,
+pub(crate) fn start<H: Host>(
+    shared: Arc<H>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     crate::runtime_thread::spawn("keymaster-health", move || run(shared, shutdown))
 }
 
-async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+async fn run<H: Host>(shared: Arc<H>, mut shutdown: watch::Receiver<bool>) {
     let mut version = 0;
     let mut probes: Vec<JoinHandle<()>> = Vec::new();
     loop {
-        let snap = shared.snapshot.load_full();
-        if snap.version != version {
-            version = snap.version;
+        let current = shared.version();
+        if current != version {
+            version = current;
+            let clusters = shared.clusters();
             for p in probes.drain(..) {
                 p.abort();
             }
-            for cluster in snap.clusters.values() {
+            for cluster in &clusters {
                 if cluster.config.health_check.is_none() {
                     for s in &cluster.servers {
                         s.state.health.clear_checks();
                     }
                 }
             }
-            for cluster in snap.clusters.values() {
+            for cluster in &clusters {
                 let Some(hc) = &cluster.config.health_check else {
                     continue;
                 };
@@ -67,7 +68,6 @@ async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
                 }
             }
         }
-        drop(snap);
         if *shutdown.borrow_and_update() {
             break;
         }
@@ -81,8 +81,8 @@ async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-async fn probe_loop(
-    shared: Arc<Shared>,
+async fn probe_loop<H: Host>(
+    shared: Arc<H>,
     cluster: String,
     probe: Probe,
     hc: HealthCheckConfig,
@@ -101,7 +101,7 @@ async fn probe_loop(
             continue;
         }
         let label = result.as_ref().map_or_else(|e| e.category(), |()| "pass");
-        shared.metrics.health_check(&cluster, label);
+        shared.metrics().health_check(&cluster, label);
         // A changed verdict is logged, with the failure that turned it.
         if server
             .state

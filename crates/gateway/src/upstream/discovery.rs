@@ -3,7 +3,7 @@
 //!
 //! This module owns resolution (the `[dns]` resolver: hickory with configured name servers,
 //! or the system's), the server list file and the `keymaster-discovery` thread. It does not
-//! own the swap: a changed server set is handed to `Shared::apply_discovered` (gateway.rs),
+//! own the swap: a changed server set is handed to [`Host::apply_discovered`] (the gateway),
 //! which rebuilds the snapshot from the running config the way a reload does, so every
 //! request still sees one consistent version. Origin identities are interned process-wide,
 //! so servers that stay keep their pools; a server that leaves gets no new requests, its
@@ -23,8 +23,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::gateway::Shared;
-use crate::snapshot::Snapshot;
+use super::Host;
 use keymaster_config::{ClusterConfig, Config, DiscoveryConfig, DnsConfig, OriginServerConfig};
 
 /// One resolved origin server.
@@ -207,38 +206,37 @@ pub(crate) fn initial(config: &Config, previous: &Lists) -> Result<Lists, String
 }
 
 /// Start the `keymaster-discovery` thread: every cluster with `discovery` is resolved again
-/// each `interval`; a changed server set goes to `Shared::apply_discovered`. It stops when
+/// each `interval`; a changed server set goes to [`Host::apply_discovered`]. It stops when
 /// `shutdown` says so.
-pub(crate) fn spawn(
-    shared: Arc<Shared>,
+pub(crate) fn spawn<H: Host>(
+    shared: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     crate::runtime_thread::spawn("keymaster-discovery", move || async move {
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut current: Option<(DnsConfig, TokioResolver)> = None;
         loop {
-            let snap = shared.snapshot.load_full();
+            let (clusters, dns) = shared.discovery_settings();
             let mut next = Instant::now() + Duration::from_secs(3600);
-            for c in &snap.config.clusters {
+            for c in &clusters {
                 let Some(d) = &c.discovery else { continue };
                 let at = *due
                     .entry(c.name.clone())
                     .or_insert_with(|| Instant::now() + d.interval.get());
                 if at <= Instant::now() {
-                    round(&shared, &snap, c, &mut current).await;
+                    round(&*shared, &dns, c, &mut current).await;
                     due.insert(c.name.clone(), Instant::now() + d.interval.get());
                 }
                 next = next.min(due[&c.name]);
             }
             due.retain(|name, _| {
-                snap.config
-                    .clusters
+                clusters
                     .iter()
                     .any(|c| &c.name == name && c.discovery.is_some())
             });
             tokio::select! {
                 _ = tokio::time::sleep_until(next) => {}
-                _ = shared.discovery_wake.notified() => {}
+                _ = shared.discovery_wake().notified() => {}
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
                         break;
@@ -249,14 +247,13 @@ pub(crate) fn spawn(
     })
 }
 
-/// One discovery round of cluster `c` of `snap`.
+/// One discovery round of cluster `c`, with the running version's `dns` settings.
 async fn round(
-    shared: &Shared,
-    snap: &Snapshot,
+    shared: &impl Host,
+    dns: &DnsConfig,
     c: &ClusterConfig,
     current: &mut Option<(DnsConfig, TokioResolver)>,
 ) {
-    let dns = &snap.config.dns;
     if current.as_ref().is_none_or(|(cfg, _)| cfg != dns) {
         match resolver(dns) {
             Ok(r) => *current = Some((dns.clone(), r)),
@@ -272,7 +269,7 @@ async fn round(
     match resolve(c, r).await {
         Ok(endpoints) => {
             let gauge = shared
-                .metrics
+                .metrics()
                 .discovered_servers
                 .with_label_values(&[&c.name]);
             gauge.set(endpoints.len() as i64);
@@ -282,9 +279,9 @@ async fn round(
     }
 }
 
-fn fail(shared: &Shared, c: &ClusterConfig, source: &str, error: &str) {
+fn fail(shared: &impl Host, c: &ClusterConfig, source: &str, error: &str) {
     shared
-        .metrics
+        .metrics()
         .discovery_errors
         .with_label_values(&[&c.name, source])
         .inc();

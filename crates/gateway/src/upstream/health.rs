@@ -342,11 +342,11 @@ impl Cluster {
 }
 
 /// Set the per-server availability gauges from the health state (before rendering metrics).
-pub(crate) fn export_gauges(metrics: &crate::metrics::Metrics, snap: &crate::snapshot::Snapshot) {
+pub(crate) fn export_gauges(metrics: &crate::metrics::Metrics, clusters: &super::Clusters) {
     let gauge = &metrics.upstream_server_healthy;
     // Servers a reload removed must not linger.
     gauge.reset();
-    for c in snap.clusters.values() {
+    for c in clusters.values() {
         for s in &c.servers {
             gauge
                 .with_label_values(&[c.config.name.as_str(), &s.label])
@@ -355,16 +355,18 @@ pub(crate) fn export_gauges(metrics: &crate::metrics::Metrics, snap: &crate::sna
     }
 }
 
-/// Every cluster's health (admin `GET /health/clusters`), in config order.
-pub(crate) fn clusters_json(snap: &crate::snapshot::Snapshot) -> serde_json::Value {
-    let clusters: Vec<_> = snap
-        .config
-        .clusters
-        .iter()
-        .filter_map(|c| snap.clusters.get(&c.name))
+/// Every cluster's health (admin `GET /health/clusters`) of config `version`, in the
+/// config's order (`order`: the cluster names).
+pub(crate) fn clusters_json<'a>(
+    version: u64,
+    order: impl Iterator<Item = &'a str>,
+    clusters: &super::Clusters,
+) -> serde_json::Value {
+    let clusters: Vec<_> = order
+        .filter_map(|name| clusters.get(name))
         .map(|c| c.health_json())
         .collect();
-    serde_json::json!({ "version": snap.version, "clusters": clusters })
+    serde_json::json!({ "version": version, "clusters": clusters })
 }
 
 #[cfg(test)]

@@ -36,9 +36,37 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::metrics::ClusterMetrics;
-use keymaster_config::{ClusterConfig, UpstreamProtocol};
+use crate::metrics::{ClusterMetrics, Metrics};
+use keymaster_config::{ClusterConfig, DnsConfig, UpstreamProtocol};
 use rustls::pki_types::ServerName;
+
+/// A config version's clusters by name. Fx-hashed: a route filter's choice is looked up on
+/// every request it makes (SipHash cost ~150 instructions a lookup), and the keys are the
+/// config's own names.
+pub(crate) type Clusters = rustc_hash::FxHashMap<String, Arc<Cluster>>;
+
+/// The running gateway as this layer's background tasks (health checks, discovery) see it:
+/// the current config version's clusters and settings, the metrics, and where discovered
+/// servers go. Narrow on purpose: the upstream layer names nothing above it.
+pub(crate) trait Host: Send + Sync + 'static {
+    /// The running config version's number.
+    fn version(&self) -> u64;
+    /// The running version's clusters.
+    fn clusters(&self) -> Vec<Arc<Cluster>>;
+    /// The running version's clusters (their settings) and `[dns]`, for discovery.
+    fn discovery_settings(&self) -> (Vec<ClusterConfig>, DnsConfig);
+    fn metrics(&self) -> &Metrics;
+    /// A discovery round found `endpoints` for `cluster` (resolved with `dns`): swap in a
+    /// version with them.
+    fn apply_discovered(
+        &self,
+        cluster: &ClusterConfig,
+        dns: &DnsConfig,
+        endpoints: Vec<discovery::Endpoint>,
+    );
+    /// Woken after a reload (new clusters, new intervals).
+    fn discovery_wake(&self) -> &tokio::sync::Notify;
+}
 
 /// Everything that makes an origin a distinct peer: pooled connections are shared only
 /// between requests with the same key. Plain origins are their address and protocol; TLS

@@ -22,8 +22,6 @@
 mod request;
 mod response;
 
-pub(crate) use request::RequestBody;
-
 use bytes::BytesMut;
 use http::{Request, StatusCode};
 use std::cell::RefCell;
@@ -38,8 +36,9 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::io::poll_read_buf;
 
 use super::{ConnCtx, RetirePolicy};
-use crate::body::{ClientBody, ResponseBody};
+use crate::body::ClientBody;
 use crate::proxy::ClientResponse;
+use crate::proxy::ResponseBody;
 use keymaster_http::error::Error;
 use keymaster_http::framing::Decoder;
 use keymaster_http::headers::WireHead;
@@ -340,7 +339,7 @@ fn request(conn: &Rc<RefCell<ConnIo>>, head: Head) -> (Request<ClientBody>, Opti
         } else {
             0
         };
-        ClientBody::H1(RequestBody { conn: conn.clone() })
+        ClientBody::H1(crate::body::H1Body(conn.clone()))
     };
     let mut req = Request::new(body);
     *req.method_mut() = head.method;

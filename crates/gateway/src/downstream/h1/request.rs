@@ -14,11 +14,8 @@
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri, Version};
-use http_body::{Frame, SizeHint};
-use std::cell::RefCell;
+use http_body::Frame;
 use std::mem::MaybeUninit;
-use std::pin::Pin;
-use std::rc::Rc;
 use std::task::{ready, Context, Poll};
 
 use super::ConnIo;
@@ -320,23 +317,12 @@ fn value_of(head: &Bytes, v: &[u8]) -> Result<HeaderValue, Error> {
         .map_err(|_| Error::new(Kind::BadRequest, "invalid header value"))
 }
 
-/// A request body, read from the client connection as the proxy stage pulls it: bytes
-/// already read come first, then the socket. A `100 Continue` the client waits for goes out
-/// before the first read.
-pub(crate) struct RequestBody {
-    pub(super) conn: Rc<RefCell<ConnIo>>,
-}
-
-impl http_body::Body for RequestBody {
-    type Data = Bytes;
-    type Error = Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
-        let mut conn = self.conn.borrow_mut();
-        let conn = &mut *conn;
+/// The connection as its request's body ([`crate::body::H1Body`]): bytes already read
+/// come first, then the socket. A `100 Continue` the client waits for goes out before the
+/// first read.
+impl crate::body::ConnBody for ConnIo {
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let conn = self;
         if conn.body.is_done() {
             return Poll::Ready(None);
         }
@@ -381,22 +367,16 @@ impl http_body::Body for RequestBody {
         }
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.conn.borrow().body.is_done()
+    fn body_done(&self) -> bool {
+        self.body.is_done()
     }
 
-    fn size_hint(&self) -> SizeHint {
-        match self.conn.borrow().body.remaining() {
-            Some(n) => SizeHint::with_exact(n),
-            None => SizeHint::default(),
-        }
+    fn body_remaining(&self) -> Option<u64> {
+        self.body.remaining()
     }
-}
 
-impl RequestBody {
-    /// The body's framing was found broken in the bytes that came with its head.
-    pub(crate) fn refused(&self) -> Option<Error> {
-        self.conn.borrow().body_refused.map(FramingError::by_client)
+    fn body_refused(&self) -> Option<Error> {
+        self.body_refused.map(FramingError::by_client)
     }
 }
 
