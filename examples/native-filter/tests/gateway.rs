@@ -152,8 +152,7 @@ fn bad_parameters_and_unknown_types_refuse_the_config() {
         origin,
         r#"{ callers = { a = { env = "EXAMPLE_SURELY_UNSET_VAR" } } }"#,
     )
-    .err()
-    .expect("refused");
+    .expect_err("refused");
     assert!(
         e.contains("filters[0].params.callers") && e.contains("EXAMPLE_SURELY_UNSET_VAR"),
         "{e}"

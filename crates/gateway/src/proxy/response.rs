@@ -10,10 +10,28 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use tokio::time::Sleep;
 
-use super::Exchange;
-use crate::body::{BodyStopped, ReadGap};
-use crate::upstream::conn::UpstreamBody;
-use keymaster_http::error::BoxError;
+use http::header::{self, HeaderValue};
+use http::{Response, Version};
+use std::rc::Rc;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use super::attempt::{Outstanding, Sent};
+use super::{record, ClientResponse, Exchange, Finished, InFlight, RequestInfo};
+use crate::body::{BodyStopped, ReadGap, RequestBodyState};
+use crate::downstream::ConnCtx;
+use crate::filter::{staged, FilterCtx, FilterState};
+use crate::route::Route;
+use crate::snapshot::Snapshot;
+use crate::upgrade;
+use crate::upstream::conn::{Conn, UpstreamBody};
+use crate::upstream::limits::Slot;
+use crate::upstream::Cluster;
+use keymaster_http::error::{BoxError, Error, Side};
+use keymaster_http::headers::{self as hdr, RawHead};
+
+/// The origin's response body as the upstream client delivers it.
+type OriginResponseBody = UpstreamBody;
 
 /// The body sent to the client.
 pub enum ResponseBody {
@@ -177,4 +195,254 @@ impl Body for ResponseBody {
             },
         }
     }
+}
+
+/// Whether the response head can pass through in wire form: only the header duties and
+/// appending post filters touch it (no configured edits, no upgrade, not gRPC, an HTTP/1
+/// client), and it has a body (not HEAD or CONNECT).
+pub(super) fn passes_raw(
+    route: &Route,
+    upgrade: bool,
+    grpc: bool,
+    client_version: Version,
+    method: &http::Method,
+) -> bool {
+    route.response_edits.is_empty()
+        && !upgrade
+        && !grpc
+        && client_version != Version::HTTP_2
+        && method != http::Method::HEAD
+        && method != http::Method::CONNECT
+}
+
+/// What the response side of an exchange needs from its request side.
+pub(super) struct Forwarded {
+    pub(super) route: Arc<Route>,
+    pub(super) cluster: Arc<Cluster>,
+    pub(super) rid: HeaderValue,
+    pub(super) upgrade: Option<upgrade::UpgradeRequest>,
+    pub(super) client_version: Version,
+    pub(super) deadline: Option<Instant>,
+    pub(super) body_state: Option<Rc<RequestBodyState>>,
+    /// The request's place under the cluster's cap.
+    pub(super) slot: Slot,
+    pub(super) start: Instant,
+}
+
+/// The origin's response head, as the response phases pass it on.
+type Head = (http::response::Parts, OriginResponseBody, Option<RawHead>);
+
+/// The response side of a proxied exchange, a phase each: the header duties
+/// ([`response_duties`]), the post filters ([`outbound_filters`]), then a tunnel for a
+/// `101` ([`tunnel`]) or the body that finishes the exchange ([`stream_origin`]). A
+/// function of its own so that none of its locals take room in the request's future while
+/// the request waits on the origin.
+pub(super) async fn finish_response(
+    cx: &Rc<ConnCtx>,
+    snapshot: &Snapshot,
+    info: &mut RequestInfo,
+    mut forwarded: Forwarded,
+    sent: Sent,
+) -> Result<ClientResponse, Error> {
+    // When the head arrived (for the access log only).
+    let upstream_head = info.log.is_some().then(|| forwarded.start.elapsed());
+    let (rparts, mut rbody) = (*sent.resp).into_parts();
+    // The origin's head in wire form (see `raw_head` in `proxy`), else as a map.
+    let raw = rbody.take_raw_head();
+    let mut head: Head = (rparts, rbody, raw);
+    let upgrade = forwarded.upgrade.take();
+    let (switch, origin_close) = response_duties(cx, snapshot, &forwarded, upgrade, &mut head)?;
+    // A response body buffered for post filters (filter::body).
+    let mut prefix = None;
+    if let Some(state) = info.filters.as_mut() {
+        match outbound_filters(cx, snapshot, state, &forwarded, &mut head).await? {
+            Ok(p) => prefix = p,
+            Err(resp) => {
+                // The origin's body is dropped unread, and its connection with it.
+                info.local = Some("local_filter_error");
+                return Ok(resp);
+            }
+        }
+    }
+    let (mut rparts, rbody, raw_head) = head;
+    rparts.version = forwarded.client_version;
+    if let Some(switch) = switch {
+        return Ok(tunnel(cx, info, &forwarded, switch, sent.conn, rparts));
+    }
+    if let Some(log) = info.log.as_mut() {
+        log.upstream_head_us = upstream_head.map_or(0, |d| d.as_micros() as u64);
+        log.sends = sent.sends;
+    }
+    let origin = Origin {
+        conn: sent.conn,
+        outstanding: sent.outstanding,
+        origin_close,
+        prefix,
+        body: rbody,
+        raw_head,
+    };
+    Ok(stream_origin(cx, info, forwarded, origin, rparts))
+}
+
+/// The response header duties. A head in wire form (the HTTP/1.1 client checked its
+/// framing and found no hop-by-hop field to remove) gets Via and the request id; a map is
+/// validated, may switch protocols (`101`), loses its hop-by-hop fields and gets Via, the
+/// route's edits and the request id. Returns the switch, and whether the origin said
+/// `Connection: close`.
+fn response_duties(
+    cx: &ConnCtx,
+    snapshot: &Snapshot,
+    f: &Forwarded,
+    upgrade: Option<upgrade::UpgradeRequest>,
+    head: &mut Head,
+) -> Result<(Option<upgrade::Switch>, bool), Error> {
+    let (rparts, rbody, raw) = head;
+    let rid_name = &cx.listener.request_id_header;
+    if let Some(r) = raw.as_mut() {
+        r.add_proxy_fields(snapshot.stamps.via(rparts.version), (rid_name, &f.rid));
+        return Ok((None, false));
+    }
+    let rscan = hdr::HeadScan::of(&rparts.headers);
+    hdr::validate_response_head(&rparts.headers, &rscan)?;
+    let switch = upgrade::accept_response(upgrade, rparts, rbody)?;
+    let origin_close = rscan.connection
+        && (rparts.headers.get_all(header::CONNECTION).iter()).any(connection_has_close);
+    hdr::strip_hop_by_hop(&mut rparts.headers, &rscan);
+    let via = snapshot.stamps.via(rparts.version).clone();
+    rparts.headers.append(header::VIA, via);
+    if !f.route.response_edits.is_empty() {
+        f.route.response_edits.apply(&mut rparts.headers);
+    }
+    if !rparts.headers.contains_key(rid_name) {
+        rparts.headers.insert(rid_name.clone(), f.rid.clone());
+    }
+    Ok((switch, origin_close))
+}
+
+/// The `post` filters over the origin's response head, its body read first for filters
+/// that asked for it (body opt-in). `Ok(Ok(prefix))`: the body a filter kept or set, sent
+/// before the rest; `Ok(Err(response))`: a filter failed and this is the answer instead.
+async fn outbound_filters(
+    cx: &ConnCtx,
+    snapshot: &Snapshot,
+    state: &mut FilterState,
+    f: &Forwarded,
+    head: &mut Head,
+) -> Result<Result<Option<Bytes>, ClientResponse>, Error> {
+    let (rparts, rbody, raw) = head;
+    if snapshot.filters.wants_response_body(state, rparts.status) {
+        if let Some(r) = raw.take() {
+            rparts.headers = r.to_map(); // a body-reading filter gets the map
+        }
+        let cap = snapshot.config.filter_body.max_response.0;
+        let read = crate::filter::read_response_body(rbody, cap, f.deadline, f.route.read_timeout);
+        state.put_response_body(read.await?);
+    }
+    let id = (&cx.listener.request_id_header, &f.rid);
+    let failed = || super::filter_failed(snapshot, id);
+    let (status, headers) = (&mut rparts.status, &mut rparts.headers);
+    let ctx = FilterCtx::kept(state);
+    if let Err(resp) = staged!(snapshot.filters.outbound(ctx, status, headers, raw, failed)) {
+        return Ok(Err(resp));
+    }
+    // Post filters that only appended fields leave the head in wire form.
+    Ok(Ok(state.take_response_body().inspect(|b| {
+        crate::filter::set_body_length(&mut rparts.headers, b.len());
+    })))
+}
+
+/// A `101`: the origin connection now belongs to the tunnel, never to the pool; the
+/// request is counted as done, and the tunnel ends its in-flight count.
+fn tunnel(
+    cx: &Rc<ConnCtx>,
+    info: &mut RequestInfo,
+    f: &Forwarded,
+    switch: upgrade::Switch,
+    conn: Conn,
+    mut rparts: http::response::Parts,
+) -> ClientResponse {
+    drop(conn);
+    let finished = Finished {
+        status: 101,
+        category: "success",
+        side: Side::Origin,
+        elapsed: f.start.elapsed(),
+        bytes_out: 0,
+    };
+    record(cx, Some(&f.route), info.log.take(), finished);
+    // `handle` hands the request's in-flight count to us; the tunnel ends it.
+    let inflight = InFlight(Some(cx.state.clone()));
+    let metrics = f.route.metrics.tunnel.clone();
+    let body = match switch.start(&mut rparts, cx.clone(), &f.route.upgrade, metrics, inflight) {
+        Some(tunnel) => ResponseBody::Tunnel(tunnel),
+        None => ResponseBody::Local(None),
+    };
+    Box::new(Response::from_parts(rparts, body))
+}
+
+/// What of the origin's answer goes into the response body.
+struct Origin {
+    conn: Conn,
+    outstanding: Outstanding,
+    /// The origin said `Connection: close`.
+    origin_close: bool,
+    /// A body post filters buffered, sent first.
+    prefix: Option<Bytes>,
+    body: OriginResponseBody,
+    raw_head: Option<RawHead>,
+}
+
+/// The response whose body streams the origin's and owns the [`Exchange`]: the connection
+/// goes back to the pool when the body ended cleanly (and the cluster's limits allow).
+fn stream_origin(
+    cx: &Rc<ConnCtx>,
+    info: &mut RequestInfo,
+    f: Forwarded,
+    o: Origin,
+    rparts: http::response::Parts,
+) -> ClientResponse {
+    let max_requests = f.cluster.config.pool.max_requests_per_connection;
+    let conn = o.conn;
+    let reusable =
+        conn.is_h1() && !o.origin_close && (max_requests == 0 || conn.requests < max_requests);
+    let mut exchange = Exchange {
+        conn: Some(conn),
+        cluster: f.cluster,
+        cx: cx.clone(),
+        route: f.route.clone(),
+        reusable,
+        body_state: f.body_state,
+        complete: false,
+        failure: None,
+        bytes: 0,
+        status: rparts.status.as_u16(),
+        start: f.start,
+        _outstanding: o.outstanding,
+        _slot: f.slot,
+        _load: info.load.take(),
+        log: info.log.take(),
+    };
+    if http_body::Body::is_end_stream(&o.body) {
+        exchange.body_complete();
+    }
+    let body = OriginBody {
+        prefix: o.prefix,
+        inner: o.body,
+        exchange,
+        deadline: f.deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+        read_gap: ReadGap::new(f.route.read_timeout),
+        grpc: info.grpc,
+        ended: false,
+        raw_head: o.raw_head,
+    };
+    Box::new(Response::from_parts(
+        rparts,
+        ResponseBody::Origin(Box::new(body)),
+    ))
+}
+
+fn connection_has_close(v: &HeaderValue) -> bool {
+    v.to_str()
+        .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+        .unwrap_or(false)
 }
