@@ -1,32 +1,34 @@
-//! keymaster's gateway library: a non-blocking HTTP reverse proxy.
+//! keymaster's gateway: listeners, the proxy stage, the filter chain, upstream pools,
+//! admin and metrics, on the crates below it (`keymaster-http`: the HTTP vocabulary and
+//! error type; `keymaster-filter`: the filter API; `keymaster-config`).
 //!
-//! Module map (the request's path through the code is charted in `docs/architecture.md`):
+//! Inside, three layers; a module names modules of its own layer and the ones below, never
+//! one above (`tests/layers.rs` checks the `use` lines). The request's path through them is
+//! charted in `docs/architecture.md`.
+//!
+//! **Gateway** (top): a request from the socket to the response.
 //!
 //! | module | owns |
 //! |---|---|
 //! | [`gateway`] | start, reload (atomic config swap), graceful shutdown, signals |
 //! | `worker` | worker threads: one current-thread runtime + `LocalSet` each |
-//! | `runtime_thread` | background threads (admin, health checks, discovery), a runtime each |
 //! | `downstream` | listeners, accept loop, client connections (keymaster's own HTTP/1.1 server, hyper for HTTP/2), slowloris/idle timeouts |
-//! | `proxy_protocol` | the PROXY protocol header (v1/v2) on listeners behind L4 balancers |
-//! | [`filter`] | the Zuul filter chain: stages, native filter trait, built-in filters |
-//! | `proxy` | the proxy stage: route → upstream → response, the `Exchange` |
-//! | `framing` | HTTP/1.1 body framing shared by both sides: declared length, the body decoder |
-//! | `io` | the TCP or TLS stream under an HTTP/1.1 connection (either side), and what a 101 leaves of it |
-//! | `headers` | head validation, hop-by-hop, `Via`, `X-Forwarded-*`, request ids |
-//! | `path` | the canonical request path, made before routing |
-//! | `route` | compiled routes, matching and path rewrites |
-//! | `upstream` | clusters, balancing, per-worker connection pools (HTTP/1.1 and multiplexed HTTP/2), connect, outbound TLS, health checks and outlier ejection, cluster caps and retry budgets |
-//! | `body` | streaming request/response bodies with caps |
-//! | [`error`] | the one error type; `respond` turns it into the client's response |
-//! | `snapshot` | a compiled config version |
-//! | `restart_only` | what a reload cannot change: kept as running, and reported |
-//! | `tls` | inbound TLS: certificates by SNI, ALPN, mTLS, swapped on reload |
-//! | `grpc` | recognising gRPC calls, `grpc-timeout` as the request deadline |
+//! | `proxy` | the proxy stage, a function per phase: `request` (checks, routing, filters, what the origin gets), `attempt` (server choice, pool or connect, send, retries), `response` (header duties, post filters, the streamed body and its `Exchange`) |
+//! | [`filter`] | the filter chain's runner (`stage`), the built-in filters, body opt-in; the API itself is `keymaster-filter` |
+//! | `route`, `snapshot` | compiled routes and a compiled config version |
 //! | `upgrade` | WebSocket and other `Upgrade`s: handshake hooks and the two-way tunnel |
-//! | [`descriptors`] | `RLIMIT_NOFILE` raised at start, the descriptor budget of a config, telling `EMFILE`/`ENFILE` apart |
+//! | `respond` | the one place an error becomes the client's response |
 //! | `overload` | load shedding by route priority (in-flight requests, event-loop lag) |
-//! | [`metrics`], `admin`, [`access_log`] | observability |
+//! | `admin` | the admin listener: metrics, health, config, reload, its guard |
+//!
+//! **Upstream**: `upstream`, the origins: clusters, balancing, per-worker connection pools
+//! (HTTP/1.1 and multiplexed HTTP/2), connect, outbound TLS, health checks and outlier
+//! ejection, discovery, cluster caps and retry budgets. It sees the running gateway only
+//! through the narrow `upstream::Host` handle.
+//!
+//! **Support** (bottom): `body` (request bodies on their way to the origin, with caps and
+//! timeouts), [`metrics`], [`access_log`], `tls` (inbound TLS: certificates by SNI, ALPN,
+//! mTLS), `proxy_protocol`, [`descriptors`], `runtime_thread`, `drain`, `restart_only`.
 
 pub mod access_log;
 mod admin;

@@ -26,7 +26,6 @@ use crate::filter::FilterState;
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::Route;
 use crate::snapshot::Snapshot;
-use crate::upgrade;
 use crate::upstream::{conn::Conn, limits::Slot, Cluster};
 use keymaster_config::ProxyProtocol;
 use keymaster_http::error::{Error, Kind, Side};
@@ -45,7 +44,6 @@ pub(crate) type ClientResponse = Box<Response<ResponseBody>>;
 
 use crate::overload::InFlightLoad;
 use attempt::{Outstanding, Upstream};
-use request::Inbound;
 use response::Forwarded;
 
 /// Serve one request. Never fails: errors become responses here.
@@ -229,54 +227,21 @@ async fn proxy(
             return Ok(resp);
         }
     }
-    let Inbound {
-        mut parts,
+    // What the added fields refer to is held here while the request is sent.
+    let (req, held) = request::hold(req);
+    let request::Outbound {
+        parts,
         body,
-        mut wire,
-        scan,
-        raw_target,
-        rid,
-        rid_added,
-        host_value,
-        route,
-        chosen,
-    } = req;
-    let (upstream_body, body_state) = request::upstream_body(&route, chosen.body, body)?;
-    if wire.is_some()
-        && request::route_needs_map(&route, chosen.upstream_host.is_some(), &parts.uri, &scan)
-    {
-        to_map(&mut parts.headers, &mut wire);
-    }
-    // An upgrade the route allows (WebSocket): keep the client's handle for the tunnel.
-    let upgrade = upgrade::take_request(&route.upgrade, &mut parts, &scan, body_state.is_none())?;
-    let via = snapshot.stamps.via(parts.version);
-    let kept = request::Kept {
-        host: host_value.as_ref(),
-        rid: rid_added.then_some((&cx.listener.request_id_header, &rid)),
-        wire: wire.as_deref(),
-    };
-    let added = request::header_duties(cx, via, &route, &mut parts, &scan, kept, upgrade.as_ref());
-    let authority_form = parts.uri.authority().is_some();
-    request::upstream_target(&route, &mut parts.uri, chosen.upstream_path, raw_target)?;
-    let client_version = parts.version;
-    parts.version = Version::HTTP_11;
-    let cluster = chosen.cluster.unwrap_or_else(|| route.cluster.clone());
-    let routed_by = host_value.as_ref();
-    let host = request::upstream_host(
-        &route,
-        chosen.upstream_host,
-        authority_form,
-        &scan,
-        routed_by,
-    );
-    let deadline = request::deadline(&route, start, info.grpc, &parts.headers);
-    let raw_head = response::passes_raw(
-        &route,
-        upgrade.is_some(),
-        info.grpc,
+        body_state,
+        upgrade,
         client_version,
-        &parts.method,
-    );
+        route,
+        cluster,
+        host,
+        deadline,
+        raw_head,
+        added,
+    } = request::outbound(cx, snapshot, req, &held, start, info.grpc)?;
     let up = Upstream {
         cx,
         route: &route,
@@ -288,18 +253,16 @@ async fn proxy(
     };
     // A body the route buffers or the replay buffer takes is read whole first, before the
     // request takes a place under the cluster's cap: a slow client holds none.
-    let upstream_body = attempt::read_ahead(&up, upstream_body).await?;
+    let upstream_body = attempt::read_ahead(&up, body).await?;
     // The cluster's request cap (and queue): held until the response body ends.
-    let slot = cluster
-        .limits
-        .admit(&cluster.config.limits, deadline)
-        .await
+    let slot = (cluster.limits.admit(&cluster.config.limits, deadline).await)
         .inspect_err(|_| cluster.metrics.overflow.inc())?;
     // Boxed: the request moves through the attempt loop and into the connection, 8 bytes
     // at a time.
     let mut request = Some(Box::new(Request::from_parts(parts, upstream_body)));
     let log = info.log.as_deref_mut();
     let sent = attempt::send(&up, &mut request, body_state.as_deref(), log).await?;
+    let rid = held.rid;
     let forwarded = Forwarded {
         route,
         cluster,

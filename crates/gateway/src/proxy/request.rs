@@ -24,6 +24,7 @@ use crate::downstream::{ConnCtx, ListenerCtx};
 use crate::filter::{staged, FilterCtx, FilterState};
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
+use crate::upstream::Cluster;
 use keymaster_http::error::{Error, Kind};
 use keymaster_http::headers::{self as hdr, AddedFields, WireHead};
 
@@ -237,14 +238,160 @@ pub(super) async fn inbound_filters(
     Ok(None)
 }
 
+/// What the fields added on the way out refer to: held by the proxy stage while the
+/// request is sent (the origin client writes them from here).
+pub(super) struct Held {
+    /// The client's fields in wire form (the request's map is empty then).
+    pub(super) wire: Option<Box<WireHead>>,
+    /// Host as the client addressed it.
+    pub(super) host_value: Option<HeaderValue>,
+    pub(super) rid: HeaderValue,
+}
+
+/// A request past its filters, without what [`Held`] keeps.
+pub(super) struct Routed {
+    parts: http::request::Parts,
+    body: ClientBody,
+    scan: hdr::HeadScan,
+    raw_target: Option<PathAndQuery>,
+    rid_added: bool,
+    route: Arc<Route>,
+    chosen: filters::Chosen,
+}
+
+/// The request as the origin gets it: what the attempts and the response side need.
+pub(super) struct Outbound<'a> {
+    pub(super) parts: http::request::Parts,
+    pub(super) body: RequestBody,
+    /// Shared with the request body (`None`: no body).
+    pub(super) body_state: Option<Rc<RequestBodyState>>,
+    pub(super) upgrade: Option<crate::upgrade::UpgradeRequest>,
+    pub(super) client_version: Version,
+    pub(super) route: Arc<Route>,
+    /// The route's, or one a filter chose.
+    pub(super) cluster: Arc<Cluster>,
+    pub(super) host: UpstreamHost,
+    pub(super) deadline: Option<Instant>,
+    /// The response head may pass through in wire form (`response::passes_raw`).
+    pub(super) raw_head: bool,
+    /// Forwarding fields, Via and a made request id, when not in the map.
+    pub(super) added: Option<AddedFields<'a>>,
+}
+
+/// Past the filters: the fields become a map if the route needs one (its header edits, a
+/// Host the origin gets instead of the client's), and what the added fields refer to moves
+/// to [`Held`].
+pub(super) fn hold(req: Inbound) -> (Routed, Held) {
+    let Inbound {
+        mut parts,
+        body,
+        mut wire,
+        scan,
+        raw_target,
+        rid,
+        rid_added,
+        host_value,
+        route,
+        chosen,
+    } = req;
+    if wire.is_some() && route_needs_map(&route, chosen.upstream_host.is_some(), &parts.uri, &scan)
+    {
+        to_map(&mut parts.headers, &mut wire);
+    }
+    let routed = Routed {
+        parts,
+        body,
+        scan,
+        raw_target,
+        rid_added,
+        route,
+        chosen,
+    };
+    (
+        routed,
+        Held {
+            wire,
+            host_value,
+            rid,
+        },
+    )
+}
+
+/// Phase 3: the request the origin gets (`upstream_body`, an upgrade, `header_duties`,
+/// `upstream_target`, `upstream_host`, `deadline`).
+pub(super) fn outbound<'a>(
+    cx: &'a ConnCtx,
+    snapshot: &'a Snapshot,
+    req: Routed,
+    held: &'a Held,
+    start: Instant,
+    grpc: bool,
+) -> Result<Outbound<'a>, Error> {
+    let Routed {
+        mut parts,
+        body,
+        scan,
+        raw_target,
+        rid_added,
+        route,
+        chosen,
+    } = req;
+    let (body, body_state) = upstream_body(&route, chosen.body, body)?;
+    // An upgrade the route allows (WebSocket): keep the client's handle for the tunnel.
+    let upgrade =
+        crate::upgrade::take_request(&route.upgrade, &mut parts, &scan, body_state.is_none())?;
+    let via = snapshot.stamps.via(parts.version);
+    let kept = Kept {
+        host: held.host_value.as_ref(),
+        rid: rid_added.then_some((&cx.listener.request_id_header, &held.rid)),
+        wire: held.wire.as_deref(),
+    };
+    let added = header_duties(cx, via, &route, &mut parts, &scan, kept, upgrade.as_ref());
+    let authority_form = parts.uri.authority().is_some();
+    upstream_target(&route, &mut parts.uri, chosen.upstream_path, raw_target)?;
+    let client_version = parts.version;
+    parts.version = Version::HTTP_11;
+    let cluster = chosen.cluster.unwrap_or_else(|| route.cluster.clone());
+    let routed_by = held.host_value.as_ref();
+    let host = upstream_host(
+        &route,
+        chosen.upstream_host,
+        authority_form,
+        &scan,
+        routed_by,
+    );
+    let deadline = deadline(&route, start, grpc, &parts.headers);
+    let method = &parts.method;
+    let raw_head =
+        super::response::passes_raw(&route, upgrade.is_some(), grpc, client_version, method);
+    Ok(Outbound {
+        parts,
+        body,
+        body_state,
+        upgrade,
+        client_version,
+        route,
+        cluster,
+        host,
+        deadline,
+        raw_head,
+        added,
+    })
+}
+
+/// What the added fields refer to (borrowed from [`Held`]).
+pub(super) struct Kept<'a> {
+    /// Host as the client addressed it.
+    pub(super) host: Option<&'a HeaderValue>,
+    /// A request id made here that is not in the map.
+    pub(super) rid: Option<(&'a HeaderName, &'a HeaderValue)>,
+    /// The client's fields in wire form (the map is empty then).
+    pub(super) wire: Option<&'a WireHead>,
+}
+
 /// The route's header edits, and a Host the origin gets instead of the client's, need the
 /// fields as a map.
-pub(super) fn route_needs_map(
-    route: &Route,
-    filter_host: bool,
-    uri: &Uri,
-    scan: &hdr::HeadScan,
-) -> bool {
+fn route_needs_map(route: &Route, filter_host: bool, uri: &Uri, scan: &hdr::HeadScan) -> bool {
     let keeps_host = !filter_host
         && matches!(route.host_rewrite, HostRewrite::Preserve)
         && uri.authority().is_none()
@@ -282,16 +429,6 @@ pub(super) fn upstream_body(
             RequestBody::stream(body, route.max_body_size, route.client_body_timeout);
         (stream, Some(state))
     })
-}
-
-/// What the added fields refer to, kept by the proxy stage while the request is sent.
-pub(super) struct Kept<'a> {
-    /// Host as the client addressed it.
-    pub(super) host: Option<&'a HeaderValue>,
-    /// A request id made here that is not in the map.
-    pub(super) rid: Option<(&'a HeaderName, &'a HeaderValue)>,
-    /// The client's fields in wire form (the map is empty then).
-    pub(super) wire: Option<&'a WireHead>,
 }
 
 /// Phase 3b: the request header duties: cookies joined (HTTP/2), hop-by-hop fields out,

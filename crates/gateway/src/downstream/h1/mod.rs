@@ -421,19 +421,72 @@ async fn write_response(
     keep_alive: bool,
     w: &mut Writer<'_>,
 ) -> Ended {
+    let (written, tunnel, mut pump) = write_head(conn, out, resp, req, keep_alive);
+    let flushed = poll_fn(|task| loop {
+        pump.pull(out, task);
+        match flush(conn, out, w, task) {
+            Poll::Ready(Ok(true)) => continue, // written: room for more of the body
+            Poll::Ready(Ok(false)) => {}
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        }
+        if pump.body.is_none() {
+            return Poll::Ready(Ok(()));
+        }
+        // Waiting for the body: notice a client that goes away meanwhile.
+        if conn.borrow_mut().poll_watch(task, w.watch_cap) {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+        }
+        return Poll::Pending;
+    })
+    .await;
+    if let Err(e) = flushed {
+        tracing::debug!(error = %e, "writing the response failed");
+        return Ended::Abort;
+    }
+    if !pump.whole() {
+        return Ended::Abort;
+    }
+    if let Some(t) = tunnel {
+        return Ended::Tunnel(t);
+    }
+    let c = conn.borrow();
+    if !written.keep_alive || written.framing == BodyFraming::Close {
+        Ended::Close
+    } else if !c.body.is_done() || c.body_failed || c.read_closed {
+        // The request body was not read whole: the next bytes are not a request head.
+        Ended::Close
+    } else {
+        Ended::KeepAlive
+    }
+}
+
+/// The response head into `out` (its wire-form fields as they are), and what follows it:
+/// a tunnel for a `101`, or the body to pump (none for HEAD, 204, 304 or an empty body,
+/// which is dropped unpolled). The response comes boxed from the proxy stage and is opened
+/// here, once.
+#[allow(clippy::boxed_local)]
+fn write_head(
+    conn: &RefCell<ConnIo>,
+    out: &mut Outbox,
+    resp: ClientResponse,
+    req: &RequestFacts,
+    keep_alive: bool,
+) -> (
+    response::Written,
+    Option<Box<crate::upgrade::Tunnel>>,
+    BodyPump,
+) {
     let (parts, mut body) = (*resp).into_parts();
     let raw = match &mut body {
         ResponseBody::Origin(o) => o.raw_head.take(),
         _ => None,
     };
-    let reason = parts
-        .extensions
-        .get::<hyper::ext::ReasonPhrase>()
-        .map(|r| r.as_bytes());
+    let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
     let empty = http_body::Body::is_end_stream(&body);
     let head = response::Head {
         status: parts.status,
-        reason,
+        reason: reason.map(|r| r.as_bytes()),
         headers: &parts.headers,
         raw: raw.as_ref(),
         body_len: http_body::Body::size_hint(&body).exact(),
@@ -446,7 +499,7 @@ async fn write_response(
             c.continue_left = 0;
         }
     }
-    let written = response::encode_head(&mut out.head, &head, req, keep_alive);
+    let mut written = response::encode_head(&mut out.head, &head, req, keep_alive);
     drop(raw);
     let status = parts.status;
     keymaster_http::headers::discard_map(parts.headers);
@@ -455,116 +508,125 @@ async fn write_response(
         body => (None, Some(body)),
     };
     let framing = written.framing;
-    // Nothing to send (HEAD, 204, 304, an empty body): the body is dropped unpolled.
-    let mut body = body.filter(|_| framing != BodyFraming::None && !empty);
-    let (mut sent, mut failed, mut last_chunk_queued) = (0u64, false, false);
+    let body = body.filter(|_| framing != BodyFraming::None && !empty);
     if body.is_none() && framing == BodyFraming::Chunked {
         response::encode_last_chunk(&mut out.head, None, None);
     }
-    let flushed = poll_fn(|task| {
-        loop {
-            if let Some(b) = body.as_mut().filter(|_| out.has_room()) {
-                match http_body::Body::poll_frame(Pin::new(&mut *b), task) {
-                    Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                        Ok(data) => {
-                            let end = http_body::Body::is_end_stream(&*b);
-                            sent += data.len() as u64;
-                            if matches!(framing, BodyFraming::Length(n) if sent > n) {
-                                failed = true; // more than the head announced
-                                body = None;
-                                continue;
-                            }
-                            if !data.is_empty() {
-                                out.push_data(framing, data, end);
-                                last_chunk_queued = end;
-                            }
-                            if end {
-                                body = None;
-                            }
-                        }
-                        Err(frame) => {
-                            if framing == BodyFraming::Chunked {
-                                let allowed = written.trailers.as_deref();
-                                response::encode_last_chunk(
-                                    &mut out.head,
-                                    frame.trailers_ref(),
-                                    allowed,
-                                );
-                                last_chunk_queued = true;
-                            }
-                            body = None;
-                        }
-                    },
-                    Poll::Ready(Some(Err(e))) => {
-                        tracing::debug!(error = %e, "response body failed");
-                        failed = true;
-                        body = None;
+    let pump = BodyPump {
+        body,
+        framing,
+        trailers: written.trailers.take(),
+        sent: 0,
+        failed: false,
+        last_chunk_queued: false,
+    };
+    (written, tunnel, pump)
+}
+
+/// The response body on its way into the outbox, framed as the head declared.
+struct BodyPump {
+    /// `None` once it ended, failed, or was never to be sent.
+    body: Option<ResponseBody>,
+    framing: BodyFraming,
+    /// The trailer fields a chunked body may end with.
+    trailers: Option<Vec<http::HeaderName>>,
+    sent: u64,
+    failed: bool,
+    last_chunk_queued: bool,
+}
+
+impl BodyPump {
+    /// What the body has ready, into `out` while it has room; the last chunk once the body
+    /// ended (with its trailers, if allowed).
+    #[inline]
+    fn pull(&mut self, out: &mut Outbox, task: &mut Context<'_>) {
+        let Some(b) = self.body.as_mut().filter(|_| out.has_room()) else {
+            return;
+        };
+        match http_body::Body::poll_frame(Pin::new(&mut *b), task) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => {
+                    let end = http_body::Body::is_end_stream(&*b);
+                    self.sent += data.len() as u64;
+                    if matches!(self.framing, BodyFraming::Length(n) if self.sent > n) {
+                        self.failed = true; // more than the head announced
+                        self.body = None;
+                        return;
                     }
-                    Poll::Ready(None) => body = None,
-                    Poll::Pending => {}
-                }
-                if body.is_none()
-                    && !failed
-                    && framing == BodyFraming::Chunked
-                    && !last_chunk_queued
-                {
-                    response::encode_last_chunk(&mut out.head, None, None);
-                    last_chunk_queued = true;
-                }
-            }
-            let mut c = conn.borrow_mut();
-            let queued = !out.is_empty();
-            let written = match c.poll_continue(task) {
-                Poll::Ready(Ok(())) if queued => out.poll_flush(&mut c.io, task),
-                other => other,
-            };
-            match written {
-                Poll::Ready(Ok(())) if queued => {
-                    w.stalled = None;
-                    continue;
-                }
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => {
-                    if w.timed_out(out.len() + c.continue_left, task) {
-                        w.listener.metrics.send_timeouts.inc();
-                        return Poll::Ready(Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "the client read nothing for send_timeout",
-                        )));
+                    if !data.is_empty() {
+                        out.push_data(self.framing, data, end);
+                        self.last_chunk_queued = end;
                     }
-                    return Poll::Pending;
+                    if end {
+                        self.body = None;
+                    }
                 }
+                Err(frame) => {
+                    if self.framing == BodyFraming::Chunked {
+                        let allowed = self.trailers.as_deref();
+                        response::encode_last_chunk(&mut out.head, frame.trailers_ref(), allowed);
+                        self.last_chunk_queued = true;
+                    }
+                    self.body = None;
+                }
+            },
+            Poll::Ready(Some(Err(e))) => {
+                tracing::debug!(error = %e, "response body failed");
+                self.failed = true;
+                self.body = None;
             }
-            if body.is_none() {
-                return Poll::Ready(Ok(()));
-            }
-            // Waiting for the body: notice a client that goes away meanwhile.
-            if c.poll_watch(task, w.watch_cap) {
-                return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
-            }
-            return Poll::Pending;
+            Poll::Ready(None) => self.body = None,
+            Poll::Pending => {}
         }
-    })
-    .await;
-    if let Err(e) = flushed {
-        tracing::debug!(error = %e, "writing the response failed");
-        return Ended::Abort;
+        if self.body.is_none()
+            && !self.failed
+            && self.framing == BodyFraming::Chunked
+            && !self.last_chunk_queued
+        {
+            response::encode_last_chunk(&mut out.head, None, None);
+            self.last_chunk_queued = true;
+        }
     }
-    if failed || matches!(framing, BodyFraming::Length(n) if sent < n) {
-        return Ended::Abort;
+
+    /// The body went out whole: no failure, and as many bytes as the head announced.
+    fn whole(&self) -> bool {
+        !self.failed && !matches!(self.framing, BodyFraming::Length(n) if self.sent < n)
     }
-    if let Some(t) = tunnel {
-        return Ended::Tunnel(t);
-    }
-    let c = conn.borrow();
-    if !written.keep_alive || framing == BodyFraming::Close {
-        Ended::Close
-    } else if !c.body.is_done() || c.body_failed || c.read_closed {
-        // The request body was not read whole: the next bytes are not a request head.
-        Ended::Close
-    } else {
-        Ended::KeepAlive
+}
+
+/// Write what the outbox holds (after a `100 Continue` still owed). `Ready(Ok(true))`: some
+/// was written; `Ready(Ok(false))`: nothing was queued. A client that reads nothing for
+/// `send_timeout` is an error.
+#[inline]
+fn flush(
+    conn: &RefCell<ConnIo>,
+    out: &mut Outbox,
+    w: &mut Writer<'_>,
+    task: &mut Context<'_>,
+) -> Poll<io::Result<bool>> {
+    let mut c = conn.borrow_mut();
+    let queued = !out.is_empty();
+    let written = match c.poll_continue(task) {
+        Poll::Ready(Ok(())) if queued => out.poll_flush(&mut c.io, task),
+        other => other,
+    };
+    match written {
+        Poll::Ready(Ok(())) if queued => {
+            w.stalled = None;
+            Poll::Ready(Ok(true))
+        }
+        Poll::Ready(Ok(())) => Poll::Ready(Ok(false)),
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => {
+            if w.timed_out(out.len() + c.continue_left, task) {
+                w.listener.metrics.send_timeouts.inc();
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client read nothing for send_timeout",
+                )));
+            }
+            Poll::Pending
+        }
     }
 }
 
