@@ -26,6 +26,7 @@ use crate::filter::FilterState;
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::Route;
 use crate::snapshot::Snapshot;
+use crate::upgrade;
 use crate::upstream::{conn::Conn, limits::Slot, Cluster};
 use keymaster_config::ProxyProtocol;
 use keymaster_http::error::{Error, Kind, Side};
@@ -214,34 +215,69 @@ async fn proxy(
     cx: &Rc<ConnCtx>,
     snapshot: &Snapshot,
     incoming: &mut Option<Request<ClientBody>>,
-    wire: Option<Box<WireHead>>,
+    mut wire: Option<Box<WireHead>>,
     start: Instant,
     info: &mut RequestInfo,
 ) -> Result<ClientResponse, Error> {
     let Some(req) = incoming.take() else {
         return Err(Error::new(Kind::BadRequest, "no request")); // polled twice: cannot happen
     };
-    let mut req = request::receive(cx, snapshot, req, wire, info)?;
+    let (mut parts, mut body) = req.into_parts();
+    let head = request::Head::new(&mut parts, &mut body, &mut wire);
+    let mut req = request::receive(cx, snapshot, head, info)?;
     if !snapshot.filters.is_empty() {
-        if let Some(resp) = request::inbound_filters(cx, snapshot, &mut req, start, info).await? {
+        let h = request::Head::new(&mut parts, &mut body, &mut wire);
+        if let Some(resp) = request::inbound_filters(cx, snapshot, h, &mut req, start, info).await?
+        {
             return Ok(resp);
         }
     }
-    // What the added fields refer to is held here while the request is sent.
-    let (req, held) = request::hold(req);
-    let request::Outbound {
-        parts,
-        body,
-        body_state,
-        upgrade,
-        client_version,
+    let request::Inbound {
+        scan,
+        raw_target,
+        rid,
+        rid_added,
+        host_value,
         route,
-        cluster,
-        host,
-        deadline,
-        raw_head,
-        added,
-    } = request::outbound(cx, snapshot, req, &held, start, info.grpc)?;
+        chosen,
+    } = req;
+    let (upstream_body, body_state) = request::upstream_body(&route, chosen.body, body)?;
+    let filter_host = chosen.upstream_host.is_some();
+    if wire.is_some() && request::route_needs_map(&route, filter_host, &parts.uri, &scan) {
+        to_map(&mut parts.headers, &mut wire);
+    }
+    // An upgrade the route allows (WebSocket): keep the client's handle for the tunnel.
+    let bodyless = body_state.is_none();
+    let upgrade = upgrade::take_request(&route.upgrade, &mut parts, &scan, bodyless)?;
+    let kept = request::Kept {
+        host: host_value.as_ref(),
+        rid: rid_added.then_some((&cx.listener.request_id_header, &rid)),
+        wire: wire.as_deref(),
+    };
+    let via = snapshot.stamps.via(parts.version);
+    let up_ = upgrade.as_ref();
+    let added = request::header_duties(cx, via, &route, &mut parts, &scan, kept, up_);
+    let authority_form = parts.uri.authority().is_some();
+    request::upstream_target(&route, &mut parts.uri, chosen.upstream_path, raw_target)?;
+    let client_version = parts.version;
+    parts.version = Version::HTTP_11;
+    let cluster = chosen.cluster.unwrap_or_else(|| route.cluster.clone());
+    let routed_by = host_value.as_ref();
+    let host = request::upstream_host(
+        &route,
+        chosen.upstream_host,
+        authority_form,
+        &scan,
+        routed_by,
+    );
+    let deadline = request::deadline(&route, start, info.grpc, &parts.headers);
+    let raw_head = response::passes_raw(
+        &route,
+        up_.is_some(),
+        info.grpc,
+        client_version,
+        &parts.method,
+    );
     let up = Upstream {
         cx,
         route: &route,
@@ -253,7 +289,7 @@ async fn proxy(
     };
     // A body the route buffers or the replay buffer takes is read whole first, before the
     // request takes a place under the cluster's cap: a slow client holds none.
-    let upstream_body = attempt::read_ahead(&up, body).await?;
+    let upstream_body = attempt::read_ahead(&up, upstream_body).await?;
     // The cluster's request cap (and queue): held until the response body ends.
     let slot = (cluster.limits.admit(&cluster.config.limits, deadline).await)
         .inspect_err(|_| cluster.metrics.overflow.inc())?;
@@ -262,19 +298,17 @@ async fn proxy(
     let mut request = Some(Box::new(Request::from_parts(parts, upstream_body)));
     let log = info.log.as_deref_mut();
     let sent = attempt::send(&up, &mut request, body_state.as_deref(), log).await?;
-    let rid = held.rid;
     let forwarded = Forwarded {
         route,
         cluster,
         rid,
-        upgrade,
         client_version,
         deadline,
         body_state,
         slot,
         start,
     };
-    response::finish_response(cx, snapshot, info, forwarded, sent).await
+    response::finish_response(cx, snapshot, info, forwarded, upgrade, sent).await
 }
 
 /// Build the request's map from its wire-form fields, once something needs it.

@@ -30,7 +30,8 @@ pub(crate) struct WorkerSockets {
 }
 
 /// Run a worker until shutdown, then drain: stop accepting, let in-flight requests finish
-/// (hyper closes idle keep-alive connections at once), and give up at the drain deadline.
+/// (idle keep-alive connections close at once: the HTTP/1.1 server's and hyper's HTTP/2
+/// connections watch the drain signal), and give up at the drain deadline.
 pub(crate) fn run(
     index: usize,
     shared: Arc<Shared>,

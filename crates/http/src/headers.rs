@@ -1,5 +1,5 @@
-//! Header duties of a proxy (RFC 9110 §7.6, RFC 9112 §6.3/§11): request head validation that
-//! hyper leaves to us, hop-by-hop removal in both directions, `Via`, `X-Forwarded-*`,
+//! Header duties of a proxy (RFC 9110 §7.6, RFC 9112 §6.3/§11): request head validation
+//! beyond what the parsers check, hop-by-hop removal in both directions, `Via`, `X-Forwarded-*`,
 //! RFC 7239 `Forwarded`, request ids and header edits.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -170,7 +170,8 @@ pub fn affects_head_scan(name: &HeaderName) -> bool {
         && HeadScan::default().note(name)
 }
 
-/// Validate what hyper's parser accepted but a gateway must not forward.
+/// Validate what the parsers (keymaster's HTTP/1.1 server, the `h2` codec) accepted but a
+/// gateway must not forward.
 pub fn validate_request_head(
     method: &Method,
     uri: &http::Uri,
@@ -223,8 +224,9 @@ pub fn validate_request_head(
             }
         }
     }
-    // hyper already refused CL+TE (vendor patch), conflicting CL and non-chunked TE; these
-    // checks keep the invariant local and cover HTTP/2, where the codec differs.
+    // The HTTP/1.1 server already refused CL+TE, conflicting CLs and a TE not ending in
+    // chunked (`framing::declared`); these checks keep the invariant local and cover
+    // HTTP/2, whose codec differs.
     if scan.transfer_encoding {
         if scan.content_length {
             return Err(Error::new(

@@ -7,12 +7,14 @@
 //! 3. [`upstream_body`], [`header_duties`], [`upstream_target`], [`upstream_host`] and
 //!    [`deadline`]: what the origin gets.
 //!
+//! The head and the body stay where `proxy` keeps them; the phases borrow them ([`Head`]).
+//!
 //! The head stays in wire form (the HTTP/1.1 server's bytes, see `WireHead`) as long as no
 //! phase needs the fields as a map; each phase says when it does.
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
-use http::{Request, Uri, Version};
+use http::{Uri, Version};
 use std::rc::Rc;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -24,16 +26,12 @@ use crate::downstream::{ConnCtx, ListenerCtx};
 use crate::filter::{staged, FilterCtx, FilterState};
 use crate::route::{host_without_port, HostRewrite, Route};
 use crate::snapshot::Snapshot;
-use crate::upstream::Cluster;
 use keymaster_http::error::{Error, Kind};
 use keymaster_http::headers::{self as hdr, AddedFields, WireHead};
 
-/// A request between the phases: its head and body, and what the phases found out.
+/// What the request phases found out about a request, beside its head and body (which stay
+/// where `proxy` keeps them: moving them between phases would copy them).
 pub(super) struct Inbound {
-    pub(super) parts: http::request::Parts,
-    pub(super) body: ClientBody,
-    /// The fields in wire form, while no phase needed the map (`parts.headers` is empty).
-    pub(super) wire: Option<Box<WireHead>>,
     pub(super) scan: hdr::HeadScan,
     /// The client's own target bytes, when the listener forwards them (`path.forward`).
     pub(super) raw_target: Option<PathAndQuery>,
@@ -47,17 +45,36 @@ pub(super) struct Inbound {
     pub(super) chosen: filters::Chosen,
 }
 
+/// The request's head and body where `proxy` keeps them, as the phases get them.
+pub(super) struct Head<'h> {
+    pub(super) parts: &'h mut http::request::Parts,
+    pub(super) body: &'h mut ClientBody,
+    /// The fields in wire form, while no phase needed the map (`parts.headers` is empty).
+    pub(super) wire: &'h mut Option<Box<WireHead>>,
+}
+
+impl<'h> Head<'h> {
+    #[inline(always)]
+    pub(super) fn new(
+        parts: &'h mut http::request::Parts,
+        body: &'h mut ClientBody,
+        wire: &'h mut Option<Box<WireHead>>,
+    ) -> Self {
+        Head { parts, body, wire }
+    }
+}
+
 /// Phase 1: check the head, make the path canonical, give the request its id and route,
 /// and shed it if the gateway is overloaded.
+#[inline(always)]
 pub(super) fn receive(
     cx: &Rc<ConnCtx>,
     snapshot: &Snapshot,
-    req: Request<ClientBody>,
-    mut wire: Option<Box<WireHead>>,
+    head: Head<'_>,
     info: &mut RequestInfo,
 ) -> Result<Inbound, Error> {
     let listener = &cx.listener;
-    let (mut parts, body) = req.into_parts();
+    let Head { parts, body, wire } = head;
     // The wire-form fields stay in the server's box (see `WireHead`); the facts come out.
     let facts = match wire.as_mut() {
         Some(w) => std::mem::take(&mut w.facts),
@@ -66,7 +83,7 @@ pub(super) fn receive(
     let scan = facts.scan;
     info.grpc = facts.grpc;
     if wire.is_some() && needs_map(cx, snapshot, &scan, facts.grpc) {
-        to_map(&mut parts.headers, &mut wire);
+        to_map(&mut parts.headers, wire);
     }
     hdr::validate_request_head(
         &parts.method,
@@ -83,7 +100,7 @@ pub(super) fn receive(
     // One canonical path for routing, the filters and the origin (keymaster_http::path).
     let raw_target = keymaster_http::path::canonicalise(&mut parts.uri, &listener.path)?;
     let in_map = snapshot.filters.wants_request_id_in_map();
-    let (rid, rid_added) = request_id(listener, facts.request_id, in_map, &mut parts, &mut wire);
+    let (rid, rid_added) = request_id(listener, facts.request_id, in_map, parts, wire);
     info.request_id = Some(rid.clone());
     // Host as the client addressed it: absolute-form / :authority wins over Host (RFC 9112
     // §3.2.2).
@@ -91,16 +108,13 @@ pub(super) fn receive(
         Some(a) => HeaderValue::from_str(a.as_str()).ok(),
         None => facts.host,
     };
-    let route = route_and_shed(cx, snapshot, &parts, host_value.as_ref())?;
+    let route = route_and_shed(cx, snapshot, parts, host_value.as_ref())?;
     info.route = Some(route.clone());
     if let Some(log) = info.log.as_mut() {
         log.route = route.name.to_string();
         log.request_id = rid.to_str().unwrap_or("").to_string();
     }
     Ok(Inbound {
-        parts,
-        body,
-        wire,
         scan,
         raw_target,
         rid,
@@ -115,6 +129,7 @@ pub(super) fn receive(
 /// routes matching on fields, fields the header duties remove or extend, gRPC (its timeout;
 /// HTTP/2 upstream). Route-dependent reasons follow once it is chosen; filters get the wire
 /// form and turn it into a map only if they need one.
+#[inline(always)]
 fn needs_map(cx: &ConnCtx, snapshot: &Snapshot, scan: &hdr::HeadScan, grpc: bool) -> bool {
     let vouches = cx
         .client
@@ -133,6 +148,7 @@ fn needs_map(cx: &ConnCtx, snapshot: &Snapshot, scan: &hdr::HeadScan, grpc: bool
 /// The client's request id, or a new one. A new one goes into the fields when a filter may
 /// read the request headers (`in_map`), else it is sent with the other added fields
 /// (`AddedFields`): the second value says so.
+#[inline(always)]
 fn request_id(
     listener: &ListenerCtx,
     sent: Option<HeaderValue>,
@@ -159,6 +175,7 @@ fn request_id(
 
 /// The route the request matches, then load shedding by the route's priority, before any
 /// work is done for the request.
+#[inline(always)]
 fn route_and_shed(
     cx: &Rc<ConnCtx>,
     snapshot: &Snapshot,
@@ -188,6 +205,7 @@ fn route_and_shed(
 pub(super) async fn inbound_filters(
     cx: &Rc<ConnCtx>,
     snapshot: &Snapshot,
+    head: Head<'_>,
     req: &mut Inbound,
     start: Instant,
     info: &mut RequestInfo,
@@ -195,15 +213,16 @@ pub(super) async fn inbound_filters(
     let listener = &cx.listener;
     let tls = cx.client.tls.as_ref();
     let rid_name = &listener.request_id_header;
-    let (parts, route) = (&mut req.parts, &req.route);
+    let Head { parts, body, wire } = head;
+    let route = &req.route;
     let mut state = FilterState::new(&parts.method, cx.peer, tls, route.name.clone(), rid_name);
     // The context borrows the request head where it is, until the route stage is done.
-    let mut ctx = FilterCtx::lent(&mut state, &parts.uri, &mut parts.headers, &mut req.wire);
+    let mut ctx = FilterCtx::lent(&mut state, &parts.uri, &mut parts.headers, wire);
     if snapshot.filters.wants_request_body(&ctx) {
         let cap = snapshot.config.filter_body.max_request.0;
         let cap = cap.min(route.max_body_size);
         let deadline = route.request_timeout.map(|d| start + d);
-        let read = crate::filter::read_request_body(&mut req.body, cap, route, deadline);
+        let read = crate::filter::read_request_body(body, cap, route, deadline);
         ctx.put_request_body(read.await?);
     }
     if !staged!(snapshot.filters.inbound(&mut ctx)) {
@@ -223,13 +242,13 @@ pub(super) async fn inbound_filters(
     // runs the error and post filters.
     let state = info.filters.insert(state);
     let chosen = &mut req.chosen;
-    filters::handoff(snapshot, state, parts, &mut req.wire, rid_name, chosen)?;
+    filters::handoff(snapshot, state, parts, wire, rid_name, chosen)?;
     // A filter that set the request id header itself wins over a generated one.
     req.rid_added &= !chosen.request_id_set;
     // Filters may have edited the head: scan it again for the header duties.
     if chosen.head_touched {
         // A change to a scanned field needs the map (`FilterCtx::set_request_header`).
-        debug_assert!(req.wire.is_none());
+        debug_assert!(wire.is_none());
         req.scan = hdr::HeadScan::of(&parts.headers);
         if parts.uri.authority().is_none() {
             req.host_value = hdr::find(&parts.headers, &header::HOST).cloned();
@@ -238,148 +257,7 @@ pub(super) async fn inbound_filters(
     Ok(None)
 }
 
-/// What the fields added on the way out refer to: held by the proxy stage while the
-/// request is sent (the origin client writes them from here).
-pub(super) struct Held {
-    /// The client's fields in wire form (the request's map is empty then).
-    pub(super) wire: Option<Box<WireHead>>,
-    /// Host as the client addressed it.
-    pub(super) host_value: Option<HeaderValue>,
-    pub(super) rid: HeaderValue,
-}
-
-/// A request past its filters, without what [`Held`] keeps.
-pub(super) struct Routed {
-    parts: http::request::Parts,
-    body: ClientBody,
-    scan: hdr::HeadScan,
-    raw_target: Option<PathAndQuery>,
-    rid_added: bool,
-    route: Arc<Route>,
-    chosen: filters::Chosen,
-}
-
-/// The request as the origin gets it: what the attempts and the response side need.
-pub(super) struct Outbound<'a> {
-    pub(super) parts: http::request::Parts,
-    pub(super) body: RequestBody,
-    /// Shared with the request body (`None`: no body).
-    pub(super) body_state: Option<Rc<RequestBodyState>>,
-    pub(super) upgrade: Option<crate::upgrade::UpgradeRequest>,
-    pub(super) client_version: Version,
-    pub(super) route: Arc<Route>,
-    /// The route's, or one a filter chose.
-    pub(super) cluster: Arc<Cluster>,
-    pub(super) host: UpstreamHost,
-    pub(super) deadline: Option<Instant>,
-    /// The response head may pass through in wire form (`response::passes_raw`).
-    pub(super) raw_head: bool,
-    /// Forwarding fields, Via and a made request id, when not in the map.
-    pub(super) added: Option<AddedFields<'a>>,
-}
-
-/// Past the filters: the fields become a map if the route needs one (its header edits, a
-/// Host the origin gets instead of the client's), and what the added fields refer to moves
-/// to [`Held`].
-pub(super) fn hold(req: Inbound) -> (Routed, Held) {
-    let Inbound {
-        mut parts,
-        body,
-        mut wire,
-        scan,
-        raw_target,
-        rid,
-        rid_added,
-        host_value,
-        route,
-        chosen,
-    } = req;
-    if wire.is_some() && route_needs_map(&route, chosen.upstream_host.is_some(), &parts.uri, &scan)
-    {
-        to_map(&mut parts.headers, &mut wire);
-    }
-    let routed = Routed {
-        parts,
-        body,
-        scan,
-        raw_target,
-        rid_added,
-        route,
-        chosen,
-    };
-    (
-        routed,
-        Held {
-            wire,
-            host_value,
-            rid,
-        },
-    )
-}
-
-/// Phase 3: the request the origin gets (`upstream_body`, an upgrade, `header_duties`,
-/// `upstream_target`, `upstream_host`, `deadline`).
-pub(super) fn outbound<'a>(
-    cx: &'a ConnCtx,
-    snapshot: &'a Snapshot,
-    req: Routed,
-    held: &'a Held,
-    start: Instant,
-    grpc: bool,
-) -> Result<Outbound<'a>, Error> {
-    let Routed {
-        mut parts,
-        body,
-        scan,
-        raw_target,
-        rid_added,
-        route,
-        chosen,
-    } = req;
-    let (body, body_state) = upstream_body(&route, chosen.body, body)?;
-    // An upgrade the route allows (WebSocket): keep the client's handle for the tunnel.
-    let upgrade =
-        crate::upgrade::take_request(&route.upgrade, &mut parts, &scan, body_state.is_none())?;
-    let via = snapshot.stamps.via(parts.version);
-    let kept = Kept {
-        host: held.host_value.as_ref(),
-        rid: rid_added.then_some((&cx.listener.request_id_header, &held.rid)),
-        wire: held.wire.as_deref(),
-    };
-    let added = header_duties(cx, via, &route, &mut parts, &scan, kept, upgrade.as_ref());
-    let authority_form = parts.uri.authority().is_some();
-    upstream_target(&route, &mut parts.uri, chosen.upstream_path, raw_target)?;
-    let client_version = parts.version;
-    parts.version = Version::HTTP_11;
-    let cluster = chosen.cluster.unwrap_or_else(|| route.cluster.clone());
-    let routed_by = held.host_value.as_ref();
-    let host = upstream_host(
-        &route,
-        chosen.upstream_host,
-        authority_form,
-        &scan,
-        routed_by,
-    );
-    let deadline = deadline(&route, start, grpc, &parts.headers);
-    let method = &parts.method;
-    let raw_head =
-        super::response::passes_raw(&route, upgrade.is_some(), grpc, client_version, method);
-    Ok(Outbound {
-        parts,
-        body,
-        body_state,
-        upgrade,
-        client_version,
-        route,
-        cluster,
-        host,
-        deadline,
-        raw_head,
-        added,
-    })
-}
-
-/// What the added fields refer to (borrowed from [`Held`]).
+/// What the added fields refer to (borrowed from what `proxy` keeps).
 pub(super) struct Kept<'a> {
     /// Host as the client addressed it.
     pub(super) host: Option<&'a HeaderValue>,
@@ -391,7 +269,13 @@ pub(super) struct Kept<'a> {
 
 /// The route's header edits, and a Host the origin gets instead of the client's, need the
 /// fields as a map.
-fn route_needs_map(route: &Route, filter_host: bool, uri: &Uri, scan: &hdr::HeadScan) -> bool {
+#[inline(always)]
+pub(super) fn route_needs_map(
+    route: &Route,
+    filter_host: bool,
+    uri: &Uri,
+    scan: &hdr::HeadScan,
+) -> bool {
     let keeps_host = !filter_host
         && matches!(route.host_rewrite, HostRewrite::Preserve)
         && uri.authority().is_none()
@@ -403,6 +287,7 @@ fn route_needs_map(route: &Route, filter_host: bool, uri: &Uri, scan: &hdr::Head
 /// origin is touched: the length is the one the client's framing declared, which the
 /// body's decoder holds it to (or a filter's body), never a Content-Length field a filter
 /// or an edit may have changed. The state is shared with the proxy stage (`None`: no body).
+#[inline(always)]
 pub(super) fn upstream_body(
     route: &Route,
     chosen: Option<bytes::Bytes>,
@@ -436,6 +321,7 @@ pub(super) fn upstream_body(
 /// and the route's edits. Those are written by the origin client when they replace nothing
 /// (the `AddedFields` returned, which also carries wire-form fields), else edited into the
 /// map, where configured edits can see them.
+#[inline(always)]
 pub(super) fn header_duties<'a>(
     cx: &'a ConnCtx,
     via: &'a HeaderValue,
@@ -483,6 +369,7 @@ pub(super) fn header_duties<'a>(
 /// Phase 3c: the request target the origin gets, in origin form: a path a filter set, else
 /// the route's rewrite, else the canonical path (or the client's bytes, `path.forward =
 /// "raw"`). A path a filter set that is no valid target is the filter's failure.
+#[inline(always)]
 pub(super) fn upstream_target(
     route: &Route,
     uri: &mut Uri,
@@ -514,6 +401,7 @@ pub(super) fn upstream_target(
 /// `preserve`, the host the request was routed by: an absolute-form authority replaces a
 /// differing Host field (RFC 9112 §3.2.2), so the origin sees what was matched; a plain
 /// origin-form request already carries it.
+#[inline(always)]
 pub(super) fn upstream_host(
     route: &Route,
     filter_host: Option<HeaderValue>,
@@ -537,6 +425,7 @@ pub(super) fn upstream_host(
 
 /// Phase 3e: the deadline of the whole exchange, body included: the route's
 /// `request_timeout`, shortened by a gRPC client's `grpc-timeout`.
+#[inline(always)]
 pub(super) fn deadline(
     route: &Route,
     start: Instant,

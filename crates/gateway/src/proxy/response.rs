@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use tokio::time::Instant;
 
-use super::attempt::{Outstanding, Sent};
+use super::attempt::Sent;
 use super::{record, ClientResponse, Exchange, Finished, InFlight, RequestInfo};
 use crate::body::{BodyStopped, ReadGap, RequestBodyState};
 use crate::downstream::ConnCtx;
@@ -200,6 +200,7 @@ impl Body for ResponseBody {
 /// Whether the response head can pass through in wire form: only the header duties and
 /// appending post filters touch it (no configured edits, no upgrade, not gRPC, an HTTP/1
 /// client), and it has a body (not HEAD or CONNECT).
+#[inline(always)]
 pub(super) fn passes_raw(
     route: &Route,
     upgrade: bool,
@@ -215,12 +216,18 @@ pub(super) fn passes_raw(
         && method != http::Method::CONNECT
 }
 
+/// The origin's response head where `finish_response` keeps it, as the phases get it.
+type Head<'h> = (
+    &'h mut http::response::Parts,
+    &'h mut OriginResponseBody,
+    &'h mut Option<RawHead>,
+);
+
 /// What the response side of an exchange needs from its request side.
 pub(super) struct Forwarded {
     pub(super) route: Arc<Route>,
     pub(super) cluster: Arc<Cluster>,
     pub(super) rid: HeaderValue,
-    pub(super) upgrade: Option<upgrade::UpgradeRequest>,
     pub(super) client_version: Version,
     pub(super) deadline: Option<Instant>,
     pub(super) body_state: Option<Rc<RequestBodyState>>,
@@ -229,33 +236,31 @@ pub(super) struct Forwarded {
     pub(super) start: Instant,
 }
 
-/// The origin's response head, as the response phases pass it on.
-type Head = (http::response::Parts, OriginResponseBody, Option<RawHead>);
-
 /// The response side of a proxied exchange, a phase each: the header duties
 /// ([`response_duties`]), the post filters ([`outbound_filters`]), then a tunnel for a
-/// `101` ([`tunnel`]) or the body that finishes the exchange ([`stream_origin`]). A
+/// `101` ([`tunnel`]) or the body that streams the origin's and finishes the exchange. A
 /// function of its own so that none of its locals take room in the request's future while
 /// the request waits on the origin.
 pub(super) async fn finish_response(
     cx: &Rc<ConnCtx>,
     snapshot: &Snapshot,
     info: &mut RequestInfo,
-    mut forwarded: Forwarded,
+    forwarded: Forwarded,
+    upgrade: Option<upgrade::UpgradeRequest>,
     sent: Sent,
 ) -> Result<ClientResponse, Error> {
     // When the head arrived (for the access log only).
     let upstream_head = info.log.is_some().then(|| forwarded.start.elapsed());
-    let (rparts, mut rbody) = (*sent.resp).into_parts();
+    let (mut rparts, mut rbody) = (*sent.resp).into_parts();
     // The origin's head in wire form (see `raw_head` in `proxy`), else as a map.
-    let raw = rbody.take_raw_head();
-    let mut head: Head = (rparts, rbody, raw);
-    let upgrade = forwarded.upgrade.take();
-    let (switch, origin_close) = response_duties(cx, snapshot, &forwarded, upgrade, &mut head)?;
+    let mut raw = rbody.take_raw_head();
+    let head = (&mut rparts, &mut rbody, &mut raw);
+    let (switch, origin_close) = response_duties(cx, snapshot, &forwarded, upgrade, head)?;
     // A response body buffered for post filters (filter::body).
     let mut prefix = None;
     if let Some(state) = info.filters.as_mut() {
-        match outbound_filters(cx, snapshot, state, &forwarded, &mut head).await? {
+        let head = (&mut rparts, &mut rbody, &mut raw);
+        match outbound_filters(cx, snapshot, state, &forwarded, head).await? {
             Ok(p) => prefix = p,
             Err(resp) => {
                 // The origin's body is dropped unread, and its connection with it.
@@ -264,7 +269,7 @@ pub(super) async fn finish_response(
             }
         }
     }
-    let (mut rparts, rbody, raw_head) = head;
+    let raw_head = raw;
     rparts.version = forwarded.client_version;
     if let Some(switch) = switch {
         return Ok(tunnel(cx, info, &forwarded, switch, sent.conn, rparts));
@@ -273,15 +278,44 @@ pub(super) async fn finish_response(
         log.upstream_head_us = upstream_head.map_or(0, |d| d.as_micros() as u64);
         log.sends = sent.sends;
     }
-    let origin = Origin {
-        conn: sent.conn,
-        outstanding: sent.outstanding,
-        origin_close,
+    // The body streams the origin's and owns the `Exchange`: the connection goes back to
+    // the pool when the body ended cleanly (and the cluster's limits allow).
+    let f = forwarded;
+    let (conn, max_requests) = (sent.conn, f.cluster.config.pool.max_requests_per_connection);
+    let reusable =
+        conn.is_h1() && !origin_close && (max_requests == 0 || conn.requests < max_requests);
+    let mut exchange = Exchange {
+        conn: Some(conn),
+        cluster: f.cluster,
+        cx: cx.clone(),
+        route: f.route.clone(),
+        reusable,
+        body_state: f.body_state,
+        complete: false,
+        failure: None,
+        bytes: 0,
+        status: rparts.status.as_u16(),
+        start: f.start,
+        _outstanding: sent.outstanding,
+        _slot: f.slot,
+        _load: info.load.take(),
+        log: info.log.take(),
+    };
+    if http_body::Body::is_end_stream(&rbody) {
+        exchange.body_complete();
+    }
+    let body = OriginBody {
         prefix,
-        body: rbody,
+        inner: rbody,
+        exchange,
+        deadline: f.deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+        read_gap: ReadGap::new(f.route.read_timeout),
+        grpc: info.grpc,
+        ended: false,
         raw_head,
     };
-    Ok(stream_origin(cx, info, forwarded, origin, rparts))
+    let body = ResponseBody::Origin(Box::new(body));
+    Ok(Box::new(Response::from_parts(rparts, body)))
 }
 
 /// The response header duties. A head in wire form (the HTTP/1.1 client checked its
@@ -289,12 +323,13 @@ pub(super) async fn finish_response(
 /// validated, may switch protocols (`101`), loses its hop-by-hop fields and gets Via, the
 /// route's edits and the request id. Returns the switch, and whether the origin said
 /// `Connection: close`.
+#[inline(always)]
 fn response_duties(
     cx: &ConnCtx,
     snapshot: &Snapshot,
     f: &Forwarded,
     upgrade: Option<upgrade::UpgradeRequest>,
-    head: &mut Head,
+    head: Head<'_>,
 ) -> Result<(Option<upgrade::Switch>, bool), Error> {
     let (rparts, rbody, raw) = head;
     let rid_name = &cx.listener.request_id_header;
@@ -327,7 +362,7 @@ async fn outbound_filters(
     snapshot: &Snapshot,
     state: &mut FilterState,
     f: &Forwarded,
-    head: &mut Head,
+    head: Head<'_>,
 ) -> Result<Result<Option<Bytes>, ClientResponse>, Error> {
     let (rparts, rbody, raw) = head;
     if snapshot.filters.wants_response_body(state, rparts.status) {
@@ -378,67 +413,6 @@ fn tunnel(
         None => ResponseBody::Local(None),
     };
     Box::new(Response::from_parts(rparts, body))
-}
-
-/// What of the origin's answer goes into the response body.
-struct Origin {
-    conn: Conn,
-    outstanding: Outstanding,
-    /// The origin said `Connection: close`.
-    origin_close: bool,
-    /// A body post filters buffered, sent first.
-    prefix: Option<Bytes>,
-    body: OriginResponseBody,
-    raw_head: Option<RawHead>,
-}
-
-/// The response whose body streams the origin's and owns the [`Exchange`]: the connection
-/// goes back to the pool when the body ended cleanly (and the cluster's limits allow).
-fn stream_origin(
-    cx: &Rc<ConnCtx>,
-    info: &mut RequestInfo,
-    f: Forwarded,
-    o: Origin,
-    rparts: http::response::Parts,
-) -> ClientResponse {
-    let max_requests = f.cluster.config.pool.max_requests_per_connection;
-    let conn = o.conn;
-    let reusable =
-        conn.is_h1() && !o.origin_close && (max_requests == 0 || conn.requests < max_requests);
-    let mut exchange = Exchange {
-        conn: Some(conn),
-        cluster: f.cluster,
-        cx: cx.clone(),
-        route: f.route.clone(),
-        reusable,
-        body_state: f.body_state,
-        complete: false,
-        failure: None,
-        bytes: 0,
-        status: rparts.status.as_u16(),
-        start: f.start,
-        _outstanding: o.outstanding,
-        _slot: f.slot,
-        _load: info.load.take(),
-        log: info.log.take(),
-    };
-    if http_body::Body::is_end_stream(&o.body) {
-        exchange.body_complete();
-    }
-    let body = OriginBody {
-        prefix: o.prefix,
-        inner: o.body,
-        exchange,
-        deadline: f.deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
-        read_gap: ReadGap::new(f.route.read_timeout),
-        grpc: info.grpc,
-        ended: false,
-        raw_head: o.raw_head,
-    };
-    Box::new(Response::from_parts(
-        rparts,
-        ResponseBody::Origin(Box::new(body)),
-    ))
 }
 
 fn connection_has_close(v: &HeaderValue) -> bool {
