@@ -232,15 +232,8 @@ async fn proxy(
             return Ok(resp);
         }
     }
-    let request::Inbound {
-        scan,
-        raw_target,
-        rid,
-        rid_added,
-        host_value,
-        route,
-        chosen,
-    } = req;
+    // The parts of `req` move out one by one where they are used.
+    let (route, scan, chosen) = (req.route, req.scan, req.chosen);
     let (upstream_body, body_state) = request::upstream_body(&route, chosen.body, body)?;
     let filter_host = chosen.upstream_host.is_some();
     if wire.is_some() && request::route_needs_map(&route, filter_host, &parts.uri, &scan) {
@@ -250,19 +243,19 @@ async fn proxy(
     let bodyless = body_state.is_none();
     let upgrade = upgrade::take_request(&route.upgrade, &mut parts, &scan, bodyless)?;
     let kept = request::Kept {
-        host: host_value.as_ref(),
-        rid: rid_added.then_some((&cx.listener.request_id_header, &rid)),
+        host: req.host_value.as_ref(),
+        rid: (req.rid_added).then_some((&cx.listener.request_id_header, &req.rid)),
         wire: wire.as_deref(),
     };
     let via = snapshot.stamps.via(parts.version);
     let up_ = upgrade.as_ref();
     let added = request::header_duties(cx, via, &route, &mut parts, &scan, kept, up_);
     let authority_form = parts.uri.authority().is_some();
-    request::upstream_target(&route, &mut parts.uri, chosen.upstream_path, raw_target)?;
+    request::upstream_target(&route, &mut parts.uri, chosen.upstream_path, req.raw_target)?;
     let client_version = parts.version;
     parts.version = Version::HTTP_11;
     let cluster = chosen.cluster.unwrap_or_else(|| route.cluster.clone());
-    let routed_by = host_value.as_ref();
+    let routed_by = req.host_value.as_ref();
     let host = request::upstream_host(
         &route,
         chosen.upstream_host,
@@ -278,15 +271,7 @@ async fn proxy(
         client_version,
         &parts.method,
     );
-    let up = Upstream {
-        cx,
-        route: &route,
-        cluster: &cluster,
-        deadline,
-        host,
-        raw_head,
-        added,
-    };
+    let up = Upstream::new(cx, &route, &cluster, deadline, host, raw_head, added);
     // A body the route buffers or the replay buffer takes is read whole first, before the
     // request takes a place under the cluster's cap: a slow client holds none.
     let upstream_body = attempt::read_ahead(&up, upstream_body).await?;
@@ -301,7 +286,7 @@ async fn proxy(
     let forwarded = Forwarded {
         route,
         cluster,
-        rid,
+        rid: req.rid,
         client_version,
         deadline,
         body_state,

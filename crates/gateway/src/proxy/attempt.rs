@@ -65,6 +65,29 @@ pub(super) struct Upstream<'a> {
     pub(super) added: Option<keymaster_http::headers::AddedFields<'a>>,
 }
 
+impl<'a> Upstream<'a> {
+    #[inline(always)]
+    pub(super) fn new(
+        cx: &'a Rc<ConnCtx>,
+        route: &'a Route,
+        cluster: &'a Arc<Cluster>,
+        deadline: Option<Instant>,
+        host: UpstreamHost,
+        raw_head: bool,
+        added: Option<keymaster_http::headers::AddedFields<'a>>,
+    ) -> Self {
+        Upstream {
+            cx,
+            route,
+            cluster,
+            deadline,
+            host,
+            raw_head,
+            added,
+        }
+    }
+}
+
 /// The attempt that got a response head to pass on.
 pub(super) struct Sent {
     pub(super) resp: OriginResponse,
