@@ -355,3 +355,75 @@ impl Params {
 /// each reload and by `keymaster validate`. An `Err` rejects the config (with the filter's
 /// name); it runs off the request path.
 pub type NativeFactory = Arc<dyn Fn(&Params) -> Result<Arc<dyn Filter>, String> + Send + Sync>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_error_shows_its_source_chain() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "keys.txt missing");
+        let e = FilterError::with_source("cannot load the keys", io);
+        assert_eq!(e.message(), "cannot load the keys");
+        assert_eq!(e.to_string(), "cannot load the keys: keys.txt missing");
+        let src = std::error::Error::source(&e).expect("a source");
+        assert_eq!(src.to_string(), "keys.txt missing");
+        let plain: FilterError = "no".into();
+        assert!(std::error::Error::source(&plain).is_none());
+        assert_eq!(plain.to_string(), "no");
+    }
+
+    #[test]
+    fn needs_combine_and_default_to_the_request_line_and_headers() {
+        let n = Needs::SYNCHRONOUS | Needs::REQUEST_BODY;
+        assert!(n.contains(Needs::SYNCHRONOUS) && n.contains(Needs::REQUEST_BODY));
+        assert!(!n.contains(Needs::REQUEST_HEADERS));
+        assert!(Needs::DEFAULT.contains(Needs::REQUEST_LINE | Needs::REQUEST_HEADERS));
+        assert_eq!(Needs::default(), Needs::DEFAULT);
+        assert_eq!(
+            Needs::NONE.with_if(Needs::RESPONSE_BODY, false),
+            Needs::NONE
+        );
+        assert_eq!(
+            Needs::NONE.with_if(Needs::RESPONSE_BODY, true),
+            Needs::RESPONSE_BODY
+        );
+        assert_eq!(n.without(Needs::SYNCHRONOUS), Needs::REQUEST_BODY);
+    }
+
+    #[test]
+    fn params_parse_into_a_struct_and_read_the_environment() {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct P {
+            key: String,
+            limit: u32,
+        }
+        // SAFETY of set_var: this test's own variable, read only here.
+        std::env::set_var("KEYMASTER_FILTER_PARAMS_TEST", "s3cret");
+        let t: toml::Table = r#"key = { env = "KEYMASTER_FILTER_PARAMS_TEST" }
+limit = 5"#
+            .parse()
+            .expect("toml");
+        let p: P = Params::resolve(&t)
+            .expect("resolved")
+            .parse()
+            .expect("parsed");
+        assert_eq!((p.key.as_str(), p.limit), ("s3cret", 5));
+        let t: toml::Table = "key = \"k\"\nlimit = 5\nextra = 1".parse().expect("toml");
+        let e = Params::resolve(&t)
+            .expect("resolved")
+            .parse::<P>()
+            .err()
+            .expect("refused");
+        assert!(e.contains("extra"), "{e}");
+        let t: toml::Table = r#"key = { env = "KEYMASTER_SURELY_UNSET_X" }"#
+            .parse()
+            .expect("toml");
+        let e = Params::resolve(&t).expect_err("unset");
+        assert!(
+            e.contains("key") && e.contains("KEYMASTER_SURELY_UNSET_X"),
+            "{e}"
+        );
+    }
+}
