@@ -176,12 +176,19 @@ impl ResponseRef<'_> {
 /// small (few requests build one).
 pub type View = std::cell::OnceCell<Box<HeaderMap>>;
 
+/// A cluster as the gateway hands it to a filter that chooses one when the chain is built
+/// (opaque here: the gateway downcasts it back).
+pub trait ClusterHandle: std::any::Any + Send + Sync {
+    /// The cluster's name.
+    fn name(&self) -> &str;
+}
+
 /// The cluster a filter chose: by name (the proxy stage looks it up in the request's config
 /// version), or one the chain found when it was built (a `reroute` filter).
 pub enum ClusterChoice {
     Named(Arc<str>),
-    /// The cluster's name, and the gateway's own handle on it (opaque here).
-    Resolved(Arc<str>, Arc<dyn std::any::Any + Send + Sync>),
+    /// The gateway's own cluster, found when the chain was built.
+    Resolved(Arc<dyn ClusterHandle>),
 }
 
 /// The parts of a state few requests use (see [`State`]).
@@ -665,12 +672,8 @@ impl FilterCtx<'_> {
     /// [`Self::set_cluster`] with the cluster itself, found when the chain was built (it
     /// belongs to the same config version as the request).
     #[doc(hidden)]
-    pub fn choose_cluster(
-        &mut self,
-        name: Arc<str>,
-        cluster: Arc<dyn std::any::Any + Send + Sync>,
-    ) {
-        self.state.cluster = Some(ClusterChoice::Resolved(name, cluster));
+    pub fn choose_cluster(&mut self, cluster: Arc<dyn ClusterHandle>) {
+        self.state.cluster = Some(ClusterChoice::Resolved(cluster));
     }
     /// Route stage (or pre): the path and query sent upstream; replaces the route's rewrite.
     /// An invalid one (not an origin-form target) fails the request with 500.
@@ -685,7 +688,7 @@ impl FilterCtx<'_> {
     pub fn upstream_cluster(&self) -> Option<&str> {
         match self.state.cluster.as_ref()? {
             ClusterChoice::Named(name) => Some(name),
-            ClusterChoice::Resolved(name, _) => Some(name),
+            ClusterChoice::Resolved(c) => Some(c.name()),
         }
     }
 

@@ -24,7 +24,8 @@ pub use source::{FilterSource, Reload, Reloader};
 #[doc(hidden)]
 pub mod host {
     pub use crate::ctx::{
-        ClusterChoice, Extras, FilterState, KeptRequest, LocalResponse, ResponseRef, State,
+        ClusterChoice, ClusterHandle, Extras, FilterState, KeptRequest, LocalResponse, ResponseRef,
+        State,
     };
     pub use crate::TIMING_SAMPLE;
 }

@@ -3,7 +3,7 @@
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
-use std::any::Any;
+use keymaster_filter::host::ClusterHandle;
 use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -128,7 +128,7 @@ pub(super) fn compile(
                 .map(|name| {
                     clusters
                         .get(name)
-                        .map(|c| (Arc::from(name), c.clone() as Arc<dyn Any + Send + Sync>))
+                        .map(|c| c.clone() as Arc<dyn ClusterHandle>)
                         .ok_or_else(|| format!("unknown cluster {name:?}"))
                 })
                 .transpose()?,
@@ -559,8 +559,8 @@ fn limited(ctx: &mut FilterCtx<'_>, decision: Result<(), u64>) {
 struct Reroute {
     /// The cluster of this config version, found when the chain is built: no lookup per
     /// request.
-    /// Its name, and the cluster as the filter context carries it.
-    cluster: Option<(Arc<str>, Arc<dyn Any + Send + Sync>)>,
+    /// The cluster, as the filter context carries it.
+    cluster: Option<Arc<dyn ClusterHandle>>,
     path: Option<String>,
     host: Option<HeaderValue>,
 }
@@ -585,8 +585,8 @@ impl Reroute {
 
 impl Filter for Reroute {
     fn run<'a>(&'a self, ctx: &'a mut FilterCtx<'_>) -> FilterFuture<'a> {
-        if let Some((name, c)) = &self.cluster {
-            ctx.choose_cluster(name.clone(), c.clone());
+        if let Some(c) = &self.cluster {
+            ctx.choose_cluster(c.clone());
         }
         if self.path.is_some() || self.host.is_some() {
             self.set_target(ctx);
@@ -596,6 +596,13 @@ impl Filter for Reroute {
 
     fn needs(&self) -> Needs {
         Needs::SYNCHRONOUS | Needs::REQUEST_LINE
+    }
+}
+
+/// What a `reroute` filter hands the proxy stage (`proxy::filters::handoff` downcasts it).
+impl ClusterHandle for crate::upstream::Cluster {
+    fn name(&self) -> &str {
+        &self.config.name
     }
 }
 

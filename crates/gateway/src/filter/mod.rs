@@ -93,6 +93,9 @@ struct Entry {
     synchronous: bool,
     /// [`Filter::needs`], asked once.
     needs: Needs,
+    /// Synchronous and matching every request: the stage loop's short path (asked and run
+    /// under one `catch_unwind`, no clock read unless the request is timed).
+    plain: bool,
     order: i32,
     /// Boxed: entries this much smaller share cache lines (a request with filters reads
     /// every entry of its stages).
@@ -169,6 +172,7 @@ impl FilterChain {
                 name: s.name.as_str().into(),
                 stage: s.stage,
                 synchronous: needs.contains(Needs::SYNCHRONOUS),
+                plain: needs.contains(Needs::SYNCHRONOUS) && matcher.always,
                 needs,
                 order: s.order,
                 matcher: Box::new(matcher),

@@ -89,6 +89,28 @@ impl FilterChain {
             if !e.synchronous {
                 return Ok(Some(at));
             }
+            if e.plain && !ctx.state.timed {
+                // Matches every request, no clock to read: asked and run under one
+                // `catch_unwind`.
+                let ran = match run_plain(e, ctx) {
+                    Plain::Ran(Ok(Ok(()))) => continue,
+                    Plain::Skipped => {
+                        e.metrics.skips.inc();
+                        continue;
+                    }
+                    Plain::Ran(outcome) => self.finish(e, ctx, outcome, None),
+                    Plain::AskPanicked(p) => {
+                        let message = format!("should_filter panicked: {}", panic_text(&p));
+                        Err(self.failed(e, message))
+                    }
+                };
+                if let Err(f) = ran {
+                    if e.stage != FilterStage::Error {
+                        return Err(f);
+                    }
+                }
+                continue;
+            }
             let ran = match self.admit(e, ctx) {
                 Admission::Run => {
                     let started = start(e, ctx);
@@ -523,6 +545,40 @@ fn run_now(e: &Entry, ctx: &mut FilterCtx<'_>) -> Outcome {
             Err(f) => poll_once(f),
         }
     }))
+}
+
+/// How a plain filter's turn went.
+enum Plain {
+    Skipped,
+    Ran(Outcome),
+    AskPanicked(Box<dyn std::any::Any + Send>),
+}
+
+/// A synchronous filter that matches every request: `should_filter`, then (counted) `run`,
+/// under one `catch_unwind`.
+#[inline(always)]
+fn run_plain(e: &Entry, ctx: &mut FilterCtx<'_>) -> Plain {
+    let c = &mut *ctx;
+    let mut asked = false;
+    let asked_ref = &mut asked;
+    let r = std::panic::catch_unwind(AssertUnwindSafe(move || {
+        let c = c; // moved in: the closure is FnOnce, so the future may borrow it
+        if !e.filter.should_filter(c) {
+            return None;
+        }
+        *asked_ref = true;
+        e.metrics.invocations.inc();
+        Some(match e.filter.run(c).try_ready() {
+            Ok(r) => r.unwrap_or_else(polled_twice),
+            Err(f) => poll_once(f),
+        })
+    }));
+    match r {
+        Ok(None) => Plain::Skipped,
+        Ok(Some(r)) => Plain::Ran(Ok(r)),
+        Err(p) if !asked => Plain::AskPanicked(p),
+        Err(p) => Plain::Ran(Err(p)),
+    }
 }
 
 /// A future from a filter declared synchronous: polled once, it must be finished.

@@ -64,8 +64,9 @@ pub(super) fn handoff(
     chosen.head_touched = state.head_touched();
     match state.take_cluster() {
         None => {}
-        Some(ClusterChoice::Resolved(_, c)) => {
+        Some(ClusterChoice::Resolved(c)) => {
             // Put there by `reroute` (filter::builtin): always one of ours.
+            let c: Arc<dyn std::any::Any + Send + Sync> = c;
             let c = c.downcast::<Cluster>().map_err(|_| {
                 Error::new(
                     Kind::FilterFailed,
