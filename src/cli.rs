@@ -80,11 +80,16 @@ struct ProxyArgs {
 
 /// The whole command line, with `keymaster`'s filters plus `extra`.
 pub(crate) fn main(extra: &crate::Keymaster) -> ExitCode {
+    // Colours only on a terminal, and never with NO_COLOR set (https://no-color.org):
+    // journald, docker logs and files get plain text. RUST_LOG picks what is logged.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

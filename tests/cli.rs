@@ -206,3 +206,26 @@ async fn proxy_subcommand_serves_requests() {
     }
     assert!(exited.expect("exits on SIGTERM").success());
 }
+
+/// Logs to a pipe (journald, `docker logs`, a file) are plain text: no colour codes, with
+/// or without `NO_COLOR`.
+#[test]
+fn logs_to_a_pipe_are_plain_text() {
+    for no_color in [false, true] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"));
+        cmd.args(["proxy", "--listen", "127.0.0.1:0", "--to", "127.0.0.1:9"])
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        if no_color {
+            cmd.env("NO_COLOR", "1");
+        }
+        let mut child = cmd.spawn().expect("spawn keymaster");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("INFO"), "something was logged: {err}");
+        assert!(!err.contains('\u{1b}'), "no escape codes: {err:?}");
+    }
+}

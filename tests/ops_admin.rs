@@ -329,3 +329,46 @@ async fn combined_access_log_quotes_cannot_be_forged() {
         .count();
     assert_eq!(unescaped, 6, "{line}");
 }
+
+/// Leaving a load balancer before a restart: `POST /healthcheck/fail` makes `/ready` answer
+/// 503 while requests are still proxied, `POST /healthcheck/ok` undoes it; both are
+/// mutating requests (the cross-site guard applies), and the gauge says which state holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_ready_check_keeps_serving_requests() {
+    let (g, _s) = gateway_with_stub();
+    assert_eq!(admin_get(&g, "/ready").await.status, 200);
+    let r = admin_post(&g, "/healthcheck/fail").await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    let r = admin_get(&g, "/ready").await;
+    assert_eq!((r.status, text(&r).as_str()), (503, "failing\n"));
+    assert_eq!(
+        admin_get(&g, "/healthz").await.status,
+        200,
+        "alive all the same"
+    );
+    for _ in 0..20 {
+        assert_eq!(
+            get(g.addr, "/?length=10").await.status,
+            200,
+            "still serving"
+        );
+    }
+    let m = metrics_text(&g).await;
+    assert_eq!(metric(&m, "keymaster_ready_failing "), 1.0, "{m}");
+    // A simple (cross-site) POST may not flip it.
+    let mut c = Client::connect(g.admin).await;
+    let simple = http::Request::post("/healthcheck/ok")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(c.send(simple).await.status, 403);
+    assert_eq!(admin_get(&g, "/ready").await.status, 503);
+    assert_eq!(admin_post(&g, "/healthcheck/ok").await.status, 200);
+    let r = admin_get(&g, "/ready").await;
+    assert_eq!((r.status, text(&r).as_str()), (200, "ready\n"));
+    assert_eq!(
+        metric(&metrics_text(&g).await, "keymaster_ready_failing "),
+        0.0
+    );
+    let r = admin_get(&g, "/healthcheck/fail").await;
+    assert_eq!(r.status, 405, "GET does not change it");
+}

@@ -239,3 +239,57 @@ async fn binary_sighup_reloads_the_config_file() {
         .expect("exits");
     assert!(st.success());
 }
+
+/// The lines in `path` once it has at least `n` (bounded wait).
+async fn lines_of(path: &std::path::Path, n: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    for _ in 0..200 {
+        let t = std::fs::read_to_string(path).unwrap_or_default();
+        lines = t.lines().map(str::to_string).collect();
+        if lines.len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    lines
+}
+
+/// logrotate's way: the access log is renamed, SIGUSR1 makes the gateway open a new file at
+/// the configured path; the renamed file keeps what was written before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_sigusr1_reopens_the_access_log() {
+    let s = stub();
+    let dir = tempfile::tempdir().unwrap();
+    let (path, log, rotated) = (
+        dir.path().join("keymaster.toml"),
+        dir.path().join("access.log"),
+        dir.path().join("access.log.1"),
+    );
+    let text = file_config(s.local_addr(), "one")
+        + &format!(
+            "\n[access_log]\nenabled = true\npath = \"{}\"\n",
+            log.display()
+        );
+    std::fs::write(&path, text).unwrap();
+    let mut p = spawn_binary(&path);
+    let addr = p.addr();
+    assert_eq!(get(addr, "/before").await.status, 200);
+    assert_eq!(lines_of(&log, 1).await.len(), 1, "the first line");
+    std::fs::rename(&log, &rotated).unwrap();
+    signal(&p, libc::SIGUSR1);
+    // The signal is taken on the main thread; the writer reopens before its next line.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(get(addr, "/after").await.status, 200);
+    let new = lines_of(&log, 1).await;
+    assert_eq!(new.len(), 1, "a new file at the configured path: {new:?}");
+    assert!(new[0].contains("/after"), "{new:?}");
+    let old = lines_of(&rotated, 1).await;
+    assert_eq!(old.len(), 1, "{old:?}");
+    assert!(old[0].contains("/before"), "{old:?}");
+    assert!(p.child.try_wait().unwrap().is_none(), "still running");
+    signal(&p, libc::SIGTERM);
+    let st = wait_exit(&mut p, Duration::from_secs(5))
+        .await
+        .expect("exits");
+    assert!(st.success());
+}

@@ -5,7 +5,9 @@
 
 use prometheus::IntCounter;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use keymaster_config::{AccessLogConfig, AccessLogFormat};
@@ -52,38 +54,53 @@ pub struct AccessLog {
     tx: SyncSender<String>,
     format: AccessLogFormat,
     dropped: IntCounter,
+    /// Set by [`AccessLog::reopen`]: the writer opens its file again before the next line.
+    reopen: Arc<AtomicBool>,
 }
 
 impl AccessLog {
     /// Open `cfg.path` and start the writer thread; `dropped` counts the lines lost.
     pub fn open(cfg: &AccessLogConfig, dropped: IntCounter) -> std::io::Result<AccessLog> {
-        let out: Box<dyn Write + Send> = if cfg.path == "-" {
-            Box::new(std::io::stdout())
+        let (out, path): (Box<dyn Write + Send>, _) = if cfg.path == "-" {
+            (Box::new(std::io::stdout()), None)
         } else {
-            Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&cfg.path)?,
-            )
+            (Box::new(open_file(&cfg.path)?), Some(cfg.path.clone()))
         };
-        Self::start(out, cfg.format, QUEUED_LINES, dropped)
+        Self::start(out, path, cfg.format, QUEUED_LINES, dropped)
+    }
+
+    /// Open the file again (SIGUSR1, after logrotate renamed it): lines from the next one on
+    /// go to a file at the configured path. Lines already handed over may still go to the
+    /// renamed file. A file that cannot be opened keeps the old one (and is logged).
+    pub fn reopen(&self) {
+        self.reopen.store(true, Ordering::Release);
     }
 
     /// The writer thread over `out`, fed by a channel of `queued` lines.
     fn start(
         mut out: Box<dyn Write + Send>,
+        path: Option<String>,
         format: AccessLogFormat,
         queued: usize,
         dropped: IntCounter,
     ) -> std::io::Result<AccessLog> {
         let (tx, rx) = sync_channel::<String>(queued);
         let lost = dropped.clone();
+        let reopen = Arc::new(AtomicBool::new(false));
+        let asked = reopen.clone();
         std::thread::Builder::new()
             .name("keymaster-access-log".into())
             .spawn(move || {
                 let mut buf = Vec::with_capacity(64 * 1024);
                 while let Ok(line) = rx.recv() {
+                    if asked.swap(false, Ordering::AcqRel) {
+                        if let Some(p) = &path {
+                            match open_file(p) {
+                                Ok(f) => out = Box::new(f),
+                                Err(e) => tracing::error!(path = %p, error = %e, "access log: cannot reopen; writing to the old file"),
+                            }
+                        }
+                    }
                     buf.extend_from_slice(line.as_bytes());
                     let mut lines = 1;
                     while let Ok(more) = rx.try_recv() {
@@ -103,6 +120,7 @@ impl AccessLog {
             tx,
             format,
             dropped,
+            reopen,
         })
     }
 
@@ -120,6 +138,13 @@ impl AccessLog {
     pub fn dropped(&self) -> u64 {
         self.dropped.get()
     }
+}
+
+fn open_file(path: &str) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
 }
 
 fn json_line(r: &LogRecord) -> String {
@@ -264,6 +289,7 @@ mod tests {
                 entered: entered_tx,
                 go: rx,
             }),
+            None,
             AccessLogFormat::Json,
             4,
             metrics.access_log_dropped.clone(),

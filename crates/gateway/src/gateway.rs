@@ -54,6 +54,9 @@ pub(crate) struct Shared {
     cluster_states: ClusterStates,
     pub(crate) access_log: Option<AccessLog>,
     pub(crate) draining: AtomicBool,
+    /// `POST /healthcheck/fail` on the admin listener: `/ready` answers 503 while requests
+    /// are still served (`/healthcheck/ok` undoes it), to leave a load balancer first.
+    pub(crate) failing_ready: AtomicBool,
     pub(crate) source: ConfigSource,
     /// Requests in flight in this gateway (load shedding).
     pub(crate) load: Arc<crate::overload::Load>,
@@ -428,6 +431,7 @@ impl Gateway {
             cluster_states,
             access_log,
             draining: AtomicBool::new(false),
+            failing_ready: AtomicBool::new(false),
             source,
             load: Arc::default(),
             next_version: AtomicU64::new(2),
@@ -541,7 +545,7 @@ impl Gateway {
     }
 
     /// Serve until SIGTERM or SIGINT (then drain and return); SIGHUP reloads the config
-    /// source. `signals` were installed before the gateway started (see [`Signals`]);
+    /// source; SIGUSR1 reopens the access log file (after logrotate renamed it). `signals` were installed before the gateway started (see [`Signals`]);
     /// `on_ready` runs first (print the banner there). Blocks the calling thread.
     pub fn run_until_signal(
         self,
@@ -553,6 +557,7 @@ impl Gateway {
             mut term,
             mut int,
             mut hup,
+            mut usr1,
         } = signals;
         rt.block_on(async {
             on_ready(&self);
@@ -560,6 +565,13 @@ impl Gateway {
                 tokio::select! {
                     _ = term.recv() => break,
                     _ = int.recv() => break,
+                    _ = usr1.recv() => {
+                        // logrotate renamed the file: lines go to a new one at the path.
+                        if let Some(log) = &self.shared.access_log {
+                            log.reopen();
+                            eprintln!("keymaster: SIGUSR1: reopening the access log");
+                        }
+                    }
                     _ = hup.recv() => {
                         let shared = self.shared.clone();
                         match tokio::task::spawn_blocking(move || shared.reload_from_source()).await {
@@ -578,7 +590,8 @@ impl Gateway {
     }
 }
 
-/// SIGTERM, SIGINT and SIGHUP, taken over from their default actions. Install them before
+/// SIGTERM, SIGINT, SIGHUP and SIGUSR1 (reopen the access log), taken over from their
+/// default actions. Install them before
 /// [`Gateway::start`]: the workers serve as soon as they start, and a SIGTERM that arrived
 /// before the handlers would kill the process instead of draining it.
 pub struct Signals {
@@ -586,6 +599,7 @@ pub struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -594,15 +608,22 @@ impl Signals {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let (term, int, hup) = {
+        let (term, int, hup, usr1) = {
             let _in_runtime = rt.enter();
             (
                 signal(SignalKind::terminate())?,
                 signal(SignalKind::interrupt())?,
                 signal(SignalKind::hangup())?,
+                signal(SignalKind::user_defined1())?,
             )
         };
-        Ok(Signals { rt, term, int, hup })
+        Ok(Signals {
+            rt,
+            term,
+            int,
+            hup,
+            usr1,
+        })
     }
 }
 

@@ -34,6 +34,8 @@ pub struct Metrics {
     /// Access-log lines lost: the writer thread was behind (its queue full) or a write failed.
     pub(crate) access_log_dropped: IntCounter,
     pub(crate) config_version: IntGauge,
+    /// 1 while `/ready` is failed on purpose (`POST /healthcheck/fail`).
+    pub(crate) ready_failing: IntGauge,
     pub(crate) reloads: IntCounterVec,
     /// Admin connections closed at once because the admin listener was at max_connections.
     pub(crate) admin_rejected: IntCounter,
@@ -204,6 +206,13 @@ impl Metrics {
         let config_version = IntGauge::new("config_version", "Active config version").expect("ok");
         r.register(Box::new(config_version.clone()))
             .expect("registered once");
+        let ready_failing = IntGauge::new(
+            "ready_failing",
+            "1 while /ready is failed on purpose (POST /healthcheck/fail)",
+        )
+        .expect("ok");
+        r.register(Box::new(ready_failing.clone()))
+            .expect("ready_failing");
         let admin_rejected = IntCounter::new(
             "admin_connections_rejected_total",
             "Admin connections closed at once because the admin listener was at max_connections",
@@ -470,6 +479,7 @@ impl Metrics {
                 &["route"],
             ),
             config_version,
+            ready_failing,
             latency,
             registry: r,
         }

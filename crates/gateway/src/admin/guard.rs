@@ -29,7 +29,8 @@ pub(crate) enum Access {
     Open,
     /// Shows secrets' surroundings (`/config`): the token, when one is set.
     Token,
-    /// Changes state (`/reload`): a non-simple request, and the token when one is set.
+    /// Changes state (`/reload`, `/healthcheck/fail`, `/healthcheck/ok`): a non-simple
+    /// request, and the token when one is set.
     Mutating,
 }
 
@@ -37,7 +38,9 @@ impl Access {
     /// The access an admin endpoint needs.
     pub(crate) fn of(method: &Method, path: &str) -> Access {
         match (method, path) {
-            (&Method::POST, "/reload") => Access::Mutating,
+            (&Method::POST, "/reload" | "/healthcheck/fail" | "/healthcheck/ok") => {
+                Access::Mutating
+            }
             (&Method::GET, "/config") => Access::Token,
             _ => Access::Open,
         }

@@ -200,9 +200,24 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
         (&Method::GET, "/ready") => {
             if shared.draining.load(Ordering::Acquire) {
                 text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, "draining\n".into())
+            } else if shared.failing_ready.load(Ordering::Acquire) {
+                // Taken out of the load balancer on purpose; requests are still served.
+                text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, "failing\n".into())
             } else {
                 text(StatusCode::OK, PLAIN, "ready\n".into())
             }
+        }
+        (&Method::POST, path @ ("/healthcheck/fail" | "/healthcheck/ok")) => {
+            let fail = path == "/healthcheck/fail";
+            shared.failing_ready.store(fail, Ordering::Release);
+            shared.metrics.ready_failing.set(i64::from(fail));
+            tracing::warn!(
+                failing = fail,
+                "admin: /ready set to {}",
+                if fail { "fail" } else { "pass" }
+            );
+            let body = serde_json::json!({"status": "ok", "ready": !fail});
+            text(StatusCode::OK, "application/json", body.to_string() + "\n")
         }
         (&Method::GET, "/config") => {
             let snap = shared.snapshot.load();
@@ -244,13 +259,15 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
                 ),
             }
         }
-        (_, "/metrics" | "/healthz" | "/ready" | "/config" | "/reload" | "/health/clusters") => {
-            text(
-                StatusCode::METHOD_NOT_ALLOWED,
-                PLAIN,
-                "method not allowed\n".into(),
-            )
-        }
+        (
+            _,
+            "/metrics" | "/healthz" | "/ready" | "/config" | "/reload" | "/health/clusters"
+            | "/healthcheck/fail" | "/healthcheck/ok",
+        ) => text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            PLAIN,
+            "method not allowed\n".into(),
+        ),
         _ => text(StatusCode::NOT_FOUND, PLAIN, "not found\n".into()),
     }
 }
