@@ -372,3 +372,39 @@ async fn a_failed_ready_check_keeps_serving_requests() {
     let r = admin_get(&g, "/healthcheck/fail").await;
     assert_eq!(r.status, 405, "GET does not change it");
 }
+
+/// What an SRE's alerts need from the start: the build, the process (CPU, memory,
+/// descriptors), and the reload series at zero with the time the config was applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_build_and_reload_series_exist_from_the_start() {
+    let (g, _s) = gateway_with_stub();
+    let m = metrics_text(&g).await;
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        metric(
+            &m,
+            &format!("keymaster_build_info{{version=\"{version}\"}}")
+        ),
+        1.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "keymaster_process_resident_memory_bytes ") > 1e6,
+        "{m}"
+    );
+    assert!(metric(&m, "keymaster_process_open_fds ") >= 3.0, "{m}");
+    assert!(m.contains("keymaster_process_cpu_seconds_total "), "{m}");
+    for result in ["ok", "rejected"] {
+        let series = format!("keymaster_config_reloads_total{{result=\"{result}\"}} 0");
+        assert!(m.contains(&series), "{series} present at zero: {m}");
+    }
+    let applied = metric(&m, "keymaster_config_last_applied_timestamp_seconds ");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        (now - applied).abs() < 60.0,
+        "applied at start: {applied} vs {now}"
+    );
+}

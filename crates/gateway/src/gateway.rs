@@ -147,6 +147,7 @@ impl Shared {
                     .unwrap_or_else(|e| e.into_inner()) = restart_required;
                 self.metrics.config_version.set(version as i64);
                 self.metrics.reloads.with_label_values(&["ok"]).inc();
+                self.metrics.applied_now();
                 tracing::info!(version, "config reloaded");
                 Ok(version)
             }
@@ -425,6 +426,7 @@ impl Gateway {
         let cluster_states = ClusterStates::default();
         let snapshot = Snapshot::build(config, 1, &metrics, &cluster_states, &filters, &lists)?;
         metrics.config_version.set(1);
+        metrics.applied_now();
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,

@@ -37,6 +37,8 @@ pub struct Metrics {
     /// 1 while `/ready` is failed on purpose (`POST /healthcheck/fail`).
     pub(crate) ready_failing: IntGauge,
     pub(crate) reloads: IntCounterVec,
+    /// When the running config was last applied (start or reload), Unix seconds.
+    pub(crate) reload_time: IntGauge,
     /// Admin connections closed at once because the admin listener was at max_connections.
     pub(crate) admin_rejected: IntCounter,
     /// Admin requests refused by the admin guard, by reason.
@@ -153,6 +155,15 @@ pub(crate) struct ListenerMetrics {
     pub(crate) descriptors_exhausted: IntCounter,
 }
 
+impl Metrics {
+    /// A config version was applied now (start, reload, discovery update).
+    pub(crate) fn applied_now(&self) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        self.reload_time
+            .set(now.map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)));
+    }
+}
+
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let v = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition");
     r.register(Box::new(v.clone()))
@@ -176,6 +187,29 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let r = Registry::new_custom(Some("keymaster".into()), None).expect("valid prefix");
+        // CPU seconds, resident memory, open descriptors and their limit, start time
+        // (`keymaster_process_*`), read from /proc when metrics are rendered.
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("process collector registered once");
+        let build_info = gauge_vec(
+            &r,
+            "build_info",
+            "Always 1; the running build",
+            &["version"],
+        );
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        let reload_time = IntGauge::new(
+            "config_last_applied_timestamp_seconds",
+            "When the running config version was applied (start or reload), Unix seconds",
+        )
+        .expect("valid metric definition");
+        r.register(Box::new(reload_time.clone()))
+            .expect("metric registered once");
         let latency = HistogramVec::new(
             HistogramOpts::new(
                 "request_duration_seconds",
@@ -356,12 +390,15 @@ impl Metrics {
                 r.register(Box::new(c.clone())).expect("metric registered once");
                 c
             },
-            reloads: counter_vec(
-                &r,
-                "config_reloads_total",
-                "Config reloads by result",
-                &["result"],
-            ),
+            reloads: {
+                let v = counter_vec(&r, "config_reloads_total", "Config reloads by result", &["result"]);
+                // Both results exist from the start, so that rate() and absent() alerts work.
+                for result in ["ok", "rejected"] {
+                    v.with_label_values(&[result]);
+                }
+                v
+            },
+            reload_time,
             admin_rejected,
             admin_refused: counter_vec(
                 &r,
