@@ -460,12 +460,19 @@ impl Metrics {
                 "Active health checks by cluster and result: pass, or the failure's category (origin_connectivity, origin_connect_timeout, origin_tls, origin_reset, origin_bad_response, origin_read_timeout, origin_unhealthy)",
                 &["cluster", "result"],
             ),
-            shed: counter_vec(
-                &r,
-                "shed_total",
-                "Requests shed with 503 because the gateway was overloaded, by route priority",
-                &["priority"],
-            ),
+            shed: {
+                let v = counter_vec(
+                    &r,
+                    "shed_total",
+                    "Requests shed with 503 because the gateway was overloaded, by route priority",
+                    &["priority"],
+                );
+                // Present at zero from the start (alerts on rate() and absent()).
+                for priority in ["low", "normal", "high"] {
+                    v.with_label_values(&[priority]);
+                }
+                v
+            },
             rate_limit_redis: counter_vec(
                 &r,
                 "rate_limit_redis_total",
