@@ -512,3 +512,28 @@ request_headers = { set = { x-set = "1" } }
         "{seen}"
     );
 }
+
+/// By default a client's request id is kept only from a trusted proxy: anyone else's is
+/// replaced (the origin and the client see the new one, once), so that no client chooses
+/// the id that logs and traces are joined by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_clients_request_id_is_replaced() {
+    let s = stub();
+    let default = config_text(s.local_addr(), "", "").replace("request_id_from = \"any\"\n", "");
+    let g = start_gateway(&default);
+    let (r, h) = inspect(g.addr, &[("x-request-id", "client-chosen")]).await;
+    let up = values(&h, "x-request-id");
+    assert_eq!(up.len(), 1, "one id upstream: {up:?}");
+    assert_ne!(up[0], "client-chosen");
+    assert_eq!(up[0].len(), 32, "a generated id: {up:?}");
+    assert_eq!(r.headers["x-request-id"], up[0]);
+    // From a trusted proxy it is kept.
+    let trusted = default.replace(
+        "address = \"127.0.0.1:0\"\n",
+        "address = \"127.0.0.1:0\"\ntrusted_proxies = [\"127.0.0.1\"]\n",
+    );
+    let g = start_gateway(&trusted);
+    let (r, h) = inspect(g.addr, &[("x-request-id", "from-the-lb")]).await;
+    assert_eq!(values(&h, "x-request-id"), ["from-the-lb"]);
+    assert_eq!(r.headers["x-request-id"], "from-the-lb");
+}

@@ -44,7 +44,8 @@ impl Drop for TestGateway {
 }
 
 /// The common head of every test config: one worker, a short drain, admin and the "main"
-/// listener on ephemeral ports. Listener keys may follow directly, then routes and clusters.
+/// listener on ephemeral ports, keeping the test client's request ids (the tests' client is
+/// no trusted proxy). Listener keys may follow directly, then routes and clusters.
 pub const PREAMBLE: &str = r#"
 [server]
 workers = 1
@@ -56,6 +57,7 @@ listen = "127.0.0.1:0"
 [[listeners]]
 name = "main"
 address = "127.0.0.1:0"
+request_id_from = "any"
 "#;
 
 /// A config with one listener on 127.0.0.1:0, admin on 127.0.0.1:0, one worker, one route

@@ -282,6 +282,9 @@ pub struct ListenerConfig {
     pub forwarded_header: bool,
     /// Header carrying the request id (generated when absent).
     pub request_id_header: String,
+    /// Whose request id is kept: `"trusted"` (peers in `trusted_proxies`; anyone else's is
+    /// replaced with a generated one) or `"any"` client's.
+    pub request_id_from: RequestIdFrom,
     /// `tls`: terminate TLS on this listener (absent = cleartext).
     pub tls: Option<TlsConfig>,
     /// PROXY protocol header expected before TLS/HTTP: `"off"`, `"v1"`, `"v2"` or `"any"`.
@@ -345,6 +348,18 @@ pub enum ForwardPath {
     Raw,
 }
 
+/// Whose request id a listener keeps (`request_id_from`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestIdFrom {
+    /// Peers in `trusted_proxies` (an edge's own load balancers); other clients' ids are
+    /// replaced, so that a client cannot choose the id logs and traces are joined by.
+    #[default]
+    Trusted,
+    /// Every client.
+    Any,
+}
+
 /// Which PROXY protocol versions (HAProxy's, v1 text or v2 binary) a listener accepts.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
@@ -376,6 +391,7 @@ impl Default for ListenerConfig {
             trusted_proxies: Vec::new(),
             forwarded_header: false,
             request_id_header: "x-request-id".into(),
+            request_id_from: RequestIdFrom::Trusted,
             tls: None,
             proxy_protocol: ProxyProtocol::Off,
             proxy_protocol_from: Vec::new(),

@@ -56,6 +56,9 @@ pub(crate) struct ListenerCtx {
     pub(crate) trusted: Vec<ipnet::IpNet>,
     pub(crate) forwarded_header: bool,
     pub(crate) request_id_header: HeaderName,
+    /// Every client's request id is kept (`request_id_from = "any"`), not only trusted
+    /// proxies'.
+    pub(crate) request_id_from_any: bool,
     pub(crate) metrics: ListenerMetrics,
     /// TLS termination (swapped on reload); `None` for a cleartext listener.
     pub(crate) tls: Option<Arc<ListenerTls>>,
@@ -98,6 +101,7 @@ impl ListenerCtx {
             open: AtomicUsize::new(0),
             trusted,
             forwarded_header: cfg.forwarded_header,
+            request_id_from_any: cfg.request_id_from == keymaster_config::RequestIdFrom::Any,
             request_id_header: HeaderName::from_bytes(cfg.request_id_header.as_bytes())
                 .map_err(|e| format!("listener {}: request_id_header: {e}", cfg.name))?,
             metrics,

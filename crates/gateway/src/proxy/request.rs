@@ -99,8 +99,9 @@ pub(super) fn receive(
     }
     // One canonical path for routing, the filters and the origin (keymaster_http::path).
     let raw_target = keymaster_http::path::canonicalise(&mut parts.uri, &listener.path)?;
+    let sent = kept_request_id(cx, facts.request_id, parts, wire);
     let in_map = snapshot.filters.wants_request_id_in_map();
-    let (rid, rid_added) = request_id(listener, facts.request_id, in_map, parts, wire);
+    let (rid, rid_added) = request_id(listener, sent, in_map, parts, wire);
     info.request_id = Some(rid.clone());
     // Host as the client addressed it: absolute-form / :authority wins over Host (RFC 9112
     // §3.2.2).
@@ -143,6 +144,29 @@ fn needs_map(cx: &ConnCtx, snapshot: &Snapshot, scan: &hdr::HeadScan, grpc: bool
         || grpc
         || cx.listener.forwarded_header
         || vouches
+}
+
+/// The request id the client sent, if the listener keeps it from this peer
+/// (`request_id_from`); one it does not keep is taken out of the fields (a new one is made).
+#[inline(always)]
+fn kept_request_id(
+    cx: &ConnCtx,
+    sent: Option<HeaderValue>,
+    parts: &mut http::request::Parts,
+    wire: &mut Option<Box<WireHead>>,
+) -> Option<HeaderValue> {
+    let sent = sent?;
+    if cx.client.trusted || cx.listener.request_id_from_any {
+        return Some(sent);
+    }
+    let name = &cx.listener.request_id_header;
+    match wire.as_mut() {
+        Some(w) => w.fields.remove(name),
+        None => {
+            parts.headers.remove(name);
+        }
+    }
+    None
 }
 
 /// The client's request id, or a new one. A new one goes into the fields when a filter may
