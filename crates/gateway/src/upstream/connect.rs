@@ -1,8 +1,8 @@
 //! Opening an upstream connection: TCP connect and, for TLS clusters, the TLS handshake,
-//! together within the connect timeout; then hyper's HTTP/1 or HTTP/2 client handshake
-//! (HTTP/2 when the cluster says `h2`, or ALPN chose it for `auto`; its connection runs as a
-//! local task), or keymaster's own HTTP/1.1 client connection ([`super::h1`]), which needs
-//! no handshake and no task.
+//! together within the connect timeout; then hyper's HTTP/2 client handshake (when the
+//! cluster says `h2`, or ALPN chose it for `auto`; its connection runs as a local task), or
+//! keymaster's own HTTP/1.1 client connection ([`super::h1`]), which needs no handshake and
+//! no task.
 
 use hyper::client::conn::http2;
 use hyper_util::rt::TokioIo;
