@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use keymaster_bench::load::{run_load, LoadConfig, LoadReport};
+use keymaster_bench::load::{check_report, run_load, LoadConfig, LoadReport};
 use keymaster_bench::stub::{spawn_stub, stub_body_gzip, StubHandle};
 
 fn stub() -> StubHandle {
@@ -130,6 +130,59 @@ fn warmup_is_not_counted() {
     assert!(r.all_ok());
     assert!((r.duration_secs - 0.3).abs() < 1e-6, "{}", r.duration_secs);
     assert!(r.requests > 0);
+}
+
+#[test]
+fn requests_are_counted_after_the_warmup() {
+    // Issue 26: `--requests N` with a warm-up used to spend the budget in the warm-up and
+    // report 0 requests. Now the warm-up runs for its time and then exactly N are measured.
+    let stub = stub();
+    let mut cfg = config(stub.local_addr(), "length=10&delay=1");
+    cfg.warmup = Duration::from_millis(200);
+    cfg.max_requests = Some(100);
+    let began = std::time::Instant::now();
+    let r = run(&cfg);
+    let wall = began.elapsed().as_secs_f64();
+    assert_eq!((r.requests, r.ok), (100, 100));
+    assert!(r.all_ok());
+    assert!(check_report(&r, 0.0).is_ok());
+    // The real elapsed time from the end of the warm-up to the last response: 100 requests of
+    // at least 1 ms each on 4 connections take at least 25 ms, and far less than the 10 s cap.
+    assert!(r.duration_secs >= 0.025, "{}", r.duration_secs);
+    assert!(
+        r.duration_secs < wall - 0.2 + 0.05,
+        "{} vs wall {wall}",
+        r.duration_secs
+    );
+    assert!((r.requests_per_sec - 100.0 / r.duration_secs).abs() < 1e-6);
+}
+
+#[test]
+fn failures_fail_the_run() {
+    let stub = stub();
+    // All 5xx: fails at the default 1%, passes only when 100% failures are allowed.
+    let r = run(&config(stub.local_addr(), "status=500&length=10"));
+    let err = check_report(&r, 1.0).unwrap_err();
+    assert!(err.contains("200 of 200 requests failed"), "{err}");
+    assert!(check_report(&r, 100.0).is_ok());
+    // Refused connections always fail, whatever the threshold.
+    let addr = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut cfg = config(addr, "");
+    cfg.max_requests = Some(5);
+    let r = run(&cfg);
+    let err = check_report(&r, 100.0).unwrap_err();
+    assert!(err.contains("5 connect error"), "{err}");
+    // Nothing measured fails too (a warm-up longer than the run's window).
+    let mut cfg = config(stub.local_addr(), "length=10");
+    cfg.max_requests = None;
+    cfg.warmup = Duration::from_millis(100);
+    cfg.duration = Duration::ZERO;
+    let r = run(&cfg);
+    assert_eq!(r.requests, 0);
+    assert!(check_report(&r, 100.0).is_err());
 }
 
 #[test]

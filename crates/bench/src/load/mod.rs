@@ -71,7 +71,8 @@ pub struct LoadConfig {
     pub method: String,
     /// Extra request headers.
     pub headers: Vec<(String, String)>,
-    /// Stop after this many requests in total (warm-up included), if set.
+    /// Measure this many requests after the warm-up, then stop (`duration` is then a cap); the
+    /// warm-up's requests are not counted against it.
     pub max_requests: Option<u64>,
     /// `https://` targets: PEM file of the CA to trust (see [`tls`] for the parity crypto).
     pub tls_ca: Option<std::path::PathBuf>,
@@ -138,7 +139,11 @@ struct Plan {
 }
 
 impl Plan {
-    fn take_ticket(&self) -> bool {
+    /// A measured request may go out while the budget lasts; warm-up requests always may.
+    fn take_ticket(&self, counted: bool) -> bool {
+        if !counted {
+            return true;
+        }
         self.budget
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
             .is_ok()
@@ -228,9 +233,12 @@ pub fn run_load(cfg: &LoadConfig) -> Result<LoadReport, String> {
         total.merge(&stats);
         finished = finished.max(done);
     }
-    // The window, unless the request budget ran out before it closed.
+    // The window, unless the request budget ran out before it closed: then from the end of the
+    // warm-up to the last measured response.
     let measured = if plan.budget.load(Ordering::Relaxed) == 0 {
-        finished
+        total
+            .last_counted
+            .unwrap_or(finished)
             .min(plan.end)
             .saturating_duration_since(measure_from)
     } else {
@@ -332,9 +340,6 @@ async fn connection(plan: Arc<Plan>, index: usize, stats: Rc<RefCell<ThreadStats
             }
             break;
         }
-        if !plan.take_ticket() {
-            break;
-        }
         // Open loop: a request that waited for the previous response (the connection was behind
         // schedule) is charged from its due time; one that only waited for the timer is charged
         // from the actual send, so the timer's millisecond granularity is not billed to the
@@ -343,11 +348,14 @@ async fn connection(plan: Arc<Plan>, index: usize, stats: Rc<RefCell<ThreadStats
             Some(due) if behind => due,
             _ => sent,
         };
+        let counted = began >= measure_from;
+        if !plan.take_ticket(counted) {
+            break;
+        }
         let reused = conn.is_some();
         let result = tokio::time::timeout(plan.timeout, exchange(&plan, &mut conn)).await;
         let done = Instant::now();
         last_done = done;
-        let counted = began >= measure_from;
         let outcome = match result {
             Ok(Ok(info)) => Ok(info),
             Ok(Err(f)) => Err(f),
@@ -356,6 +364,9 @@ async fn connection(plan: Arc<Plan>, index: usize, stats: Rc<RefCell<ThreadStats
         // Update the counters without holding the borrow across an await.
         let closing = {
             let mut s = stats.borrow_mut();
+            if counted {
+                s.last_counted = s.last_counted.max(Some(done.into_std()));
+            }
             if !reused && conn.is_some() {
                 s.connections_opened += 1;
             }
@@ -507,9 +518,10 @@ pub struct LoadArgs {
     /// Concurrent connections.
     #[arg(short = 'c', long, value_name = "N", default_value_t = 100)]
     pub connections: usize,
-    /// Measured time, after the warm-up (e.g. 10s, 500ms, 2m).
-    #[arg(short = 'd', long, value_name = "TIME", default_value = "10s", value_parser = parse_duration)]
-    pub duration: Duration,
+    /// Measured time, after the warm-up (e.g. 10s, 500ms, 2m); default 10s, or with `--requests`
+    /// a cap of 10 minutes.
+    #[arg(short = 'd', long, value_name = "TIME", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
     /// Open loop at this total rate, requests per second (latency from the intended send time).
     #[arg(short = 'R', long, value_name = "REQ_PER_SEC")]
     pub rate: Option<u64>,
@@ -531,9 +543,14 @@ pub struct LoadArgs {
     /// Extra request header, `Name: value` (repeatable).
     #[arg(short = 'H', long = "header", value_name = "HEADER", value_parser = parse_header)]
     pub headers: Vec<(String, String)>,
-    /// Stop after this many requests (warm-up included).
+    /// Measure this many requests after the warm-up, then stop; the report's time is the real
+    /// elapsed time from the end of the warm-up to the last of them.
     #[arg(long, value_name = "N")]
     pub requests: Option<u64>,
+    /// Exit non-zero when more than this percentage of the measured requests failed (non-2xx,
+    /// timeouts, read/write/parse errors). Any connect error, or no request at all, always fails.
+    #[arg(long, value_name = "PCT", default_value_t = 1.0)]
+    pub max_failed: f64,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -550,7 +567,11 @@ impl From<&LoadArgs> for LoadConfig {
         LoadConfig {
             url: a.url.clone(),
             connections: a.connections,
-            duration: a.duration,
+            duration: a.duration.unwrap_or(if a.requests.is_some() {
+                Duration::from_secs(600)
+            } else {
+                Duration::from_secs(10)
+            }),
             rate: a.rate,
             churn: a.churn,
             threads: a.threads,
@@ -573,6 +594,29 @@ pub fn load_main(args: LoadArgs) -> Result<(), String> {
         println!("{json}");
     } else {
         println!("{report}");
+    }
+    check_report(&report, args.max_failed)
+}
+
+/// Whether a run counts as passed: no connect error, at least one measured request, and at most
+/// `max_failed_pct` percent of the measured requests failed (non-2xx or socket errors).
+pub fn check_report(report: &LoadReport, max_failed_pct: f64) -> Result<(), String> {
+    if report.errors.connect > 0 {
+        return Err(format!(
+            "{} connect error(s): the target refused or could not be reached",
+            report.errors.connect
+        ));
+    }
+    let attempted = report.requests + report.errors.total();
+    if attempted == 0 {
+        return Err("no request was measured".into());
+    }
+    let failed = (report.requests - report.ok.min(report.requests)) + report.errors.total();
+    let pct = failed as f64 * 100.0 / attempted as f64;
+    if pct > max_failed_pct {
+        return Err(format!(
+            "{failed} of {attempted} requests failed ({pct:.2}%, more than --max-failed {max_failed_pct}%)"
+        ));
     }
     Ok(())
 }
@@ -643,8 +687,11 @@ mod tests {
             end: std::time::Instant::now(),
             budget: AtomicU64::new(2),
         };
-        assert!(plan.take_ticket());
-        assert!(plan.take_ticket());
-        assert!(!plan.take_ticket());
+        // Warm-up requests never spend the budget.
+        assert!(plan.take_ticket(false));
+        assert!(plan.take_ticket(true));
+        assert!(plan.take_ticket(true));
+        assert!(!plan.take_ticket(true));
+        assert!(plan.take_ticket(false));
     }
 }

@@ -101,6 +101,8 @@ pub struct ThreadStats {
     pub cpu_secs: f64,
     /// Open loop: requests due in the window but never sent (their connection was still busy).
     pub unsent: u64,
+    /// When the last counted request finished (for `--requests`: the real end of the window).
+    pub last_counted: Option<std::time::Instant>,
 }
 
 impl ThreadStats {
@@ -114,6 +116,7 @@ impl ThreadStats {
         self.connections_opened += o.connections_opened;
         self.cpu_secs += o.cpu_secs;
         self.unsent += o.unsent;
+        self.last_counted = self.last_counted.max(o.last_counted);
     }
 }
 
