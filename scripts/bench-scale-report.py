@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tables, a CSV and the workers-scaling chart from a many-core run (issue 26).
 
-Reads what devrun/run.sh (or scripts/bench-many-cores.sh) leaves in its folder: scale-w<N>/results.json
+Reads what scripts/bench-16core-run.sh leaves in its folder: scale-w<N>/results.json
 (saturation at N workers), ramp-w<N>/results.json, loadavg.txt (`epoch load1 load5 load15 ...`
 every second) and steps.txt (`== ... (epoch)` / `exit rc (epoch)` lines).
 
