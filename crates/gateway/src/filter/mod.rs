@@ -89,8 +89,6 @@ impl Matcher {
 struct Entry {
     name: Arc<str>,
     stage: FilterStage,
-    /// [`Filter::needs`] has [`Needs::SYNCHRONOUS`] (asked once).
-    synchronous: bool,
     /// [`Filter::needs`], asked once.
     needs: Needs,
     /// Synchronous and matching every request: the stage loop's short path (asked and run
@@ -171,7 +169,6 @@ impl FilterChain {
                 metrics: metrics.filter(&s.name),
                 name: s.name.as_str().into(),
                 stage: s.stage,
-                synchronous: needs.contains(Needs::SYNCHRONOUS),
                 plain: needs.contains(Needs::SYNCHRONOUS) && matcher.always,
                 needs,
                 order: s.order,

@@ -18,7 +18,8 @@ use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
 use super::{
-    builtin, Entry, Failure, FilterChain, FilterCtx, FilterError, FilterFuture, FilterStage, State,
+    builtin, Entry, Failure, FilterChain, FilterCtx, FilterError, FilterFuture, FilterStage, Needs,
+    State,
 };
 use crate::proxy::ResponseBody;
 use keymaster_filter::host::KeptRequest;
@@ -86,7 +87,7 @@ impl FilterChain {
             {
                 break; // answered: the rest of pre/route is skipped
             }
-            if !e.synchronous {
+            if !e.needs.contains(Needs::SYNCHRONOUS) {
                 return Ok(Some(at));
             }
             if e.plain && !ctx.state.timed {
