@@ -12,6 +12,7 @@ pub mod model;
 mod redact;
 mod resilience;
 mod servers_file;
+mod traces;
 pub mod units;
 mod validate;
 mod validate_filters;

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 
 pub use crate::filters::*;
 pub use crate::resilience::*;
+pub use crate::traces::*;
 pub use crate::units::{ByteSize, Duration};
 
 /// The whole file.
@@ -41,6 +42,8 @@ pub struct Config {
     pub lua: LuaConfig,
     /// `[filter_body]`: caps for bodies buffered for filters that declare they need them.
     pub filter_body: FilterBodyConfig,
+    /// `[traces]`: OpenTelemetry traces exported over OTLP (off without an endpoint).
+    pub traces: TracesConfig,
 }
 
 /// The DNS resolver used by service discovery (`[[clusters]] discovery`).
@@ -285,6 +288,9 @@ pub struct ListenerConfig {
     /// Whose request id is kept: `"trusted"` (peers in `trusted_proxies`; anyone else's is
     /// replaced with a generated one) or `"any"` client's.
     pub request_id_from: RequestIdFrom,
+    /// Share of requests traced when `[traces]` is on and the request has no sampled parent
+    /// (0.0 to 1.0); a route's `trace_sample` overrides it.
+    pub trace_sample: f64,
     /// `tls`: terminate TLS on this listener (absent = cleartext).
     pub tls: Option<TlsConfig>,
     /// PROXY protocol header expected before TLS/HTTP: `"off"`, `"v1"`, `"v2"` or `"any"`.
@@ -392,6 +398,7 @@ impl Default for ListenerConfig {
             forwarded_header: false,
             request_id_header: "x-request-id".into(),
             request_id_from: RequestIdFrom::Trusted,
+            trace_sample: 1.0,
             tls: None,
             proxy_protocol: ProxyProtocol::Off,
             proxy_protocol_from: Vec::new(),
@@ -596,6 +603,8 @@ pub struct RouteConfig {
     /// Lua filter settings for this route, per filter: keys here replace the same keys of
     /// `[lua.settings.<filter>]` for requests of this route.
     pub lua_settings: BTreeMap<String, toml::Table>,
+    /// The listener's `trace_sample` for requests of this route (0.0 to 1.0).
+    pub trace_sample: Option<f64>,
 }
 
 /// Protocol upgrades (`Connection: upgrade` + `Upgrade: <protocol>`) on a route. An allowed
@@ -646,6 +655,7 @@ impl Default for RouteConfig {
             retry: RetryConfig::default(),
             shed_priority: ShedPriority::Normal,
             lua_settings: BTreeMap::new(),
+            trace_sample: None,
         }
     }
 }

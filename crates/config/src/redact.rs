@@ -20,6 +20,7 @@ impl Config {
         if let Some(url) = &c.redis.url {
             c.redis.url = Some(url_without_credentials(url));
         }
+        redact_table(&mut c.traces.headers);
         for t in c.lua.settings.values_mut() {
             redact_table(t);
         }

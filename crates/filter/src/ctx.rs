@@ -201,9 +201,21 @@ pub struct Extras {
     pub failure: Option<Failure>,
     /// Debug mode: one entry per filter considered.
     pub debug: Option<Vec<String>>,
+    /// A traced request: each filter considered, for its trace's events.
+    pub steps: Option<Vec<FilterStep>>,
     /// Bodies buffered for filters that declared they need them (`filter::body`).
     pub request_body: Option<bytes::Bytes>,
     pub response_body: Option<bytes::Bytes>,
+}
+
+/// One filter considered for a traced request: which, when, for how long, how it went
+/// (`"ran"`, `"skip"` or `"failed"`).
+pub struct FilterStep {
+    pub stage: &'static str,
+    pub filter: Arc<str>,
+    pub start: std::time::Instant,
+    pub took: std::time::Duration,
+    pub outcome: &'static str,
 }
 
 /// What [`FilterCtx::meta`] reads before anything was put in the map.
@@ -265,6 +277,17 @@ impl State {
     /// The rarely used parts, if any was ever set, writable.
     pub fn extras_mut(&mut self) -> Option<&mut Extras> {
         self.extras.as_deref_mut()
+    }
+
+    /// A traced request: time every filter and keep its step (see [`FilterStep`]).
+    pub fn record_steps(&mut self) {
+        self.timed = true;
+        self.extras().steps = Some(Vec::new());
+    }
+
+    /// A traced request: the steps to add to.
+    pub fn steps(&mut self) -> Option<&mut Vec<FilterStep>> {
+        self.extras_mut()?.steps.as_mut()
     }
 
     /// Debug mode: the trace to add entries to.

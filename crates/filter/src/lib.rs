@@ -24,8 +24,8 @@ pub use source::{FilterSource, Reload, Reloader};
 #[doc(hidden)]
 pub mod host {
     pub use crate::ctx::{
-        ClusterChoice, ClusterHandle, Extras, FilterState, KeptRequest, LocalResponse, ResponseRef,
-        State,
+        ClusterChoice, ClusterHandle, Extras, FilterState, FilterStep, KeptRequest, LocalResponse,
+        ResponseRef, State,
     };
     pub use crate::TIMING_SAMPLE;
 }

@@ -16,6 +16,8 @@ use keymaster_config::{AccessLogConfig, AccessLogFormat};
 #[derive(Debug, Default)]
 pub struct LogRecord {
     pub request_id: String,
+    /// The request's trace id (`[traces]` on), empty otherwise.
+    pub trace_id: String,
     pub client: String,
     pub method: String,
     pub uri: String,
@@ -151,6 +153,7 @@ fn json_line(r: &LogRecord) -> String {
     let v = serde_json::json!({
         "time": rfc3339_now(),
         "request_id": r.request_id,
+        "trace_id": r.trace_id,
         "client": r.client,
         "method": r.method,
         "uri": r.uri,
@@ -187,7 +190,7 @@ fn combined_line(r: &LogRecord) -> String {
         }
     };
     format!(
-        "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\" rid={} route={} origin={} category={} duration_ms={:.3} attempts={}\n",
+        "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\" rid={} trace={} route={} origin={} category={} duration_ms={:.3} attempts={}\n",
         r.client,
         clf_now(),
         esc(&r.method),
@@ -198,6 +201,7 @@ fn combined_line(r: &LogRecord) -> String {
         dash(&r.referer),
         dash(&r.user_agent),
         dash(&r.request_id),
+        dash(&r.trace_id),
         dash(&r.route),
         dash(&r.origin),
         r.category,

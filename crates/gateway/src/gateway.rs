@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     /// Every cluster's live counts (caps, queue, retry budget), kept across versions.
     cluster_states: ClusterStates,
     pub(crate) access_log: Option<AccessLog>,
+    /// `[traces]` on: where sampled requests' spans go.
+    pub(crate) traces: Option<crate::proxy::Tracing>,
     pub(crate) draining: AtomicBool,
     /// `POST /healthcheck/fail` on the admin listener: `/ready` answers 503 while requests
     /// are still served (`/healthcheck/ok` undoes it), to leave a load balancer first.
@@ -377,6 +379,7 @@ impl Gateway {
         } else {
             None
         };
+        let traces = crate::proxy::Tracing::start(&config.traces, &metrics)?;
 
         // Bind: the first socket of each listener fixes the port (port 0 works), then one
         // more per extra worker on the same address.
@@ -432,6 +435,7 @@ impl Gateway {
             metrics,
             cluster_states,
             access_log,
+            traces,
             draining: AtomicBool::new(false),
             failing_ready: AtomicBool::new(false),
             source,

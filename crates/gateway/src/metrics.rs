@@ -33,6 +33,8 @@ pub struct Metrics {
     descriptors_exhausted: IntCounterVec,
     /// Access-log lines lost: the writer thread was behind (its queue full) or a write failed.
     pub(crate) access_log_dropped: IntCounter,
+    /// Trace spans by outcome: exported, dropped (queue full), failed (export failed).
+    pub(crate) trace_spans: keymaster_trace::Counters,
     pub(crate) config_version: IntGauge,
     /// 1 while `/ready` is failed on purpose (`POST /healthcheck/fail`).
     pub(crate) ready_failing: IntGauge,
@@ -389,6 +391,19 @@ impl Metrics {
                 .expect("valid metric definition");
                 r.register(Box::new(c.clone())).expect("metric registered once");
                 c
+            },
+            trace_spans: {
+                let v = counter_vec(
+                    &r,
+                    "trace_spans_total",
+                    "Trace spans by outcome: exported, dropped (the export queue was full), failed (the collector refused or timed out)",
+                    &["outcome"],
+                );
+                keymaster_trace::Counters {
+                    exported: v.with_label_values(&["exported"]),
+                    dropped: v.with_label_values(&["dropped"]),
+                    failed: v.with_label_values(&["failed"]),
+                }
             },
             reloads: {
                 let v = counter_vec(&r, "config_reloads_total", "Config reloads by result", &["result"]);

@@ -36,8 +36,10 @@ mod attempt;
 mod filters;
 mod request;
 mod response;
+mod trace;
 
 pub(crate) use response::ResponseBody;
+pub(crate) use trace::Tracing;
 
 /// The response to the client, boxed where it is made: it moves up through the proxy
 /// stage's layers to the client connection a pointer at a time.
@@ -97,7 +99,8 @@ async fn handle_in(
                 elapsed: start.elapsed(),
                 bytes_out: resp.body().local_len(),
             };
-            record(cx, info.route.as_deref(), info.log.take(), finished);
+            let records = info.done();
+            record(cx, info.route.as_deref(), records, finished);
             drop(inflight);
             return Ok(resp);
         }
@@ -136,7 +139,8 @@ async fn handle_in(
         elapsed: start.elapsed(),
         bytes_out: resp.body().local_len(),
     };
-    record(cx, info.route.as_deref(), info.log.take(), finished);
+    let records = info.done();
+    record(cx, info.route.as_deref(), records, finished);
     drop(inflight);
     Ok(Box::new(resp))
 }
@@ -168,6 +172,32 @@ struct RequestInfo {
     grpc: bool,
     /// Counted in the gateway's in-flight requests until the request ends.
     load: Option<InFlightLoad>,
+    /// The request's trace (`[traces]` on).
+    trace: Option<Box<keymaster_trace::RequestTrace>>,
+}
+
+impl RequestInfo {
+    /// The request's records, for `record` when it ends.
+    fn done(&mut self) -> Records {
+        if let Some(t) = self.trace.as_mut() {
+            let steps = self
+                .filters
+                .as_mut()
+                .and_then(|f| f.extras_mut()?.steps.take());
+            trace::add_steps(t, steps.unwrap_or_default());
+        }
+        Records {
+            log: self.log.take(),
+            trace: self.trace.take(),
+        }
+    }
+}
+
+/// What a finished request is written into: its access-log line and its trace.
+#[derive(Default)]
+pub(crate) struct Records {
+    log: Option<Box<LogRecord>>,
+    trace: Option<Box<keymaster_trace::RequestTrace>>,
 }
 
 /// How a request ended, for metrics and the access log.
@@ -182,7 +212,7 @@ struct Finished {
 
 /// The one place a finished request is counted and logged, whoever answered it: the origin
 /// (`Exchange`), the filter chain, or an error response.
-fn record(cx: &ConnCtx, route: Option<&Route>, log: Option<Box<LogRecord>>, f: Finished) {
+fn record(cx: &ConnCtx, route: Option<&Route>, records: Records, f: Finished) {
     if !matches!(f.category, "success" | "filter_response") {
         cx.worker.shared.metrics.error(f.category, f.side.as_str());
     }
@@ -190,7 +220,10 @@ fn record(cx: &ConnCtx, route: Option<&Route>, log: Option<Box<LogRecord>>, f: F
         route.metrics.count(f.status);
         route.metrics.latency.observe(f.elapsed.as_secs_f64());
     }
-    if let (Some(mut log), Some(l)) = (log, &cx.worker.shared.access_log) {
+    if let Some(t) = records.trace {
+        trace::end(cx, *t, f.status, f.category);
+    }
+    if let (Some(mut log), Some(l)) = (records.log, &cx.worker.shared.access_log) {
         log.status = f.status;
         log.category = f.category;
         log.duration_us = f.elapsed.as_micros() as u64;
@@ -224,7 +257,7 @@ async fn proxy(
     };
     let (mut parts, mut body) = req.into_parts();
     let head = request::Head::new(&mut parts, &mut body, &mut wire);
-    let mut req = request::receive(cx, snapshot, head, info)?;
+    let mut req = request::receive(cx, snapshot, head, info, start)?;
     if !snapshot.filters.is_empty() {
         let h = request::Head::new(&mut parts, &mut body, &mut wire);
         if let Some(resp) = request::inbound_filters(cx, snapshot, h, &mut req, start, info).await?
@@ -281,8 +314,11 @@ async fn proxy(
     // Boxed: the request moves through the attempt loop and into the connection, 8 bytes
     // at a time.
     let mut request = Some(Box::new(Request::from_parts(parts, upstream_body)));
-    let log = info.log.as_deref_mut();
-    let sent = attempt::send(&up, &mut request, body_state.as_deref(), log).await?;
+    let notes = attempt::Notes {
+        log: info.log.as_deref_mut(),
+        trace: info.trace.as_deref_mut(),
+    };
+    let sent = attempt::send(&up, &mut request, body_state.as_deref(), notes).await?;
     let forwarded = Forwarded {
         route,
         cluster,
@@ -325,7 +361,7 @@ pub(crate) struct Exchange {
     _slot: Slot,
     /// The request's place in the gateway's in-flight count (load shedding).
     _load: Option<InFlightLoad>,
-    log: Option<Box<LogRecord>>,
+    records: Records,
 }
 
 impl Exchange {
@@ -394,7 +430,8 @@ impl Drop for Exchange {
             elapsed: now.saturating_duration_since(self.start),
             bytes_out: self.bytes,
         };
-        record(&self.cx, Some(&self.route), self.log.take(), finished);
+        let records = std::mem::take(&mut self.records);
+        record(&self.cx, Some(&self.route), records, finished);
         self.cx.state.request_finished(now);
     }
 }

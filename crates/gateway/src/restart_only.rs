@@ -1,8 +1,9 @@
 //! What a reload cannot change. Listeners (but their TLS files), the worker count, the
-//! admin listener and the access log are set up once at start; a reload that changes them
-//! still applies everything else, and the version it builds keeps the running values of
-//! these, so `/config` shows what runs. The keys that differ are reported (the reload's
-//! answer, `/config`'s `restart_required`, the log) until a restart or a reload without them.
+//! admin listener, the access log and the trace exporter (`[traces]`) are set up once at
+//! start; a reload that changes them still applies everything else, and the version it
+//! builds keeps the running values of these, so `/config` shows what runs. The keys that
+//! differ are reported (the reload's answer, `/config`'s `restart_required`, the log)
+//! until a restart or a reload without them.
 
 use keymaster_config::{Config, ListenerConfig};
 use serde::Serialize;
@@ -28,6 +29,8 @@ pub(crate) fn keep_running(running: &Config, next: &mut Config) -> Vec<String> {
         &mut changed,
     );
     next.access_log = running.access_log.clone();
+    diff("traces", &running.traces, &next.traces, &mut changed);
+    next.traces = running.traces.clone();
     let listeners = running
         .listeners
         .iter()

@@ -75,6 +75,8 @@ pub struct Route {
     pub(crate) retry: keymaster_config::RetryConfig,
     /// Under overload, lower priorities are shed first.
     pub(crate) shed_priority: keymaster_config::ShedPriority,
+    /// The share of requests traced, over the listener's (`[traces]` on).
+    pub(crate) trace_sample: Option<f64>,
 }
 
 impl Route {
@@ -170,6 +172,7 @@ impl Route {
             metrics,
             retry: cfg.retry.clone(),
             shed_priority: cfg.shed_priority,
+            trace_sample: cfg.trace_sample,
         })
     }
 

@@ -59,6 +59,8 @@ pub(crate) struct ListenerCtx {
     /// Every client's request id is kept (`request_id_from = "any"`), not only trusted
     /// proxies'.
     pub(crate) request_id_from_any: bool,
+    /// The share of requests traced unless their route says otherwise (`[traces]` on).
+    pub(crate) trace_sample: f64,
     pub(crate) metrics: ListenerMetrics,
     /// TLS termination (swapped on reload); `None` for a cleartext listener.
     pub(crate) tls: Option<Arc<ListenerTls>>,
@@ -102,6 +104,7 @@ impl ListenerCtx {
             trusted,
             forwarded_header: cfg.forwarded_header,
             request_id_from_any: cfg.request_id_from == keymaster_config::RequestIdFrom::Any,
+            trace_sample: cfg.trace_sample,
             request_id_header: HeaderName::from_bytes(cfg.request_id_header.as_bytes())
                 .map_err(|e| format!("listener {}: request_id_header: {e}", cfg.name))?,
             metrics,

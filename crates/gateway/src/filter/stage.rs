@@ -191,6 +191,7 @@ impl FilterChain {
             return Admission::Run;
         }
         e.metrics.skips.inc();
+        step(e, ctx, None, std::time::Duration::ZERO, "skip");
         if let Some(d) = ctx.state.debug_trace() {
             d.push(format!("{}:{}=skip", e.stage.as_str(), e.name));
         }
@@ -210,6 +211,14 @@ impl FilterChain {
         if let Some(started) = started {
             let took = started.elapsed();
             e.metrics.duration.observe(took.as_secs_f64());
+            let ran = matches!(outcome, Ok(Ok(())));
+            step(
+                e,
+                ctx,
+                Some(started),
+                took,
+                if ran { "ran" } else { "failed" },
+            );
             if let Some(d) = ctx.state.debug_trace() {
                 let what = match &outcome {
                     Ok(Ok(())) => "ran",
@@ -522,6 +531,26 @@ impl FilterChain {
             }
             None => (failed(), true),
         }
+    }
+}
+
+/// A traced request keeps the step (see `FilterStep`).
+#[inline(always)]
+fn step(
+    e: &Entry,
+    ctx: &mut FilterCtx<'_>,
+    start: Option<Instant>,
+    took: std::time::Duration,
+    outcome: &'static str,
+) {
+    if let Some(steps) = ctx.state.steps() {
+        steps.push(keymaster_filter::host::FilterStep {
+            stage: e.stage.as_str(),
+            filter: e.name.clone(),
+            start: start.unwrap_or_else(Instant::now),
+            took,
+            outcome,
+        });
     }
 }
 

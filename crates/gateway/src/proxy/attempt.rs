@@ -206,6 +206,13 @@ struct Tally {
     may_repeat: bool,
 }
 
+/// What a request's tries are written into: the access log's `tries` and the trace's
+/// client spans (either may be off).
+pub(super) struct Notes<'a> {
+    pub(super) log: Option<&'a mut LogRecord>,
+    pub(super) trace: Option<&'a mut keymaster_trace::RequestTrace>,
+}
+
 /// Send with the route's retry policy. `slot` holds the request (taken when it goes out; put
 /// back when it was never sent). `body_state` is `None` for bodyless requests.
 ///
@@ -215,8 +222,9 @@ pub(super) async fn send(
     up: &Upstream<'_>,
     slot: &mut Option<Box<Request<RequestBody>>>,
     body_state: Option<&RequestBodyState>,
-    mut log: Option<&mut LogRecord>,
+    notes: Notes<'_>,
 ) -> Result<Sent, Error> {
+    let Notes { mut log, mut trace } = notes;
     let policy = &up.route.retry;
     let cluster = up.cluster;
     let Some(req) = slot.as_ref() else {
@@ -241,6 +249,12 @@ pub(super) async fn send(
         let server = cluster.choose(tried.ids())?;
         tried.push(server.state.id);
         prepare(up, &server, slot, &mut template)?;
+        if let (Some(t), Some(req)) = (trace.as_deref_mut(), slot.as_mut()) {
+            let n = tally.attempt + tally.unsent as u32;
+            let parent = t.attempt(&cluster.config.name, &server.label, n);
+            req.headers_mut()
+                .insert(super::trace::TRACEPARENT.clone(), parent);
+        }
         if let Some(l) = log.as_deref_mut() {
             l.origin = server.label.to_string();
         }
@@ -256,6 +270,9 @@ pub(super) async fn send(
                 sends += n;
                 let status = resp.status().as_u16();
                 cluster.record_outcome(&server, status < 500);
+                if let Some(t) = trace.as_deref_mut() {
+                    t.attempt_done(Some(status), None);
+                }
                 note(&mut log, &server, || status.to_string(), started);
                 let wants = policy.attempts > tally.attempt
                     && tally.may_repeat
@@ -279,6 +296,9 @@ pub(super) async fn send(
                     l.sends = sends; // the success path's count comes with the response
                 }
                 cluster.record_failure(&server, &f.err);
+                if let Some(t) = trace.as_deref_mut() {
+                    t.attempt_done(None, Some(f.err.category()));
+                }
                 note(&mut log, &server, || f.err.category().to_string(), started);
                 let in_hand = slot.is_some();
                 match after_failure(up, &f, in_hand, template.is_some(), &tally) {

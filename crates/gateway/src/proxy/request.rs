@@ -72,6 +72,7 @@ pub(super) fn receive(
     snapshot: &Snapshot,
     head: Head<'_>,
     info: &mut RequestInfo,
+    start: Instant,
 ) -> Result<Inbound, Error> {
     let listener = &cx.listener;
     let Head { parts, body, wire } = head;
@@ -111,9 +112,16 @@ pub(super) fn receive(
     };
     let route = route_and_shed(cx, snapshot, parts, host_value.as_ref())?;
     info.route = Some(route.clone());
+    if let Some(t) = &cx.worker.shared.traces {
+        let trace = super::trace::begin(t, cx, &route, parts, &rid, start.into_std());
+        info.trace = Some(trace);
+    }
     if let Some(log) = info.log.as_mut() {
         log.route = route.name.to_string();
         log.request_id = rid.to_str().unwrap_or("").to_string();
+        if let Some(t) = &info.trace {
+            log.trace_id = t.trace_id.to_hex();
+        }
     }
     Ok(Inbound {
         scan,
@@ -143,6 +151,7 @@ fn needs_map(cx: &ConnCtx, snapshot: &Snapshot, scan: &hdr::HeadScan, grpc: bool
         || scan.forwarding
         || grpc
         || cx.listener.forwarded_header
+        || cx.worker.shared.traces.is_some()
         || vouches
 }
 
@@ -240,6 +249,9 @@ pub(super) async fn inbound_filters(
     let Head { parts, body, wire } = head;
     let route = &req.route;
     let mut state = FilterState::new(&parts.method, cx.peer, tls, route.name.clone(), rid_name);
+    if info.trace.as_ref().is_some_and(|t| t.sampled) {
+        state.record_steps();
+    }
     // The context borrows the request head where it is, until the route stage is done.
     let mut ctx = FilterCtx::lent(&mut state, &parts.uri, &mut parts.headers, wire);
     if snapshot.filters.wants_request_body(&ctx) {

@@ -299,7 +299,7 @@ pub(super) async fn finish_response(
         _outstanding: sent.outstanding,
         _slot: f.slot,
         _load: info.load.take(),
-        log: info.log.take(),
+        records: info.done(),
     };
     if http_body::Body::is_end_stream(&rbody) {
         exchange.body_complete();
@@ -404,7 +404,7 @@ fn tunnel(
         elapsed: f.start.elapsed(),
         bytes_out: 0,
     };
-    record(cx, Some(&f.route), info.log.take(), finished);
+    record(cx, Some(&f.route), info.done(), finished);
     // `handle` hands the request's in-flight count to us; the tunnel ends it.
     let inflight = InFlight(Some(cx.state.clone()));
     let metrics = f.route.metrics.tunnel.clone();
