@@ -36,7 +36,9 @@ async fn every_metric_the_dashboard_queries_exists() {
     assert_eq!(get(g.addr, "/?length=10").await.status, 200);
     // A cluster with no server listening: an error, an upstream connect failure.
     let closed = free_addr();
-    let g2 = start_gateway(&config_text(closed, "", ""));
+    // And a filter: its series exist at zero (rejections by the status it answers with).
+    let key = "[[filters]]\nname = \"keys\"\ntype = \"api_key\"\nkeys = [\"k\"]\nmatch = { path_prefix = \"/keyed\" }\n";
+    let g2 = start_gateway(&config_text(closed, "", key));
     assert_eq!(get(g2.addr, "/").await.status, 502);
     let m = metrics_text(&g).await + &metrics_text(&g2).await;
     let exported: Vec<&str> = m

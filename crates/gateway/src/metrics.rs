@@ -1,6 +1,10 @@
 //! Prometheus metrics. Label lookups happen when a config version is built; the request
 //! path only touches pre-resolved counter and histogram handles (atomics, no locks).
 
+mod server;
+
+pub(crate) use server::{ServerFamilies, ServerMetrics};
+
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -33,6 +37,9 @@ pub struct Metrics {
     descriptors_exhausted: IntCounterVec,
     /// Access-log lines lost: the writer thread was behind (its queue full) or a write failed.
     pub(crate) access_log_dropped: IntCounter,
+    /// Per origin server: attempts, their latency, reuse, connections.
+    pub(crate) servers: ServerFamilies,
+    filter_rejections: IntCounterVec,
     /// Trace spans by outcome: exported, dropped (queue full), failed (export failed).
     pub(crate) trace_spans: keymaster_trace::Counters,
     pub(crate) config_version: IntGauge,
@@ -76,14 +83,42 @@ pub(crate) struct FilterMetrics {
     pub(crate) skips: IntCounter,
     pub(crate) errors: IntCounter,
     pub(crate) duration: Histogram,
+    pub(crate) rejections: Rejections,
 }
+
+/// One filter's answers with an error status (`keymaster_filter_rejections_total`).
+#[derive(Clone)]
+pub(crate) struct Rejections {
+    vec: IntCounterVec,
+    filter: std::sync::Arc<str>,
+}
+
+impl Rejections {
+    /// The series for `status`, at zero until counted.
+    pub(crate) fn expect(&self, status: u16) {
+        self.vec
+            .with_label_values(&[&*self.filter, &status.to_string()]);
+    }
+
+    /// The filter answered with `status` (counted when it is an error status).
+    pub(crate) fn count(&self, status: u16) {
+        if status >= 400 {
+            let status = status.to_string();
+            self.vec.with_label_values(&[&*self.filter, &status]).inc();
+        }
+    }
+}
+
+/// Status classes as labels, indexed 0 = other, 1..=5 = 1xx..5xx.
+const CLASSES: [&str; 6] = ["other", "1xx", "2xx", "3xx", "4xx", "5xx"];
 
 /// Handles for one route.
 #[derive(Clone)]
 pub(crate) struct RouteMetrics {
     /// Indexed by status class: 0 = other, 1..=5 = 1xx..5xx.
     by_class: [IntCounter; 6],
-    pub(crate) latency: Histogram,
+    /// Indexed like `by_class`.
+    latency: [Histogram; 6],
     pub(crate) tunnel: TunnelMetrics,
 }
 
@@ -100,15 +135,21 @@ pub(crate) struct TunnelMetrics {
 }
 
 impl RouteMetrics {
-    pub(crate) fn count(&self, status: u16) {
+    /// A request ended with `status` after `elapsed`.
+    pub(crate) fn count(&self, status: u16, elapsed: std::time::Duration) {
         let class = (status / 100) as usize;
-        self.by_class[if (1..=5).contains(&class) { class } else { 0 }].inc();
+        let i = if (1..=5).contains(&class) { class } else { 0 };
+        self.by_class[i].inc();
+        self.latency[i].observe(elapsed.as_secs_f64());
     }
 }
 
 /// Handles for one cluster.
 #[derive(Clone)]
 pub(crate) struct ClusterMetrics {
+    /// The cluster's name, for its servers' series.
+    name: std::sync::Arc<str>,
+    servers: ServerFamilies,
     pub(crate) connect_attempts: IntCounter,
     pub(crate) connect_failures: IntCounter,
     pub(crate) requests: IntCounter,
@@ -131,6 +172,13 @@ pub(crate) struct ClusterMetrics {
     pub(crate) descriptors_exhausted: IntCounter,
     /// Health checks skipped for lack of file descriptors.
     pub(crate) check_descriptors_exhausted: IntCounter,
+}
+
+impl ClusterMetrics {
+    /// Handles for one of the cluster's servers (`label`: "ip:port").
+    pub(crate) fn server(&self, label: &str) -> ServerMetrics {
+        self.servers.server(&self.name, label)
+    }
 }
 
 /// Handles for one listener.
@@ -215,13 +263,13 @@ impl Metrics {
         let latency = HistogramVec::new(
             HistogramOpts::new(
                 "request_duration_seconds",
-                "Time from request head received to response head sent, by route",
+                "Time from request head received to the response's last byte sent (or the request's failure), by route and status class",
             )
             .buckets(vec![
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                 10.0, 30.0,
             ]),
-            &["route"],
+            &["route", "status_class"],
         )
         .expect("valid histogram");
         r.register(Box::new(latency.clone()))
@@ -392,6 +440,13 @@ impl Metrics {
                 r.register(Box::new(c.clone())).expect("metric registered once");
                 c
             },
+            servers: ServerFamilies::register(&r),
+            filter_rejections: counter_vec(
+                &r,
+                "filter_rejections_total",
+                "Requests a filter answered itself with a 4xx or 5xx (auth 401, IP 403, rate limit 429...), by filter and status",
+                &["filter", "status"],
+            ),
             trace_spans: {
                 let v = counter_vec(
                     &r,
@@ -548,7 +603,7 @@ impl Metrics {
         let c = |class: &str| self.requests.with_label_values(&[name, class]);
         RouteMetrics {
             by_class: [c("other"), c("1xx"), c("2xx"), c("3xx"), c("4xx"), c("5xx")],
-            latency: self.latency.with_label_values(&[name]),
+            latency: CLASSES.map(|class| self.latency.with_label_values(&[name, class])),
             tunnel: TunnelMetrics {
                 active: self.tunnels_active.with_label_values(&[name]),
                 total: self.tunnels.with_label_values(&[name]),
@@ -579,6 +634,8 @@ impl Metrics {
             check_descriptors_exhausted: self
                 .descriptors_exhausted
                 .with_label_values(&["health_check"]),
+            name: name.into(),
+            servers: self.servers.clone(),
         }
     }
 
@@ -609,6 +666,10 @@ impl Metrics {
 
     pub(crate) fn filter(&self, name: &str) -> FilterMetrics {
         FilterMetrics {
+            rejections: Rejections {
+                vec: self.filter_rejections.clone(),
+                filter: name.into(),
+            },
             invocations: self.filter_invocations.with_label_values(&[name]),
             skips: self.filter_skips.with_label_values(&[name]),
             errors: self.filter_errors.with_label_values(&[name]),

@@ -217,8 +217,7 @@ fn record(cx: &ConnCtx, route: Option<&Route>, records: Records, f: Finished) {
         cx.worker.shared.metrics.error(f.category, f.side.as_str());
     }
     if let Some(route) = route {
-        route.metrics.count(f.status);
-        route.metrics.latency.observe(f.elapsed.as_secs_f64());
+        route.metrics.count(f.status, f.elapsed);
     }
     if let Some(t) = records.trace {
         trace::end(cx, *t, f.status, f.category);

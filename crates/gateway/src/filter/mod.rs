@@ -34,6 +34,17 @@ use crate::metrics::{FilterMetrics, Metrics};
 
 pub(crate) use crate::upstream::Clusters;
 
+/// The status a built-in filter type rejects requests with.
+fn rejects_with(kind: keymaster_config::FilterType) -> Option<u16> {
+    use keymaster_config::FilterType as T;
+    match kind {
+        T::ApiKey | T::Jwt => Some(401),
+        T::IpFilter => Some(403),
+        T::RateLimit => Some(429),
+        _ => None,
+    }
+}
+
 /// A declarative match compiled.
 struct Matcher {
     /// Nothing to check: every request matches.
@@ -165,8 +176,18 @@ impl FilterChain {
             let matcher =
                 Matcher::compile(&s.matches).map_err(|e| format!("filter {}: {e}", s.name))?;
             let needs = s.filter.needs();
+            let m = metrics.filter(&s.name);
+            // The statuses a built-in filter rejects with exist at zero from the start.
+            let kind = config
+                .filters
+                .iter()
+                .find(|f| f.name == s.name)
+                .map(|f| f.kind);
+            if let Some(status) = kind.and_then(rejects_with) {
+                m.rejections.expect(status);
+            }
             entries.push(Entry {
-                metrics: metrics.filter(&s.name),
+                metrics: m,
                 name: s.name.as_str().into(),
                 stage: s.stage,
                 plain: needs.contains(Needs::SYNCHRONOUS) && matcher.always,

@@ -94,7 +94,10 @@ impl FilterChain {
                 // Matches every request, no clock to read: asked and run under one
                 // `catch_unwind`.
                 let ran = match run_plain(e, ctx) {
-                    Plain::Ran(Ok(Ok(()))) => continue,
+                    Plain::Ran(Ok(Ok(()))) => {
+                        count_answer(e, ctx);
+                        continue;
+                    }
                     Plain::Skipped => {
                         e.metrics.skips.inc();
                         continue;
@@ -116,6 +119,7 @@ impl FilterChain {
                 Admission::Run => {
                     let started = start(e, ctx);
                     let outcome = run_now(e, ctx);
+                    count_answer(e, ctx);
                     self.finish(e, ctx, outcome, started)
                 }
                 Admission::Skip => continue,
@@ -140,7 +144,9 @@ impl FilterChain {
     ) -> Result<(), Failure> {
         loop {
             let e = &entries[at];
-            if let Err(f) = self.run_suspending(e, ctx).await {
+            let ran = self.run_suspending(e, ctx).await;
+            count_answer(e, ctx);
+            if let Err(f) = ran {
                 if e.stage != FilterStage::Error {
                     return Err(f);
                 }
@@ -530,6 +536,17 @@ impl FilterChain {
                 (r, failure)
             }
             None => (failed(), true),
+        }
+    }
+}
+
+/// A pre or route filter that just answered the request: a rejection (an error status)
+/// is counted (`keymaster_filter_rejections_total`).
+#[inline(always)]
+fn count_answer(e: &Entry, ctx: &FilterCtx<'_>) {
+    if let Some(l) = &ctx.state.local {
+        if matches!(e.stage, FilterStage::Pre | FilterStage::Route) {
+            e.metrics.rejections.count(l.status.as_u16());
         }
     }
 }

@@ -259,8 +259,8 @@ pub(super) async fn send(
             l.origin = server.label.to_string();
         }
         let outstanding = Outstanding::new(server.clone());
-        // Timed only for the access log's `tries`.
-        let started = log.is_some().then(Instant::now);
+        // For the server's attempt latency and the access log's `tries`.
+        let started = Instant::now();
         let result = one(up, &server, slot, &mut template, rebuildable, body_state).await;
         // A retry's budget token covers its attempt only.
         drop(token.take());
@@ -270,6 +270,7 @@ pub(super) async fn send(
                 sends += n;
                 let status = resp.status().as_u16();
                 cluster.record_outcome(&server, status < 500);
+                server.metrics.attempt(Some(status), started.elapsed());
                 if let Some(t) = trace.as_deref_mut() {
                     t.attempt_done(Some(status), None);
                 }
@@ -296,6 +297,7 @@ pub(super) async fn send(
                     l.sends = sends; // the success path's count comes with the response
                 }
                 cluster.record_failure(&server, &f.err);
+                server.metrics.attempt(None, started.elapsed());
                 if let Some(t) = trace.as_deref_mut() {
                     t.attempt_done(None, Some(f.err.category()));
                 }
@@ -426,9 +428,10 @@ fn note(
     log: &mut Option<&mut LogRecord>,
     server: &OriginServer,
     outcome: impl FnOnce() -> String,
-    started: Option<Instant>,
+    started: Instant,
 ) {
-    if let (Some(l), Some(t)) = (log.as_deref_mut(), started) {
+    if let Some(l) = log.as_deref_mut() {
+        let t = started;
         l.tries.push(TryRecord {
             origin: server.label.clone(),
             outcome: outcome(),
@@ -497,6 +500,7 @@ async fn one(
     };
     if reused {
         cluster.metrics.reused.inc();
+        server.metrics.reused.inc();
         // The keep-alive race needs the request again if it was sent on a dead connection
         // (keymaster's HTTP/1.1 client hands it back itself; hyper's HTTP/2 does not).
         if let (None, true, false, Some(req)) =

@@ -344,13 +344,24 @@ impl Cluster {
 /// Set the per-server availability gauges from the health state (before rendering metrics).
 pub(crate) fn export_gauges(metrics: &crate::metrics::Metrics, clusters: &super::Clusters) {
     let gauge = &metrics.upstream_server_healthy;
+    let conns = &metrics.servers.connections;
     // Servers a reload removed must not linger.
     gauge.reset();
+    conns.reset();
     for c in clusters.values() {
         for s in &c.servers {
+            let (cluster, server) = (c.config.name.as_str(), &*s.label);
             gauge
-                .with_label_values(&[c.config.name.as_str(), &s.label])
+                .with_label_values(&[cluster, server])
                 .set(i64::from(s.state.health.available()));
+            let open = s.state.open_connections.load(Ordering::Relaxed);
+            let idle = s.state.idle_connections.load(Ordering::Relaxed);
+            conns
+                .with_label_values(&[cluster, server, "open"])
+                .set(open as i64);
+            conns
+                .with_label_values(&[cluster, server, "idle"])
+                .set(idle as i64);
         }
     }
 }

@@ -36,7 +36,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::metrics::{ClusterMetrics, Metrics};
+use crate::metrics::{ClusterMetrics, Metrics, ServerMetrics};
 use keymaster_config::{ClusterConfig, DnsConfig, UpstreamProtocol};
 use rustls::pki_types::ServerName;
 
@@ -91,6 +91,8 @@ pub struct OriginState {
     pub outstanding: AtomicUsize,
     /// Open connections to this server across all workers (the pool cap).
     pub open_connections: AtomicUsize,
+    /// Idle pooled connections to this server across all workers (HTTP/1.1).
+    pub idle_connections: AtomicUsize,
     /// Active check verdicts and passive ejection (shared by every cluster naming it).
     pub health: health::HealthState,
 }
@@ -122,6 +124,7 @@ pub(crate) fn intern_origin_key(key: OriginKey) -> Arc<OriginState> {
                 addr: key.addr,
                 outstanding: AtomicUsize::new(0),
                 open_connections: AtomicUsize::new(0),
+                idle_connections: AtomicUsize::new(0),
                 health: health::HealthState::default(),
             })
         })
@@ -139,6 +142,8 @@ pub struct OriginServer {
     /// The cluster's TLS settings and this server's name, for TLS origins.
     pub(crate) tls: Option<(Arc<tls::UpstreamTls>, ServerName<'static>)>,
     pub(crate) protocol: UpstreamProtocol,
+    /// This server's series in this cluster.
+    pub(crate) metrics: ServerMetrics,
 }
 
 impl OriginServer {
@@ -219,6 +224,7 @@ impl Cluster {
                     .map(|(t, n)| (n.to_str().into_owned(), t.digest)),
             };
             servers.push(Arc::new(OriginServer {
+                metrics: metrics.server(&label),
                 state: intern_origin_key(key),
                 tls: server_tls,
                 protocol: cfg.protocol,

@@ -8,6 +8,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -80,6 +81,10 @@ impl Idle {
     fn new(conn: Conn, since: Instant, idle_timeout: Duration) -> Idle {
         if let Some(g) = conn.idle_gauge() {
             g.inc();
+            conn.server
+                .state
+                .idle_connections
+                .fetch_add(1, Ordering::Relaxed);
         }
         Idle {
             conn: Some(conn),
@@ -90,11 +95,7 @@ impl Idle {
 
     /// The connection, out of the pool and its count.
     fn take(mut self) -> Option<Conn> {
-        self.conn.take().inspect(|c| {
-            if let Some(g) = c.idle_gauge() {
-                g.dec();
-            }
-        })
+        self.conn.take().inspect(uncount)
     }
 
     fn is_closed(&mut self) -> bool {
@@ -104,9 +105,20 @@ impl Idle {
 
 impl Drop for Idle {
     fn drop(&mut self) {
-        if let Some(g) = self.conn.as_ref().and_then(Conn::idle_gauge) {
-            g.dec();
+        if let Some(c) = self.conn.as_ref() {
+            uncount(c);
         }
+    }
+}
+
+/// A connection leaves the idle counts.
+fn uncount(c: &Conn) {
+    if let Some(g) = c.idle_gauge() {
+        g.dec();
+        c.server
+            .state
+            .idle_connections
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -1,0 +1,108 @@
+//! Per origin server series: attempts by outcome, attempt latency and connections reused
+//! (handles resolved when a config version is built), and open and idle connections (set
+//! from the servers' shared counts when metrics are rendered).
+
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec};
+use prometheus::{Opts, Registry};
+use std::time::Duration;
+
+/// The families, by cluster and server.
+#[derive(Clone)]
+pub(crate) struct ServerFamilies {
+    attempts: IntCounterVec,
+    seconds: HistogramVec,
+    reused: IntCounterVec,
+    /// Open and idle connections by cluster, server and `state`.
+    pub(crate) connections: IntGaugeVec,
+}
+
+/// What an attempt's outcome is counted as: its status class, or `error` (no response).
+const OUTCOMES: [&str; 7] = ["other", "1xx", "2xx", "3xx", "4xx", "5xx", "error"];
+
+impl ServerFamilies {
+    pub(crate) fn register(r: &Registry) -> ServerFamilies {
+        let labels = &["cluster", "server"];
+        let attempts = IntCounterVec::new(
+            Opts::new(
+                "upstream_server_attempts_total",
+                "Upstream attempts by server and outcome (the response's status class, or error when none came)",
+            ),
+            &["cluster", "server", "outcome"],
+        )
+        .expect("valid metric definition");
+        let seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "upstream_attempt_duration_seconds",
+                "Time from an attempt's start (pool checkout or connect) to the response head or failure, by server",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+            labels,
+        )
+        .expect("valid metric definition");
+        let reused = IntCounterVec::new(
+            Opts::new(
+                "upstream_server_reused_total",
+                "Attempts on a pooled (reused) connection, by server",
+            ),
+            labels,
+        )
+        .expect("valid metric definition");
+        let connections = IntGaugeVec::new(
+            Opts::new(
+                "upstream_server_connections",
+                "Connections to a server across workers, by state: open (idle included) and idle (HTTP/1.1 pool)",
+            ),
+            &["cluster", "server", "state"],
+        )
+        .expect("valid metric definition");
+        for c in [
+            Box::new(attempts.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(seconds.clone()),
+            Box::new(reused.clone()),
+            Box::new(connections.clone()),
+        ] {
+            r.register(c).expect("metric registered once");
+        }
+        ServerFamilies {
+            attempts,
+            seconds,
+            reused,
+            connections,
+        }
+    }
+
+    /// One server's handles; every outcome's series exists from here on, at zero.
+    pub(crate) fn server(&self, cluster: &str, server: &str) -> ServerMetrics {
+        let outcome = |o: &str| self.attempts.with_label_values(&[cluster, server, o]);
+        ServerMetrics {
+            by_outcome: OUTCOMES.map(outcome),
+            attempt_seconds: self.seconds.with_label_values(&[cluster, server]),
+            reused: self.reused.with_label_values(&[cluster, server]),
+        }
+    }
+}
+
+/// One server's handles in one cluster.
+#[derive(Clone, Debug)]
+pub(crate) struct ServerMetrics {
+    by_outcome: [IntCounter; 7],
+    attempt_seconds: Histogram,
+    pub(crate) reused: IntCounter,
+}
+
+impl ServerMetrics {
+    /// An attempt ended with a response head of `status`, or with none (`None`).
+    pub(crate) fn attempt(&self, status: Option<u16>, took: Duration) {
+        let i = match status {
+            None => 6,
+            Some(s) => match (s / 100) as usize {
+                c @ 1..=5 => c,
+                _ => 0,
+            },
+        };
+        self.by_outcome[i].inc();
+        self.attempt_seconds.observe(took.as_secs_f64());
+    }
+}
