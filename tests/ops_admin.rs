@@ -64,33 +64,28 @@ async fn metrics_after_traffic() {
     assert_eq!(req("default", "5xx"), 1.0);
     assert_eq!(req("dead", "5xx"), 1.0);
     assert_eq!(req("dead", "2xx"), 0.0);
-    // Latency histogram: every bucket line present, +Inf and _count match the requests.
+    // Latency histogram by route and status class: every bucket line present, +Inf and
+    // _count match the requests of each class.
     let buckets: Vec<_> = m
         .lines()
-        .filter(|l| l.starts_with("keymaster_request_duration_seconds_bucket{route=\"default\""))
+        .filter(|l| {
+            l.starts_with(
+                "keymaster_request_duration_seconds_bucket{route=\"default\",status_class=\"2xx\"",
+            )
+        })
         .collect();
     assert_eq!(buckets.len(), 16, "{buckets:#?}");
-    assert_eq!(
+    let hist = |suffix: &str, route: &str, class: &str, le: &str| {
         metric(
             &m,
-            "keymaster_request_duration_seconds_bucket{route=\"default\",le=\"+Inf\"}"
-        ),
-        5.0
-    );
-    assert_eq!(
-        metric(
-            &m,
-            "keymaster_request_duration_seconds_count{route=\"default\"}"
-        ),
-        5.0
-    );
-    assert_eq!(
-        metric(
-            &m,
-            "keymaster_request_duration_seconds_count{route=\"dead\"}"
-        ),
-        1.0
-    );
+            &format!("keymaster_request_duration_seconds_{suffix}{{route=\"{route}\",status_class=\"{class}\"{le}}}"),
+        )
+    };
+    assert_eq!(hist("bucket", "default", "2xx", ",le=\"+Inf\""), 3.0);
+    assert_eq!(hist("count", "default", "2xx", ""), 3.0);
+    assert_eq!(hist("count", "default", "4xx", ""), 1.0);
+    assert_eq!(hist("count", "default", "5xx", ""), 1.0);
+    assert_eq!(hist("count", "dead", "5xx", ""), 1.0);
     // Upstream connections: one connect, the rest reused.
     assert_eq!(
         metric(&m, "keymaster_upstream_connects_total{cluster=\"origin\"}"),
@@ -294,7 +289,7 @@ async fn combined_access_log_line_shape() {
     assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
     let (_, rest) = line.split_once("] ").unwrap();
     let expected = format!(
-        "\"GET /x?length=3 HTTP/1.1\" 200 3 \"http://ref.example/\" \"probe/1.0\" rid={rid} route=default origin={} category=success duration_ms=",
+        "\"GET /x?length=3 HTTP/1.1\" 200 3 \"http://ref.example/\" \"probe/1.0\" rid={rid} trace=- route=default origin={} category=success duration_ms=",
         s.local_addr()
     );
     assert!(rest.starts_with(&expected), "{line}\nexpected: {expected}");
