@@ -803,3 +803,46 @@ fn admin_token_env_must_be_set_and_usable() {
     ))[0];
     assert!(!e.message.contains("tiny-secret"), "the value leaked: {e}");
 }
+
+#[test]
+fn trace_sample_is_a_ratio() {
+    one(
+        "trace_sample = 1.5\n",
+        "routes[0].trace_sample",
+        12,
+        "from 0.0 to 1.0",
+    );
+    let listener = BASE.replacen(
+        "address = \"127.0.0.1:8080\"\n",
+        "address = \"127.0.0.1:8080\"\ntrace_sample = -0.1\n",
+        1,
+    );
+    let errs = errors(&listener);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].key, "listeners[0].trace_sample");
+    assert_eq!(errs[0].line, Some(4));
+}
+
+#[test]
+fn traces_settings_are_checked() {
+    let t = "\n[traces]\nendpoint = \"localhost:4317\"\n";
+    one(t, "traces.endpoint", 14, "expected a URL");
+    one(
+        "\n[traces]\nendpoint = \"http://c:4317\"\nqueue_size = 0\n",
+        "traces.queue_size",
+        15,
+        "from 1 to",
+    );
+    one(
+        "\n[traces]\nendpoint = \"http://c:4317\"\nprotocol = \"http/json\"\n",
+        "traces.protocol",
+        15,
+        "grpc",
+    );
+    one(
+        "\n[traces]\nendpoint = \"http://c:4317\"\nheaders = { \"bad name\" = \"x\" }\n",
+        "traces.headers.\"bad name\"",
+        15,
+        "field name",
+    );
+}

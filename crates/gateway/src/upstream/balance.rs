@@ -140,6 +140,7 @@ mod tests {
                     weight: w,
                     tls: None,
                     protocol: keymaster_config::UpstreamProtocol::Http1,
+                    metrics: crate::metrics::Metrics::new().cluster("c").server("s"),
                 })
             })
             .collect()
