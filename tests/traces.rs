@@ -345,3 +345,34 @@ async fn a_stalled_or_absent_collector_never_fails_or_holds_a_request() {
     }
     assert!(counted, "failed exports are counted");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_still_queued_are_exported_when_the_gateway_stops() {
+    let collector = Collector::start().await;
+    let stub = stub();
+    // A batch would wait a minute: only the shutdown's flush can send it in time.
+    let traces = format!(
+        "[traces]\nendpoint = \"http://{}\"\nservice_name = \"stopping\"\nexport_interval = \"60s\"\n",
+        collector.grpc
+    );
+    let g = start_gateway(&config_text(stub.local_addr(), "", &traces));
+    let parent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    assert_eq!(
+        get_with(g.addr, "/", &[("traceparent", &parent)])
+            .await
+            .status,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        of_trace(&collector.spans(), CLIENT_TRACE).is_empty(),
+        "not exported before the stop"
+    );
+    tokio::task::spawn_blocking(move || g.shutdown())
+        .await
+        .unwrap();
+    let spans = collector
+        .wait_for(|s| of_trace(s, CLIENT_TRACE).len() == 2)
+        .await;
+    assert_eq!(of_trace(&spans, CLIENT_TRACE).len(), 2, "{spans:#?}");
+}

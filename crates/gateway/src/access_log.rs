@@ -341,6 +341,7 @@ mod tests {
     fn line_formats() {
         let r = LogRecord {
             request_id: "abc".into(),
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
             client: "127.0.0.1".into(),
             method: "GET".into(),
             uri: "/x?y=1".into(),
@@ -356,10 +357,11 @@ mod tests {
         assert_eq!(j["status"], 502);
         assert_eq!(j["category"], "origin_connectivity");
         assert_eq!(j["duration_ms"], 1.5);
+        assert_eq!(j["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
         let c = combined_line(&r);
         assert!(c.starts_with("127.0.0.1 - - ["), "{c}");
         assert!(
-            c.contains("\"GET /x?y=1 HTTP/1.1\" 502 0 \"-\" \"-\" rid=abc route=r"),
+            c.contains("\"GET /x?y=1 HTTP/1.1\" 502 0 \"-\" \"-\" rid=abc trace=4bf92f3577b34da6a3ce929d0e0e4736 route=r"),
             "{c}"
         );
     }
