@@ -8,6 +8,7 @@
 pub mod error;
 mod filters;
 mod locate;
+mod mirror;
 pub mod model;
 mod redact;
 mod resilience;

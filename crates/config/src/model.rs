@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 pub use crate::filters::*;
+pub use crate::mirror::MirrorConfig;
 pub use crate::resilience::*;
 pub use crate::traces::*;
 pub use crate::units::{ByteSize, Duration};
@@ -605,6 +606,8 @@ pub struct RouteConfig {
     pub lua_settings: BTreeMap<String, toml::Table>,
     /// The listener's `trace_sample` for requests of this route (0.0 to 1.0).
     pub trace_sample: Option<f64>,
+    /// `mirror`: a sampled share of the route's requests also goes to a shadow cluster.
+    pub mirror: Option<MirrorConfig>,
 }
 
 /// Protocol upgrades (`Connection: upgrade` + `Upgrade: <protocol>`) on a route. An allowed
@@ -656,6 +659,7 @@ impl Default for RouteConfig {
             shed_priority: ShedPriority::Normal,
             lua_settings: BTreeMap::new(),
             trace_sample: None,
+            mirror: None,
         }
     }
 }

@@ -73,6 +73,7 @@ pub(crate) fn check(config: &Config) -> Vec<Problem> {
 
     check_admin(&config.admin, &mut p);
     crate::traces::check(config, &mut p);
+    crate::mirror::check(config, &mut p);
     check_listeners(config, &mut p);
     let clusters = check_clusters(config, &mut p);
     for (i, route) in config.routes.iter().enumerate() {

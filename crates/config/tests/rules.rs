@@ -846,3 +846,25 @@ fn traces_settings_are_checked() {
         "field name",
     );
 }
+
+#[test]
+fn mirror_names_a_cluster_and_a_ratio() {
+    one(
+        "mirror = { cluster = \"nope\" }\n",
+        "routes[0].mirror.cluster",
+        12,
+        "unknown cluster \"nope\"",
+    );
+    one(
+        "mirror = { cluster = \"c\", sample = 2.0 }\n",
+        "routes[0].mirror.sample",
+        12,
+        "from 0.0 to 1.0",
+    );
+    one(
+        "mirror = { cluster = \"c\", max_in_flight = 0 }\n",
+        "routes[0].mirror.max_in_flight",
+        12,
+        "at least 1",
+    );
+}

@@ -40,6 +40,7 @@ pub struct Metrics {
     /// Per origin server: attempts, their latency, reuse, connections.
     pub(crate) servers: ServerFamilies,
     filter_rejections: IntCounterVec,
+    mirror: IntCounterVec,
     /// Trace spans by outcome: exported, dropped (queue full), failed (export failed).
     pub(crate) trace_spans: keymaster_trace::Counters,
     pub(crate) config_version: IntGauge,
@@ -441,6 +442,12 @@ impl Metrics {
                 c
             },
             servers: ServerFamilies::register(&r),
+            mirror: counter_vec(
+                &r,
+                "mirror_requests_total",
+                "Route mirrors' shadow requests by route, shadow cluster and result: sent (a response came), failed, dropped (the cap), skipped_body (a body too long or of unknown length)",
+                &["route", "cluster", "result"],
+            ),
             filter_rejections: counter_vec(
                 &r,
                 "filter_rejections_total",
@@ -675,6 +682,12 @@ impl Metrics {
             errors: self.filter_errors.with_label_values(&[name]),
             duration: self.filter_duration.with_label_values(&[name]),
         }
+    }
+
+    /// A route mirror's counters, by result: sent, failed, dropped, skipped_body.
+    pub(crate) fn mirror(&self, route: &str, cluster: &str) -> [IntCounter; 4] {
+        ["sent", "failed", "dropped", "skipped_body"]
+            .map(|result| self.mirror.with_label_values(&[route, cluster, result]))
     }
 
     /// The shed counter of one route priority.

@@ -34,10 +34,12 @@ use keymaster_http::headers::{self as hdr, WireHead};
 
 mod attempt;
 mod filters;
+mod mirror;
 mod request;
 mod response;
 mod trace;
 
+pub(crate) use mirror::Mirror;
 pub(crate) use response::ResponseBody;
 pub(crate) use trace::Tracing;
 
@@ -306,7 +308,22 @@ async fn proxy(
     let up = Upstream::new(cx, &route, &cluster, deadline, host, raw_head, added);
     // A body the route buffers or the replay buffer takes is read whole first, before the
     // request takes a place under the cluster's cap: a slow client holds none.
-    let upstream_body = attempt::read_ahead(&up, upstream_body).await?;
+    let mirror = route.mirror.as_ref().filter(|m| m.sampled());
+    let upstream_body = attempt::read_ahead(&up, upstream_body, mirror).await?;
+    if let Some(m) = mirror {
+        let host = match &up.host {
+            attempt::UpstreamHost::Set(h) => Some(h),
+            _ => None,
+        };
+        let (body, added) = (&upstream_body, up.added.as_ref());
+        let copy = mirror::Copy {
+            parts: &parts,
+            body,
+            added,
+            host,
+        };
+        mirror::launch(&cx.worker, m, copy);
+    }
     // The cluster's request cap (and queue): held until the response body ends.
     let slot = (cluster.limits.admit(&cluster.config.limits, deadline).await)
         .inspect_err(|_| cluster.metrics.overflow.inc())?;

@@ -77,6 +77,8 @@ pub struct Route {
     pub(crate) shed_priority: keymaster_config::ShedPriority,
     /// The share of requests traced, over the listener's (`[traces]` on).
     pub(crate) trace_sample: Option<f64>,
+    /// A sampled share of the route's requests also goes to a shadow cluster.
+    pub(crate) mirror: Option<crate::proxy::Mirror>,
 }
 
 impl Route {
@@ -173,6 +175,7 @@ impl Route {
             retry: cfg.retry.clone(),
             shed_priority: cfg.shed_priority,
             trace_sample: cfg.trace_sample,
+            mirror: None,
         })
     }
 

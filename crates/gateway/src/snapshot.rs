@@ -58,8 +58,15 @@ impl Snapshot {
                 .get(&r.cluster)
                 .ok_or_else(|| format!("route {}: unknown cluster {}", r.name, r.cluster))?
                 .clone();
-            let route = Route::compile(r, cluster, metrics.route(&r.name))
+            let mut route = Route::compile(r, cluster, metrics.route(&r.name))
                 .map_err(|e| format!("route {}: {e}", r.name))?;
+            if let Some(m) = &r.mirror {
+                let shadow = (clusters.get(&m.cluster)).ok_or_else(|| {
+                    format!("route {}: unknown mirror cluster {}", r.name, m.cluster)
+                })?;
+                let counts = metrics.mirror(&r.name, &m.cluster);
+                route.mirror = Some(crate::proxy::Mirror::new(m, shadow.clone(), counts));
+            }
             routes.push((r.priority, Arc::new(route)));
         }
         let filter_specs = filters.to_vec();

@@ -136,6 +136,7 @@ fn idempotent(m: &Method) -> bool {
 pub(super) async fn read_ahead(
     up: &Upstream<'_>,
     mut body: RequestBody,
+    mirror: Option<&super::Mirror>,
 ) -> Result<RequestBody, Error> {
     if !matches!(body, RequestBody::Stream { .. }) {
         return Ok(body);
@@ -145,7 +146,9 @@ pub(super) async fn read_ahead(
     // Content-Length field, which a filter or an edit may have changed.
     let declared = http_body::Body::size_hint(&body).exact();
     let replays = retry.attempts > 1 && declared.is_some_and(|n| n <= retry.replay_buffer.get());
-    if !(up.route.request_buffering || replays) {
+    // A mirrored body is copied whole (within the mirror's cap).
+    let mirrored = mirror.is_some_and(|m| declared.is_some_and(|n| n <= m.max_body));
+    if !(up.route.request_buffering || replays || mirrored) {
         return Ok(body);
     }
     let whole = crate::body::read_whole(&mut body, up.deadline).await?;

@@ -316,7 +316,8 @@ pub(super) fn route_needs_map(
         && matches!(route.host_rewrite, HostRewrite::Preserve)
         && uri.authority().is_none()
         && scan.hosts > 0;
-    !keeps_host || !route.request_edits.is_empty()
+    // A mirror copies the request's fields from the map.
+    !keeps_host || !route.request_edits.is_empty() || route.mirror.is_some()
 }
 
 /// Phase 3a: the body the origin gets. A declared oversize body is refused before the

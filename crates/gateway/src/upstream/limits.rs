@@ -40,6 +40,30 @@ pub(crate) struct ClusterState {
     pending: AtomicUsize,
     retries: AtomicUsize,
     released: Notify,
+    /// Shadow requests (route mirrors) in flight to the cluster.
+    mirrored: AtomicUsize,
+}
+
+/// One shadow request's place under a mirror's cap; released on drop.
+#[derive(Debug)]
+pub(crate) struct MirrorSlot(Arc<ClusterState>);
+
+impl Drop for MirrorSlot {
+    fn drop(&mut self) {
+        self.0.mirrored.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl ClusterState {
+    /// A place for one more shadow request, unless `max` are in flight.
+    pub(crate) fn try_mirror(self: &Arc<Self>, max: usize) -> Option<MirrorSlot> {
+        let prev = self.mirrored.fetch_add(1, Ordering::AcqRel);
+        if prev >= max {
+            self.mirrored.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(MirrorSlot(self.clone()))
+    }
 }
 
 /// One admitted request; releases its place (and wakes a waiter, under a cap) on drop.
