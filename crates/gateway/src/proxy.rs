@@ -311,18 +311,7 @@ async fn proxy(
     let mirror = route.mirror.as_ref().filter(|m| m.sampled());
     let upstream_body = attempt::read_ahead(&up, upstream_body, mirror).await?;
     if let Some(m) = mirror {
-        let host = match &up.host {
-            attempt::UpstreamHost::Set(h) => Some(h),
-            _ => None,
-        };
-        let (body, added) = (&upstream_body, up.added.as_ref());
-        let copy = mirror::Copy {
-            parts: &parts,
-            body,
-            added,
-            host,
-        };
-        mirror::launch(&cx.worker, m, copy);
+        mirror::launch(&cx.worker, m, mirror::Copy::of(&parts, &upstream_body, &up));
     }
     // The cluster's request cap (and queue): held until the response body ends.
     let slot = (cluster.limits.admit(&cluster.config.limits, deadline).await)

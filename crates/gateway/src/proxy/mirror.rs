@@ -64,6 +64,26 @@ pub(super) struct Copy<'a> {
     pub(super) host: Option<&'a HeaderValue>,
 }
 
+impl<'a> Copy<'a> {
+    /// The primary's request as the attempts will send it (`up`).
+    pub(super) fn of(
+        parts: &'a http::request::Parts,
+        body: &'a RequestBody,
+        up: &'a super::attempt::Upstream<'a>,
+    ) -> Copy<'a> {
+        let host = match &up.host {
+            super::attempt::UpstreamHost::Set(h) => Some(h),
+            _ => None,
+        };
+        Copy {
+            parts,
+            body,
+            added: up.added.as_ref(),
+            host,
+        }
+    }
+}
+
 /// Start the shadow copy of a request (sampled already), unless its body is not whole or
 /// the cluster's shadow cap is reached.
 pub(super) fn launch(worker: &Rc<Worker>, m: &Mirror, copy: Copy<'_>) {
