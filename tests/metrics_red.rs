@@ -41,7 +41,13 @@ async fn upstream_servers_have_attempts_latency_reuse_and_connections() {
         "[[routes]]\nname = \"pair\"\ncluster = \"pair\"\nmatch = {{ path_prefix = \"/pair\" }}\n\n[[clusters]]\nname = \"pair\"\nbalance = \"round_robin\"\nservers = [{{ address = \"{}\" }}, {{ address = \"{}\" }}]\n",
         bad.addr, good.addr
     );
-    let g = start_gateway(&config_text(good.addr, "", &extra));
+    // The access log on: every attempt is timed (else one in 16).
+    let dir = tempfile::tempdir().unwrap();
+    let log = format!(
+        "[access_log]\nenabled = true\npath = \"{}\"\n",
+        dir.path().join("a.log").display()
+    );
+    let g = start_gateway(&config_text(good.addr, "", &format!("{log}{extra}")));
     let before = metrics_text(&g).await;
     for (server, outcome) in [(bad.addr, "5xx"), (good.addr, "2xx"), (good.addr, "error")] {
         let labels = [

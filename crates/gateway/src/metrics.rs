@@ -3,7 +3,7 @@
 
 mod server;
 
-pub(crate) use server::{ServerFamilies, ServerMetrics};
+pub(crate) use server::{sample_attempt_timing, ServerFamilies, ServerMetrics};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
