@@ -5,6 +5,7 @@
 //! The gateway crate compiles a validated [`Config`] into its runtime snapshot; nothing here
 //! touches the network (origin addresses are checked for form, never resolved).
 
+mod compression;
 pub mod error;
 mod filters;
 mod locate;
@@ -14,6 +15,7 @@ mod resilience;
 mod servers_file;
 pub mod units;
 mod validate;
+mod validate_compression;
 mod validate_filters;
 mod validate_resilience;
 

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+pub use crate::compression::*;
 pub use crate::filters::*;
 pub use crate::resilience::*;
 pub use crate::units::{ByteSize, Duration};
@@ -596,6 +597,9 @@ pub struct RouteConfig {
     /// Lua filter settings for this route, per filter: keys here replace the same keys of
     /// `[lua.settings.<filter>]` for requests of this route.
     pub lua_settings: BTreeMap<String, toml::Table>,
+    /// `compression`: compress responses for clients that accept it. Absent: bodies pass
+    /// byte-identical.
+    pub compression: Option<CompressionConfig>,
 }
 
 /// Protocol upgrades (`Connection: upgrade` + `Upgrade: <protocol>`) on a route. An allowed
@@ -646,6 +650,7 @@ impl Default for RouteConfig {
             retry: RetryConfig::default(),
             shed_priority: ShedPriority::Normal,
             lua_settings: BTreeMap::new(),
+            compression: None,
         }
     }
 }
