@@ -75,13 +75,17 @@ pub struct Route {
     pub(crate) retry: keymaster_config::RetryConfig,
     /// Under overload, lower priorities are shed first.
     pub(crate) shed_priority: keymaster_config::ShedPriority,
+    /// Response compression; `None` (the default): bodies pass byte-identical.
+    pub(crate) compression: Option<crate::compress::Policy>,
 }
 
 impl Route {
+    /// `compression`: the route's compiled `compression` settings, if it has them.
     pub(crate) fn compile(
         cfg: &RouteConfig,
         cluster: Arc<Cluster>,
         metrics: RouteMetrics,
+        compression: Option<crate::compress::Policy>,
     ) -> Result<Route, String> {
         let m = &cfg.matches;
         let host = match m.host.as_deref() {
@@ -170,6 +174,7 @@ impl Route {
             metrics,
             retry: cfg.retry.clone(),
             shed_priority: cfg.shed_priority,
+            compression,
         })
     }
 

@@ -58,7 +58,9 @@ impl Snapshot {
                 .get(&r.cluster)
                 .ok_or_else(|| format!("route {}: unknown cluster {}", r.name, r.cluster))?
                 .clone();
-            let route = Route::compile(r, cluster, metrics.route(&r.name))
+            let compression = (r.compression.as_ref())
+                .map(|c| crate::compress::Policy::compile(c, &r.name, metrics));
+            let route = Route::compile(r, cluster, metrics.route(&r.name), compression)
                 .map_err(|e| format!("route {}: {e}", r.name))?;
             routes.push((r.priority, Arc::new(route)));
         }
