@@ -9,9 +9,11 @@ use std::io::{self, Write};
 
 use super::{Algorithm, Levels};
 
-/// Brotli's window, log2: 256 KiB (the format's default is 4 MiB), memory per stream bounded
-/// like gzip's and zstd's.
+/// Brotli's largest window, log2: 256 KiB (the format's default is 4 MiB), memory per stream
+/// bounded like gzip's.
 const BROTLI_WINDOW_LOG: u32 = 18;
+/// gzip's largest window, log2 (32 KiB, zlib's default).
+const GZIP_WINDOW_LOG: u8 = 15;
 /// Brotli's internal buffer.
 const BROTLI_BUFFER: usize = 8 * 1024;
 
@@ -21,28 +23,52 @@ type Sink = Writer<BytesMut>;
 pub(crate) struct Encoder(Kind);
 
 enum Kind {
-    Gzip(flate2::write::GzEncoder<Sink>),
+    /// A zlib stream with the gzip wrapper (`Compress::new_gzip`), so its window can shrink.
+    Gzip(flate2::write::ZlibEncoder<Sink>),
     Brotli(Box<brotli::CompressorWriter<Sink>>),
     Zstd(zstd::stream::write::Encoder<'static, Sink>),
     /// A finished brotli stream's last output (brotli finishes by giving its writer back).
     Finished(Sink),
 }
 
+/// The window (log2) for a body of `size` bytes, at most `max` and at least `min`: a small
+/// body gets a small window, so its encoder allocates and clears less (nginx does the same
+/// for gzip).
+pub(super) fn window_log(size: Option<u64>, max: u32, min: u32) -> u32 {
+    let mut log = max;
+    if let Some(n) = size {
+        while log > min && n < (1u64 << (log - 1)) - 262 {
+            log -= 1;
+        }
+    }
+    log
+}
+
 impl Encoder {
-    pub(crate) fn new(a: Algorithm, levels: &Levels) -> io::Result<Encoder> {
+    /// `size`: the body's length when the origin declared it (a smaller window, and zstd's
+    /// frame says the size).
+    pub(crate) fn new(a: Algorithm, levels: &Levels, size: Option<u64>) -> io::Result<Encoder> {
         let sink = empty();
         Ok(Encoder(match a {
-            Algorithm::Gzip => Kind::Gzip(flate2::write::GzEncoder::new(
-                sink,
-                flate2::Compression::new(levels.gzip),
-            )),
+            Algorithm::Gzip => {
+                let bits = window_log(size, GZIP_WINDOW_LOG.into(), 9) as u8;
+                let level = flate2::Compression::new(levels.gzip);
+                let compress = flate2::Compress::new_gzip(level, bits);
+                Kind::Gzip(flate2::write::ZlibEncoder::new_with_compress(
+                    sink, compress,
+                ))
+            }
             Algorithm::Brotli => Kind::Brotli(Box::new(brotli::CompressorWriter::new(
                 sink,
                 BROTLI_BUFFER,
                 levels.brotli,
-                BROTLI_WINDOW_LOG,
+                window_log(size, BROTLI_WINDOW_LOG, 10),
             ))),
-            Algorithm::Zstd => Kind::Zstd(zstd::stream::write::Encoder::new(sink, levels.zstd)?),
+            Algorithm::Zstd => {
+                let mut e = zstd::stream::write::Encoder::new(sink, levels.zstd)?;
+                e.set_pledged_src_size(size)?;
+                Kind::Zstd(e)
+            }
         }))
     }
 

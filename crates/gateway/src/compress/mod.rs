@@ -158,6 +158,12 @@ impl Policy {
     }
 }
 
+/// The response's `Content-Length`, if it has one (checked by the HTTP/1.1 client).
+pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
+    let v = headers.get(header::CONTENT_LENGTH)?;
+    v.to_str().ok()?.trim().parse().ok()
+}
+
 /// Whether any value of the field `name` lists `token` (comma-separated, any case, a
 /// `token=value` counts as the token).
 fn has_token(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {

@@ -123,7 +123,7 @@ fn encoders_round_trip_with_flushes() {
         .flat_map(|i| format!("line {i} of a compressible body\n").into_bytes())
         .collect();
     for a in ALL {
-        let mut e = Encoder::new(a, &levels).unwrap();
+        let mut e = Encoder::new(a, &levels, None).unwrap();
         let mut out = Vec::new();
         for (i, chunk) in text.chunks(7_001).enumerate() {
             e.write(chunk).unwrap();
@@ -150,7 +150,7 @@ fn a_flush_makes_what_was_written_decodable() {
     };
     let event = b"data: {\"tick\": 1}\n\n";
     for a in [Algorithm::Brotli, Algorithm::Zstd] {
-        let mut e = Encoder::new(a, &levels).unwrap();
+        let mut e = Encoder::new(a, &levels, None).unwrap();
         e.write(event).unwrap();
         e.flush().unwrap();
         let flushed = e.take();
@@ -168,7 +168,7 @@ fn a_flush_makes_what_was_written_decodable() {
         }
         assert_eq!(&got, event, "{a:?}");
     }
-    let mut e = Encoder::new(Algorithm::Gzip, &levels).unwrap();
+    let mut e = Encoder::new(Algorithm::Gzip, &levels, None).unwrap();
     e.write(event).unwrap();
     e.flush().unwrap();
     let flushed = e.take();
@@ -177,4 +177,29 @@ fn a_flush_makes_what_was_written_decodable() {
         .read_exact(&mut got)
         .unwrap();
     assert_eq!(&got, event);
+}
+
+#[test]
+fn a_declared_size_shrinks_the_window_and_still_round_trips() {
+    assert_eq!(encoder::window_log(None, 15, 9), 15);
+    assert_eq!(encoder::window_log(Some(1 << 20), 15, 9), 15);
+    assert_eq!(encoder::window_log(Some(10_000), 15, 9), 14);
+    assert_eq!(encoder::window_log(Some(100), 15, 9), 9);
+    let levels = Levels {
+        gzip: 6,
+        brotli: 4,
+        zstd: 3,
+    };
+    for n in [0usize, 100, 5_000, 10_000, 70_000] {
+        let text: Vec<u8> = (0..n).map(|i| b"abcdefgh"[(i * 7 + i / 13) % 8]).collect();
+        for a in ALL {
+            let mut e = Encoder::new(a, &levels, Some(n as u64)).unwrap();
+            for chunk in text.chunks(3000) {
+                e.write(chunk).unwrap();
+                e.flush().unwrap();
+            }
+            e.finish().unwrap();
+            assert_eq!(decode(a, &e.take()), text, "{a:?} {n}");
+        }
+    }
 }

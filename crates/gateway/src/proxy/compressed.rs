@@ -63,7 +63,8 @@ pub(super) fn respond(
     let Some(a) = offer.0 else {
         return ResponseBody::Origin(Box::new(body));
     };
-    let Ok(encoder) = Encoder::new(a, &policy.levels) else {
+    let size = compress::content_length(&parts.headers);
+    let Ok(encoder) = Encoder::new(a, &policy.levels, size) else {
         return ResponseBody::Origin(Box::new(body));
     };
     compress::encoded_head(&mut parts.headers, a);
