@@ -116,13 +116,19 @@ impl CompressedBody {
     pub(super) fn is_end_stream(&self) -> bool {
         self.ended && self.trailers.is_none() && self.encoder.pending() == 0
     }
-}
 
-fn failed(e: std::io::Error) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-    Poll::Ready(Some(Err(Box::new(e))))
-}
+    /// The origin paused: what it sent since the last flush goes out now.
+    fn paused(&mut self) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if std::mem::take(&mut self.unflushed) {
+            if let Err(e) = self.encoder.flush() {
+                return failed(e);
+            }
+        }
+        self.emit().map_or(Poll::Pending, |f| Poll::Ready(Some(f)))
+    }
 
-impl CompressedBody {
+    /// The next frame for the client: compressed bytes once about [`EMIT_AT`] of them are
+    /// ready or the origin pauses, then the origin's trailers.
     pub(super) fn poll(
         &mut self,
         cx: &mut Context<'_>,
@@ -135,15 +141,7 @@ impl CompressedBody {
                 );
             }
             match poll_origin(&mut self.origin, cx, false) {
-                Poll::Pending => {
-                    // The origin paused: what it sent so far goes out now.
-                    if std::mem::take(&mut self.unflushed) {
-                        if let Err(e) = self.encoder.flush() {
-                            return failed(e);
-                        }
-                    }
-                    return self.emit().map_or(Poll::Pending, |f| Poll::Ready(Some(f)));
-                }
+                Poll::Pending => return self.paused(),
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
                         if let Err(e) = self.write(&data) {
@@ -165,4 +163,8 @@ impl CompressedBody {
             }
         }
     }
+}
+
+fn failed(e: std::io::Error) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    Poll::Ready(Some(Err(Box::new(e))))
 }
