@@ -244,9 +244,10 @@ async fn proxy(
     let bodyless = body_state.is_none();
     let upgrade = upgrade::take_request(&route.upgrade, &mut parts, &scan, bodyless)?;
     // Read before the route's request edits: what the client itself accepts.
-    let no_compress = upgrade.is_some() || info.grpc;
-    let (method, headers) = (&parts.method, &parts.headers);
-    let compress = compressed::offer(&route, method, headers, wire.as_deref(), no_compress);
+    let skip = upgrade.is_some() || info.grpc;
+    let compress = (route.compression.is_some())
+        .then(|| compressed::offer(&route, &parts, wire.as_deref(), skip))
+        .flatten();
     let kept = request::Kept {
         host: req.host_value.as_ref(),
         rid: (req.rid_added).then_some((&cx.listener.request_id_header, &req.rid)),

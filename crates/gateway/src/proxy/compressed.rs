@@ -24,22 +24,22 @@ use keymaster_http::headers::WireHead;
 const EMIT_AT: usize = 16 * 1024;
 
 /// What the client accepts, for a route that compresses; `None` when the route does not, or
-/// the request's response is never compressed (HEAD, an upgrade, gRPC).
+/// the request's response is never compressed (HEAD, `skip`: an upgrade, gRPC). The
+/// request's fields are in `wire` when it has them, else in `parts`.
 pub(super) fn offer(
     route: &Route,
-    method: &Method,
-    headers: &HeaderMap,
+    parts: &http::request::Parts,
     wire: Option<&WireHead>,
     skip: bool,
 ) -> Option<Offer> {
     let policy = route.compression.as_ref()?;
-    if skip || method == Method::HEAD {
+    if skip || parts.method == Method::HEAD {
         return None;
     }
     let name = header::ACCEPT_ENCODING.as_str();
     Some(match wire {
         Some(w) => policy.offer(w.fields.get_all(name)),
-        None => policy.offer(headers.get_all(name).iter().map(|v| v.as_bytes())),
+        None => policy.offer(parts.headers.get_all(name).iter().map(|v| v.as_bytes())),
     })
 }
 
@@ -50,22 +50,22 @@ pub(super) fn respond(
     policy: &Policy,
     offer: Offer,
     parts: &mut http::response::Parts,
-    body: OriginBody,
+    body: Box<OriginBody>,
 ) -> ResponseBody {
     let empty = body.prefix.is_none() && body.inner.is_end_stream();
     if empty || body.raw_head.is_some() {
-        return ResponseBody::Origin(Box::new(body));
+        return ResponseBody::Origin(body);
     }
     if !policy.eligible(parts.status, &parts.headers) {
-        return ResponseBody::Origin(Box::new(body));
+        return ResponseBody::Origin(body);
     }
     compress::add_vary(&mut parts.headers);
     let Some(a) = offer.0 else {
-        return ResponseBody::Origin(Box::new(body));
+        return ResponseBody::Origin(body);
     };
     let size = compress::content_length(&parts.headers);
     let Ok(encoder) = Encoder::new(a, &policy.levels, size) else {
-        return ResponseBody::Origin(Box::new(body));
+        return ResponseBody::Origin(body);
     };
     compress::encoded_head(&mut parts.headers, a);
     let i = compress::index(a);
@@ -83,7 +83,7 @@ pub(super) fn respond(
 
 /// The origin's body, compressed as it streams.
 pub struct CompressedBody {
-    origin: OriginBody,
+    origin: Box<OriginBody>,
     encoder: Encoder,
     bytes_in: prometheus::IntCounter,
     bytes_out: prometheus::IntCounter,
@@ -113,6 +113,7 @@ impl CompressedBody {
         self.encoder.write(data)
     }
 
+    #[inline]
     pub(super) fn is_end_stream(&self) -> bool {
         self.ended && self.trailers.is_none() && self.encoder.pending() == 0
     }

@@ -126,6 +126,7 @@ impl Body for ResponseBody {
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Local(b) => b.is_none(),
@@ -327,7 +328,8 @@ pub(super) async fn finish_response(
     if http_body::Body::is_end_stream(&rbody) {
         exchange.body_complete();
     }
-    let body = OriginBody {
+    // Boxed where it is made: the common path moves a pointer, not the body.
+    let body = Box::new(OriginBody {
         prefix,
         inner: rbody,
         exchange,
@@ -336,10 +338,10 @@ pub(super) async fn finish_response(
         grpc: info.grpc,
         ended: false,
         raw_head,
-    };
+    });
     let body = match (&f.route.compression, f.compress) {
         (Some(policy), Some(offer)) => super::compressed::respond(policy, offer, &mut rparts, body),
-        _ => ResponseBody::Origin(Box::new(body)),
+        _ => ResponseBody::Origin(body),
     };
     Ok(Box::new(Response::from_parts(rparts, body)))
 }
