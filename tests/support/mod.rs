@@ -162,6 +162,19 @@ impl Client {
         }
     }
 
+    /// Send a request; the response's body is left to stream.
+    pub async fn stream(
+        &mut self,
+        mut req: http::Request<Full<Bytes>>,
+    ) -> http::Response<hyper::body::Incoming> {
+        if !req.headers().contains_key(http::header::HOST) {
+            req.headers_mut()
+                .insert(http::header::HOST, self.host.parse().unwrap());
+        }
+        self.sender.ready().await.expect("connection ready");
+        self.sender.send_request(req).await.expect("response")
+    }
+
     pub async fn get(&mut self, path: &str) -> Reply {
         let req = http::Request::get(path)
             .body(Full::new(Bytes::new()))

@@ -5,6 +5,7 @@
 //! The gateway crate compiles a validated [`Config`] into its runtime snapshot; nothing here
 //! touches the network (origin addresses are checked for form, never resolved).
 
+mod compression;
 pub mod error;
 mod filters;
 mod locate;
@@ -16,6 +17,7 @@ mod servers_file;
 mod traces;
 pub mod units;
 mod validate;
+mod validate_compression;
 mod validate_filters;
 mod validate_resilience;
 

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+pub use crate::compression::*;
 pub use crate::filters::*;
 pub use crate::mirror::MirrorConfig;
 pub use crate::resilience::*;
@@ -608,6 +609,9 @@ pub struct RouteConfig {
     pub trace_sample: Option<f64>,
     /// `mirror`: a sampled share of the route's requests also goes to a shadow cluster.
     pub mirror: Option<MirrorConfig>,
+    /// `compression`: compress responses for clients that accept it. Absent: bodies pass
+    /// byte-identical.
+    pub compression: Option<CompressionConfig>,
 }
 
 /// Protocol upgrades (`Connection: upgrade` + `Upgrade: <protocol>`) on a route. An allowed
@@ -660,6 +664,7 @@ impl Default for RouteConfig {
             lua_settings: BTreeMap::new(),
             trace_sample: None,
             mirror: None,
+            compression: None,
         }
     }
 }

@@ -87,6 +87,7 @@ pub(crate) fn check(config: &Config) -> Vec<Problem> {
     );
     crate::validate_filters::check_filters(config, &mut p);
     crate::validate_resilience::check(config, &mut p);
+    crate::validate_compression::check(config, &mut p);
     check_dns(config, &mut p);
     p.0
 }

@@ -93,6 +93,7 @@ fn every_key_is_documented() {
     c.clusters[0].request_timeout = Some(Duration::from_secs(1));
     c.clusters[0].health_check = Some(HealthCheckConfig::default());
     c.routes[0].retry.per_try_timeout = Some(Duration::from_secs(1));
+    c.routes[0].compression = Some(CompressionConfig::default());
     c.load_shedding.max_event_loop_lag = Some(Duration::from_millis(100));
     c.listeners[0].tls = Some(TlsConfig {
         certificates: vec![TlsCertificate {

@@ -28,11 +28,14 @@
 //!
 //! **Support** (bottom): `body` (request bodies on their way to the origin, with caps and
 //! timeouts), [`metrics`], [`access_log`], `tls` (inbound TLS: certificates by SNI, ALPN,
-//! mTLS), `proxy_protocol`, [`descriptors`], `runtime_thread`, `drain`, `restart_only`.
+//! mTLS), `proxy_protocol`, [`descriptors`], `runtime_thread`, `drain`, `restart_only`,
+//! `compress` (response compression: `Accept-Encoding` negotiation, the rules, the
+//! streaming encoders).
 
 pub mod access_log;
 mod admin;
 mod body;
+mod compress;
 pub mod descriptors;
 mod downstream;
 mod drain;

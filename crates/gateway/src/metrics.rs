@@ -61,6 +61,8 @@ pub struct Metrics {
     tunnels: IntCounterVec,
     tunnel_bytes: IntCounterVec,
     tunnel_idle_timeouts: IntCounterVec,
+    compressed_responses: IntCounterVec,
+    compression_bytes: IntCounterVec,
     upstream_ejections: IntCounterVec,
     upstream_fast_ejections: IntCounterVec,
     upstream_budget_exhausted: IntCounterVec,
@@ -143,6 +145,17 @@ impl RouteMetrics {
         self.by_class[i].inc();
         self.latency[i].observe(elapsed.as_secs_f64());
     }
+}
+
+/// Handles for one compressing route, per algorithm (`compress::Algorithm::index` order).
+#[derive(Clone)]
+pub(crate) struct CompressionMetrics {
+    /// Responses compressed.
+    pub(crate) responses: [IntCounter; 3],
+    /// Body bytes from the origin into the encoder.
+    pub(crate) bytes_in: [IntCounter; 3],
+    /// Compressed bytes to the client.
+    pub(crate) bytes_out: [IntCounter; 3],
 }
 
 /// Handles for one cluster.
@@ -587,6 +600,18 @@ impl Metrics {
                 "Upgrade tunnels opened (origin answered 101), by route",
                 &["route"],
             ),
+            compressed_responses: counter_vec(
+                &r,
+                "compressed_responses_total",
+                "Responses compressed, by route and algorithm (zstd, br, gzip)",
+                &["route", "algorithm"],
+            ),
+            compression_bytes: counter_vec(
+                &r,
+                "compression_bytes_total",
+                "Body bytes of compressed responses, by route, algorithm and direction (in: from the origin, out: compressed, to the client)",
+                &["route", "algorithm", "direction"],
+            ),
             tunnel_bytes: counter_vec(
                 &r,
                 "tunnel_bytes_total",
@@ -618,6 +643,18 @@ impl Metrics {
                 bytes_downstream: self.tunnel_bytes.with_label_values(&[name, "downstream"]),
                 idle_timeouts: self.tunnel_idle_timeouts.with_label_values(&[name]),
             },
+        }
+    }
+
+    /// A compressing route's handles, `algorithms` in `compress::Algorithm::index` order:
+    /// every series exists (at zero) from the start.
+    pub(crate) fn compression(&self, route: &str, algorithms: [&str; 3]) -> CompressionMetrics {
+        let responses = |a| self.compressed_responses.with_label_values(&[route, a]);
+        let bytes = |a, d| self.compression_bytes.with_label_values(&[route, a, d]);
+        CompressionMetrics {
+            responses: algorithms.map(responses),
+            bytes_in: algorithms.map(|a| bytes(a, "in")),
+            bytes_out: algorithms.map(|a| bytes(a, "out")),
         }
     }
 

@@ -33,6 +33,7 @@ use keymaster_http::error::{Error, Kind, Side};
 use keymaster_http::headers::{self as hdr, WireHead};
 
 mod attempt;
+mod compressed;
 mod filters;
 mod mirror;
 mod request;
@@ -276,6 +277,11 @@ async fn proxy(
     // An upgrade the route allows (WebSocket): keep the client's handle for the tunnel.
     let bodyless = body_state.is_none();
     let upgrade = upgrade::take_request(&route.upgrade, &mut parts, &scan, bodyless)?;
+    // Read before the route's request edits: what the client itself accepts.
+    let skip = upgrade.is_some() || info.grpc;
+    let compress = (route.compression.is_some())
+        .then(|| compressed::offer(&route, &parts, wire.as_deref(), skip))
+        .flatten();
     let kept = request::Kept {
         host: req.host_value.as_ref(),
         rid: (req.rid_added).then_some((&cx.listener.request_id_header, &req.rid)),
@@ -333,6 +339,7 @@ async fn proxy(
         body_state,
         slot,
         start,
+        compress,
     };
     response::finish_response(cx, snapshot, info, forwarded, upgrade, sent).await
 }

@@ -79,13 +79,17 @@ pub struct Route {
     pub(crate) trace_sample: Option<f64>,
     /// A sampled share of the route's requests also goes to a shadow cluster.
     pub(crate) mirror: Option<crate::proxy::Mirror>,
+    /// Response compression; `None` (the default): bodies pass byte-identical.
+    pub(crate) compression: Option<crate::compress::Policy>,
 }
 
 impl Route {
+    /// `compression`: the route's compiled `compression` settings, if it has them.
     pub(crate) fn compile(
         cfg: &RouteConfig,
         cluster: Arc<Cluster>,
         metrics: RouteMetrics,
+        compression: Option<crate::compress::Policy>,
     ) -> Result<Route, String> {
         let m = &cfg.matches;
         let host = match m.host.as_deref() {
@@ -176,6 +180,7 @@ impl Route {
             shed_priority: cfg.shed_priority,
             trace_sample: cfg.trace_sample,
             mirror: None,
+            compression,
         })
     }
 

@@ -58,7 +58,9 @@ impl Snapshot {
                 .get(&r.cluster)
                 .ok_or_else(|| format!("route {}: unknown cluster {}", r.name, r.cluster))?
                 .clone();
-            let mut route = Route::compile(r, cluster, metrics.route(&r.name))
+            let compression = (r.compression.as_ref())
+                .map(|c| crate::compress::Policy::compile(c, &r.name, metrics));
+            let mut route = Route::compile(r, cluster, metrics.route(&r.name), compression)
                 .map_err(|e| format!("route {}: {e}", r.name))?;
             if let Some(m) = &r.mirror {
                 let shadow = (clusters.get(&m.cluster)).ok_or_else(|| {

@@ -19,6 +19,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "drain",
             "restart_only",
             "access_log",
+            "compress",
         ],
     ),
     ("upstream", &["upstream"]),

@@ -43,6 +43,8 @@ pub enum ResponseBody {
     /// A `101` to an HTTP/1.1 client: no body; the client connection becomes the client
     /// side of this tunnel once the head is written.
     Tunnel(Box<crate::upgrade::Tunnel>),
+    /// The origin's body, compressed as it streams (a route with `compression`).
+    Compressed(Box<super::compressed::CompressedBody>),
 }
 
 impl ResponseBody {
@@ -119,68 +121,18 @@ impl Body for ResponseBody {
         match self.get_mut() {
             ResponseBody::Local(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             ResponseBody::Tunnel(_) => Poll::Ready(None),
-            ResponseBody::Origin(o) => {
-                if o.ended {
-                    return Poll::Ready(None);
-                }
-                if let Some(b) = o.prefix.take() {
-                    o.exchange.add_body_bytes(b.len());
-                    if o.inner.is_end_stream() {
-                        o.exchange.body_complete();
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(b))));
-                }
-                if let Some(d) = o.deadline.as_mut() {
-                    if d.as_mut().poll(cx).is_ready() {
-                        o.exchange.fail_body("origin_request_timeout");
-                        if o.grpc {
-                            o.ended = true;
-                            let err = keymaster_http::error::Error::new(
-                                keymaster_http::error::Kind::RequestTimeout,
-                                "request deadline passed while streaming the response",
-                            );
-                            let trailers = crate::respond::grpc_trailers(&err);
-                            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-                        }
-                        return Poll::Ready(Some(Err(Box::new(BodyStopped(
-                            "request deadline exceeded while streaming the response body",
-                        )))));
-                    }
-                }
-                let Poll::Ready(next) = Pin::new(&mut o.inner).poll_frame(cx) else {
-                    return o.poll_read_gap(cx);
-                };
-                o.read_gap.read();
-                match next {
-                    Some(Ok(frame)) => {
-                        if let Some(data) = frame.data_ref() {
-                            o.exchange.add_body_bytes(data.len());
-                        }
-                        if o.inner.is_end_stream() {
-                            o.exchange.body_complete();
-                        }
-                        Poll::Ready(Some(Ok(frame)))
-                    }
-                    Some(Err(e)) => {
-                        // The request body still going out may be what failed (the origin
-                        // answered early): a client that stalled it is not the origin's fault.
-                        o.exchange.fail_body_after_request();
-                        Poll::Ready(Some(Err(e)))
-                    }
-                    None => {
-                        o.exchange.body_complete();
-                        Poll::Ready(None)
-                    }
-                }
-            }
+            ResponseBody::Origin(o) => poll_origin(o, cx, true),
+            ResponseBody::Compressed(c) => c.poll(cx),
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Local(b) => b.is_none(),
             ResponseBody::Tunnel(_) => true,
             ResponseBody::Origin(o) => o.ended || (o.prefix.is_none() && o.inner.is_end_stream()),
+            ResponseBody::Compressed(c) => c.is_end_stream(),
         }
     }
 
@@ -193,13 +145,82 @@ impl Body for ResponseBody {
                 Some(_) => SizeHint::default(),
                 None => o.inner.size_hint(),
             },
+            // Not known until the encoder finished: chunked, or HTTP/2 DATA frames.
+            ResponseBody::Compressed(_) => SizeHint::default(),
+        }
+    }
+}
+
+/// The origin's body, a frame at a time: the buffered prefix first, the request deadline and
+/// `read_timeout` enforced, the `Exchange` told how it ends. `count`: the frames' bytes are
+/// what the client gets (the access log's `bytes_out`); a compressed body counts its own.
+#[inline(always)]
+pub(super) fn poll_origin(
+    o: &mut OriginBody,
+    cx: &mut Context<'_>,
+    count: bool,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    if o.ended {
+        return Poll::Ready(None);
+    }
+    if let Some(b) = o.prefix.take() {
+        if count {
+            o.exchange.add_body_bytes(b.len());
+        }
+        if o.inner.is_end_stream() {
+            o.exchange.body_complete();
+        }
+        return Poll::Ready(Some(Ok(Frame::data(b))));
+    }
+    if let Some(d) = o.deadline.as_mut() {
+        if d.as_mut().poll(cx).is_ready() {
+            o.exchange.fail_body("origin_request_timeout");
+            if o.grpc {
+                o.ended = true;
+                let err = keymaster_http::error::Error::new(
+                    keymaster_http::error::Kind::RequestTimeout,
+                    "request deadline passed while streaming the response",
+                );
+                let trailers = crate::respond::grpc_trailers(&err);
+                return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+            }
+            return Poll::Ready(Some(Err(Box::new(BodyStopped(
+                "request deadline exceeded while streaming the response body",
+            )))));
+        }
+    }
+    let Poll::Ready(next) = Pin::new(&mut o.inner).poll_frame(cx) else {
+        return o.poll_read_gap(cx);
+    };
+    o.read_gap.read();
+    match next {
+        Some(Ok(frame)) => {
+            if let Some(data) = frame.data_ref() {
+                if count {
+                    o.exchange.add_body_bytes(data.len());
+                }
+            }
+            if o.inner.is_end_stream() {
+                o.exchange.body_complete();
+            }
+            Poll::Ready(Some(Ok(frame)))
+        }
+        Some(Err(e)) => {
+            // The request body still going out may be what failed (the origin
+            // answered early): a client that stalled it is not the origin's fault.
+            o.exchange.fail_body_after_request();
+            Poll::Ready(Some(Err(e)))
+        }
+        None => {
+            o.exchange.body_complete();
+            Poll::Ready(None)
         }
     }
 }
 
 /// Whether the response head can pass through in wire form: only the header duties and
-/// appending post filters touch it (no configured edits, no upgrade, not gRPC, an HTTP/1
-/// client), and it has a body (not HEAD or CONNECT).
+/// appending post filters touch it (no configured edits, no compression, no upgrade, not
+/// gRPC, an HTTP/1 client), and it has a body (not HEAD or CONNECT).
 #[inline(always)]
 pub(super) fn passes_raw(
     route: &Route,
@@ -209,6 +230,7 @@ pub(super) fn passes_raw(
     method: &http::Method,
 ) -> bool {
     route.response_edits.is_empty()
+        && route.compression.is_none()
         && !upgrade
         && !grpc
         && client_version != Version::HTTP_2
@@ -234,6 +256,8 @@ pub(super) struct Forwarded {
     /// The request's place under the cluster's cap.
     pub(super) slot: Slot,
     pub(super) start: Instant,
+    /// What the client accepts, when the route compresses (`compressed::offer`).
+    pub(super) compress: Option<crate::compress::Offer>,
 }
 
 /// The response side of a proxied exchange, a phase each: the header duties
@@ -304,7 +328,8 @@ pub(super) async fn finish_response(
     if http_body::Body::is_end_stream(&rbody) {
         exchange.body_complete();
     }
-    let body = OriginBody {
+    // Boxed where it is made: the common path moves a pointer, not the body.
+    let body = Box::new(OriginBody {
         prefix,
         inner: rbody,
         exchange,
@@ -313,8 +338,11 @@ pub(super) async fn finish_response(
         grpc: info.grpc,
         ended: false,
         raw_head,
+    });
+    let body = match (&f.route.compression, f.compress) {
+        (Some(policy), Some(offer)) => super::compressed::respond(policy, offer, &mut rparts, body),
+        _ => ResponseBody::Origin(body),
     };
-    let body = ResponseBody::Origin(Box::new(body));
     Ok(Box::new(Response::from_parts(rparts, body)))
 }
 
