@@ -12,10 +12,12 @@ pub mod model;
 mod redact;
 mod resilience;
 mod servers_file;
+mod traffic;
 pub mod units;
 mod validate;
 mod validate_filters;
 mod validate_resilience;
+mod validate_traffic;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use filters::{env_reference, env_table, env_value};
