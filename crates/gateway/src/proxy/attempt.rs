@@ -63,6 +63,9 @@ pub(super) struct Upstream<'a> {
     pub(super) raw_head: bool,
     /// Forwarding fields and Via, when not in the request's map.
     pub(super) added: Option<keymaster_http::headers::AddedFields<'a>>,
+    /// A hash cluster's key for the request (`None`: the cluster does not hash, or the
+    /// request has no key).
+    pub(super) key: Option<u64>,
 }
 
 impl<'a> Upstream<'a> {
@@ -84,7 +87,15 @@ impl<'a> Upstream<'a> {
             host,
             raw_head,
             added,
+            key: None,
         }
+    }
+
+    /// With a hash cluster's key for the request.
+    #[inline(always)]
+    pub(super) fn with_key(mut self, key: Option<u64>) -> Self {
+        self.key = key;
+        self
     }
 }
 
@@ -238,7 +249,7 @@ pub(super) async fn send(
     let mut sends = 0;
     let mut token: Option<RetryToken> = None;
     loop {
-        let server = cluster.choose(tried.ids())?;
+        let server = cluster.choose(tried.ids(), up.key)?;
         tried.push(server.state.id);
         prepare(up, &server, slot, &mut template)?;
         if let Some(l) = log.as_deref_mut() {

@@ -234,6 +234,9 @@ pub(super) struct Forwarded {
     /// The request's place under the cluster's cap.
     pub(super) slot: Slot,
     pub(super) start: Instant,
+    /// The token of an affinity cookie generated for the request (a hash cluster's
+    /// `generate`): set on the response.
+    pub(super) affinity: Option<u64>,
 }
 
 /// The response side of a proxied exchange, a phase each: the header duties
@@ -333,6 +336,9 @@ fn response_duties(
 ) -> Result<(Option<upgrade::Switch>, bool), Error> {
     let (rparts, rbody, raw) = head;
     let rid_name = &cx.listener.request_id_header;
+    if f.affinity.is_some() {
+        set_affinity_cookie(f, rparts, raw);
+    }
     if let Some(r) = raw.as_mut() {
         r.add_proxy_fields(snapshot.stamps.via(rparts.version), (rid_name, &f.rid));
         return Ok((None, false));
@@ -352,6 +358,24 @@ fn response_duties(
         rparts.headers.insert(rid_name.clone(), f.rid.clone());
     }
     Ok((switch, origin_close))
+}
+
+/// The affinity cookie generated for the request, on the response (its head as a map).
+fn set_affinity_cookie(
+    f: &Forwarded,
+    rparts: &mut http::response::Parts,
+    raw: &mut Option<RawHead>,
+) {
+    let (Some(h), Some(token)) = (f.cluster.hashing.as_deref(), f.affinity) else {
+        return;
+    };
+    if let Some(r) = raw.take() {
+        rparts.headers = r.to_map();
+    }
+    if let Some(v) = h.policy.set_cookie(token) {
+        rparts.headers.append(header::SET_COOKIE, v);
+        h.metrics.cookies.inc();
+    }
 }
 
 /// The `post` filters over the origin's response head, its body read first for filters
