@@ -166,6 +166,7 @@ async fn keys_move_and_come_back(health: &str) {
     assert!(hash_metric(&g, "moved") >= owned.len() as f64);
 
     o[1].restart().await;
+    eprintln!("{} of {KEYS} keys moved off the dead server", owned.len());
     let back = eventually_owners(&g, |now| now == first.as_slice()).await;
     assert_eq!(back, first, "every key is back on its own server");
     let m = g.gateway().metrics_text();
@@ -309,4 +310,34 @@ async fn the_path_and_the_client_ip_are_keys_and_a_missing_key_spreads() {
         "unkeyed requests spread"
     );
     assert_eq!(hash_metric(&g, "unkeyed"), 60.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_gets_and_keeps_its_affinity_cookie() {
+    use http_body_util::BodyExt;
+    let o = Named::many("", 3).await;
+    let keys = r#"hash = { key = "cookie", name = "km_srv", generate = true, cookie_path = "/app", cookie_secure = true }"#;
+    let g = start_gateway(&config(&[&o[0], &o[1], &o[2]], keys));
+    let mut h2 = h2_client(g.addr).await;
+    let get = |cookies: &[&str]| {
+        let mut req = http::Request::get(format!("http://{}/app/x", g.addr));
+        for c in cookies {
+            req = req.header("cookie", *c);
+        }
+        req.body(Full::new(Bytes::new())).unwrap()
+    };
+    let first = h2.send_request(get(&[])).await.expect("h2 response");
+    let set = first.headers()["set-cookie"].to_str().unwrap().to_string();
+    let server = first.into_body().collect().await.unwrap().to_bytes();
+    let (pair, attributes) = set.split_once(';').unwrap();
+    assert_eq!(attributes, " Path=/app; HttpOnly; Secure", "{set}");
+    for _ in 0..20 {
+        // The cookie in a field of its own, beside another (RFC 9113 §8.2.3).
+        let resp = h2
+            .send_request(get(&["a=1", pair]))
+            .await
+            .expect("h2 response");
+        assert!(resp.headers().get("set-cookie").is_none());
+        assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), server);
+    }
 }

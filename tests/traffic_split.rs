@@ -118,6 +118,7 @@ async fn the_realised_split_lies_within_binomial_bounds() {
         );
     }
     assert_eq!(counts.values().sum::<usize>(), N);
+    eprintln!("split of {N} requests at 70/25/5: {counts:?}");
     for (c, origin) in [("a", "0"), ("b", "1"), ("c", "2")] {
         assert_eq!(picks(&g, c, "weight"), counts[origin] as f64, "{c}");
         assert_eq!(picks(&g, c, "override"), 0.0);
@@ -208,9 +209,33 @@ async fn changing_the_weights_by_reload_under_load_fails_no_request() {
         served >= 200,
         "only {served} requests ran under the reloads"
     );
+    eprintln!("{served} requests under 201 reloads, none failed");
     let after = spread(g.addr, 500, 4, &[]).await;
     assert!(after.get("0").copied().unwrap_or(0) <= 5, "{after:?}");
     let m = g.gateway().metrics_text();
     assert_eq!(metric(&m, "keymaster_errors_total"), 0.0, "no errors:\n{m}");
     assert!(o.iter().all(|x| x.hits() > 0), "every cluster served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_clients_split_cookie_fields_override_too() {
+    use http_body_util::BodyExt;
+    let o = Named::many("", 3).await;
+    let route = r#"clusters = [{ name = "a", weight = 9999 }, { name = "c", weight = 1 }]
+cluster_override = { cookie = "km-cluster" }"#;
+    let g = start_gateway(&config(&o, route));
+    let mut h2 = h2_client(g.addr).await;
+    for _ in 0..20 {
+        // RFC 9113 §8.2.3: an HTTP/2 client may send each cookie in a field of its own.
+        let req = http::Request::get(format!("http://{}/", g.addr))
+            .header("cookie", "a=1")
+            .header("cookie", "km-cluster=c")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = h2.send_request(req).await.expect("h2 response");
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "2");
+    }
+    assert_eq!(picks(&g, "c", "override"), 20.0);
 }
