@@ -239,7 +239,7 @@ async fn proxy(
     // head as the client sent it (the path before any rewrite).
     let fields = pick::Fields::new(&parts.headers, wire.as_deref());
     let cluster = pick::cluster(&route, chosen.cluster, fields);
-    let (key, affinity) = pick::hash_key(&cluster, fields, parts.uri.path(), cx.peer.ip());
+    let (key, affinity) = pick::hash_key(&cluster, fields, &parts.uri, &cx.peer);
     let (upstream_body, body_state) = request::upstream_body(&route, chosen.body, body)?;
     let filter_host = chosen.upstream_host.is_some();
     if wire.is_some() && request::route_needs_map(&route, filter_host, &parts.uri, &scan) {
@@ -278,7 +278,8 @@ async fn proxy(
             client_version,
             &parts.method,
         );
-    let up = Upstream::new(cx, &route, &cluster, deadline, host, raw_head, added).with_key(key);
+    let mut up = Upstream::new(cx, &route, &cluster, deadline, host, raw_head, added);
+    up.key = key;
     // A body the route buffers or the replay buffer takes is read whole first, before the
     // request takes a place under the cluster's cap: a slow client holds none.
     let upstream_body = attempt::read_ahead(&up, upstream_body).await?;
@@ -299,9 +300,8 @@ async fn proxy(
         body_state,
         slot,
         start,
-        affinity,
     };
-    response::finish_response(cx, snapshot, info, forwarded, upgrade, sent).await
+    response::finish_response(cx, snapshot, info, forwarded, upgrade, sent, affinity).await
 }
 
 /// Build the request's map from its wire-form fields, once something needs it.

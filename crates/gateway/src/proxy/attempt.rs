@@ -90,13 +90,6 @@ impl<'a> Upstream<'a> {
             key: None,
         }
     }
-
-    /// With a hash cluster's key for the request.
-    #[inline(always)]
-    pub(super) fn with_key(mut self, key: Option<u64>) -> Self {
-        self.key = key;
-        self
-    }
 }
 
 /// The attempt that got a response head to pass on.

@@ -4,8 +4,8 @@
 //! A route with one cluster, and a cluster that does not hash, read nothing.
 
 use http::header::{self, HeaderName};
-use http::HeaderMap;
-use std::net::IpAddr;
+use http::{HeaderMap, Uri};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::route::Route;
@@ -79,8 +79,8 @@ pub(super) fn cluster(route: &Route, chosen: Option<Arc<Cluster>>, f: Fields<'_>
 pub(super) fn hash_key(
     cluster: &Cluster,
     f: Fields<'_>,
-    path: &str,
-    client: IpAddr,
+    uri: &Uri,
+    client: &SocketAddr,
 ) -> (Option<u64>, Option<u64>) {
     let Some(h) = cluster.hashing.as_deref() else {
         return (None, None);
@@ -89,8 +89,8 @@ pub(super) fn hash_key(
     let found = match p.on {
         HashOn::Header => p.header.as_ref().and_then(|n| f.get(n)),
         HashOn::Cookie => p.cookie.as_deref().and_then(|n| f.cookie(n)),
-        HashOn::ClientIp => return (Some(ring::ip_key(client)), None),
-        HashOn::Path => Some(path.as_bytes()),
+        HashOn::ClientIp => return (Some(ring::ip_key(client.ip())), None),
+        HashOn::Path => Some(uri.path().as_bytes()),
     };
     match found {
         Some(v) => (Some(ring::key_of(v)), None),

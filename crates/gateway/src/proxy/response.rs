@@ -234,12 +234,10 @@ pub(super) struct Forwarded {
     /// The request's place under the cluster's cap.
     pub(super) slot: Slot,
     pub(super) start: Instant,
-    /// The token of an affinity cookie generated for the request (a hash cluster's
-    /// `generate`): set on the response.
-    pub(super) affinity: Option<u64>,
 }
 
-/// The response side of a proxied exchange, a phase each: the header duties
+/// The response side of a proxied exchange, a phase each (`affinity`: the token of an
+/// affinity cookie generated for the request, set on the response): the header duties
 /// ([`response_duties`]), the post filters ([`outbound_filters`]), then a tunnel for a
 /// `101` ([`tunnel`]) or the body that streams the origin's and finishes the exchange. A
 /// function of its own so that none of its locals take room in the request's future while
@@ -251,12 +249,16 @@ pub(super) async fn finish_response(
     forwarded: Forwarded,
     upgrade: Option<upgrade::UpgradeRequest>,
     sent: Sent,
+    affinity: Option<u64>,
 ) -> Result<ClientResponse, Error> {
     // When the head arrived (for the access log only).
     let upstream_head = info.log.is_some().then(|| forwarded.start.elapsed());
     let (mut rparts, mut rbody) = (*sent.resp).into_parts();
     // The origin's head in wire form (see `raw_head` in `proxy`), else as a map.
     let mut raw = rbody.take_raw_head();
+    if let Some(token) = affinity {
+        set_affinity_cookie(&forwarded.cluster, token, &mut rparts, &mut raw);
+    }
     let head = (&mut rparts, &mut rbody, &mut raw);
     let (switch, origin_close) = response_duties(cx, snapshot, &forwarded, upgrade, head)?;
     // A response body buffered for post filters (filter::body).
@@ -336,9 +338,6 @@ fn response_duties(
 ) -> Result<(Option<upgrade::Switch>, bool), Error> {
     let (rparts, rbody, raw) = head;
     let rid_name = &cx.listener.request_id_header;
-    if f.affinity.is_some() {
-        set_affinity_cookie(f, rparts, raw);
-    }
     if let Some(r) = raw.as_mut() {
         r.add_proxy_fields(snapshot.stamps.via(rparts.version), (rid_name, &f.rid));
         return Ok((None, false));
@@ -360,13 +359,15 @@ fn response_duties(
     Ok((switch, origin_close))
 }
 
-/// The affinity cookie generated for the request, on the response (its head as a map).
+/// The affinity cookie generated for the request (`token`), on the response (its head as
+/// a map).
 fn set_affinity_cookie(
-    f: &Forwarded,
+    cluster: &Cluster,
+    token: u64,
     rparts: &mut http::response::Parts,
     raw: &mut Option<RawHead>,
 ) {
-    let (Some(h), Some(token)) = (f.cluster.hashing.as_deref(), f.affinity) else {
+    let Some(h) = cluster.hashing.as_deref() else {
         return;
     };
     if let Some(r) = raw.take() {

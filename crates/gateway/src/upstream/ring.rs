@@ -54,8 +54,9 @@ impl Ring {
         Ring { points }
     }
 
-    /// The index of the first point at or after `key` (wrapping to the first point).
-    fn start(&self, key: u64) -> usize {
+    /// Where a walk for `key` starts: the first point at or after it (wrapping to the first
+    /// point).
+    pub(crate) fn start(&self, key: u64) -> usize {
         let i = self.points.partition_point(|p| p.0 < key);
         if i == self.points.len() {
             0
@@ -64,21 +65,26 @@ impl Ring {
         }
     }
 
-    /// The server that owns `key`.
-    pub(crate) fn primary(&self, key: u64) -> usize {
-        self.points[self.start(key)].1 as usize
+    /// The server of the point `start`: the owner of the keys that start there.
+    pub(crate) fn owner(&self, start: usize) -> usize {
+        self.points[start].1 as usize
     }
 
-    /// The first server from `key` on, in ring order, that `ok` accepts; each server is
-    /// asked once. `servers`: how many the cluster has (the walk stops once each was
-    /// asked, for clusters of up to 256 servers).
+    /// The server that owns `key`.
+    #[cfg(test)]
+    fn primary(&self, key: u64) -> usize {
+        self.owner(self.start(key))
+    }
+
+    /// The first server from the point `start` on, in ring order, that `ok` accepts; each
+    /// server is asked once. `servers`: how many the cluster has (the walk stops once each
+    /// was asked, for clusters of up to 256 servers).
     pub(crate) fn find(
         &self,
-        key: u64,
+        start: usize,
         servers: usize,
         mut ok: impl FnMut(usize) -> bool,
     ) -> Option<usize> {
-        let start = self.start(key);
         let (after, before) = (&self.points[start..], &self.points[..start]);
         let mut seen = [0u64; 4];
         let mut asked = 0;
@@ -228,13 +234,19 @@ impl Cluster {
         key: u64,
         tried: &[usize],
     ) -> Result<Arc<OriginServer>, Error> {
-        let n = self.servers.len();
+        let (ring, n) = (&h.ring, self.servers.len());
+        let start = ring.start(key);
+        let primary = ring.owner(start);
         let fresh = |i: usize| !tried.contains(&self.servers[i].state.id);
         let up = |i: usize| self.servers[i].state.health.available();
-        let found = (h.ring.find(key, n, |i| fresh(i) && up(i)))
-            .or_else(|| h.ring.find(key, n, up))
+        if fresh(primary) && up(primary) {
+            h.metrics.primary.inc();
+            return Ok(self.servers[primary].clone());
+        }
+        let found = (ring.find(start, n, |i| fresh(i) && up(i)))
+            .or_else(|| ring.find(start, n, up))
             .or_else(|| match self.config.all_unhealthy {
-                AllUnhealthy::FailOpen => h.ring.find(key, n, fresh).or(Some(h.ring.primary(key))),
+                AllUnhealthy::FailOpen => ring.find(start, n, fresh).or(Some(primary)),
                 AllUnhealthy::FailClosed => None,
             });
         let Some(i) = found else {
@@ -243,7 +255,7 @@ impl Cluster {
                 "no healthy server in the cluster",
             ));
         };
-        if i == h.ring.primary(key) {
+        if i == primary {
             h.metrics.primary.inc();
         } else {
             h.metrics.moved.inc();
@@ -327,23 +339,21 @@ mod tests {
     fn a_walk_asks_each_server_once_in_ring_order() {
         let s = servers(9200..9205);
         let ring = Ring::new(&s);
-        let key = key_of(b"user-7");
+        let start = ring.start(key_of(b"user-7"));
         let mut asked = Vec::new();
-        assert_eq!(
-            ring.find(key, 5, |i| {
-                asked.push(i);
-                false
-            }),
-            None
-        );
+        let none = ring.find(start, 5, |i| {
+            asked.push(i);
+            false
+        });
+        assert_eq!(none, None);
         asked.sort_unstable();
         assert_eq!(asked, vec![0, 1, 2, 3, 4]);
-        let primary = ring.primary(key);
-        assert_eq!(ring.find(key, 5, |_| true), Some(primary));
-        let next = ring.find(key, 5, |i| i != primary).unwrap();
+        let primary = ring.owner(start);
+        assert_eq!(ring.find(start, 5, |_| true), Some(primary));
+        let next = ring.find(start, 5, |i| i != primary).unwrap();
         assert_ne!(next, primary);
         // Deterministic: the same key walks the same way.
-        assert_eq!(ring.find(key, 5, |i| i != primary), Some(next));
+        assert_eq!(ring.find(start, 5, |i| i != primary), Some(next));
     }
 
     #[test]
