@@ -142,8 +142,9 @@ async fn adding_or_removing_one_server_moves_about_one_nth_of_the_keys() {
 }
 
 /// Kill the owner of some keys under a cluster whose `health` settings take it out: its keys
-/// move (failing no request), the others stay; restarted, its keys come back.
-async fn keys_move_and_come_back(health: &str) {
+/// move (failing no request), the others stay; restarted, its keys come back. `checks`:
+/// active checks take it out (then no request meets it once they have).
+async fn keys_move_and_come_back(health: &str, checks: bool) {
     let mut o = Named::many("", 3).await;
     let g = start_gateway(&config(
         &[&o[0], &o[1], &o[2]],
@@ -164,6 +165,20 @@ async fn keys_move_and_come_back(health: &str) {
         "only the dead server's keys moved"
     );
     assert!(hash_metric(&g, "moved") >= owned.len() as f64);
+    if checks {
+        // Once the checks call it unhealthy, the ring passes it over: no request meets it.
+        assert!(
+            available_is(&g, o[1].addr, false).await,
+            "the checks see it down"
+        );
+        let unsent = unsent_retries(&g);
+        assert_eq!(moved(&first, &owners(g.addr).await), owned);
+        assert_eq!(
+            unsent_retries(&g),
+            unsent,
+            "no request went to the dead server"
+        );
+    }
 
     o[1].restart().await;
     eprintln!("{} of {KEYS} keys moved off the dead server", owned.len());
@@ -175,6 +190,32 @@ async fn keys_move_and_come_back(health: &str) {
         0.0,
         "no request failed:\n{m}"
     );
+}
+
+fn unsent_retries(g: &TestGateway) -> f64 {
+    metric(
+        &g.gateway().metrics_text(),
+        "keymaster_upstream_unsent_retries_total{cluster=\"h\"}",
+    )
+}
+
+/// Poll the admin API (bounded) until `server`'s availability is `want`.
+async fn available_is(g: &TestGateway, server: SocketAddr, want: bool) -> bool {
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < end {
+        let r = admin_get(g, "/health/clusters").await;
+        let v: serde_json::Value = serde_json::from_slice(&r.body).expect("health JSON");
+        let servers = v["clusters"][0]["servers"]
+            .as_array()
+            .expect("servers")
+            .clone();
+        let s = servers.iter().find(|s| s["address"] == server.to_string());
+        if s.is_some_and(|s| s["available"] == want) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
 }
 
 /// The owners of every key, asked again (bounded) until `done` holds.
@@ -194,6 +235,7 @@ async fn an_ejected_servers_keys_move_and_come_back() {
     // Passive ejection only: a refused connection ejects at once, for 200 to 400 ms.
     keys_move_and_come_back(
         r#"outlier_detection = { consecutive_failures = 3, base_ejection = "200ms", max_ejection = "400ms" }"#,
+        false,
     )
     .await;
 }
@@ -204,6 +246,7 @@ async fn an_unhealthy_servers_keys_move_and_come_back() {
     keys_move_and_come_back(
         r#"outlier_detection = { consecutive_failures = 0 }
 health_check = { path = "/health", interval = "50ms", timeout = "1s", healthy_threshold = 1, unhealthy_threshold = 1 }"#,
+        true,
     )
     .await;
 }
