@@ -15,11 +15,13 @@ mod redact;
 mod resilience;
 mod servers_file;
 mod traces;
+mod traffic;
 pub mod units;
 mod validate;
 mod validate_compression;
 mod validate_filters;
 mod validate_resilience;
+mod validate_traffic;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use filters::{env_reference, env_table, env_value};

@@ -12,6 +12,7 @@ pub use crate::filters::*;
 pub use crate::mirror::MirrorConfig;
 pub use crate::resilience::*;
 pub use crate::traces::*;
+pub use crate::traffic::*;
 pub use crate::units::{ByteSize, Duration};
 
 /// The whole file.
@@ -571,8 +572,13 @@ pub struct RouteConfig {
     /// `match`: what requests this route takes; empty matches everything.
     #[serde(rename = "match")]
     pub matches: RouteMatch,
-    /// Name of the cluster to forward to (must exist).
+    /// Name of the cluster to forward to (must exist). Exactly one of `cluster` and
+    /// `clusters`.
     pub cluster: String,
+    /// A weighted split over several clusters (canary releases), instead of `cluster`.
+    pub clusters: Vec<WeightedCluster>,
+    /// With `clusters`: a header or cookie through which a client names the cluster.
+    pub cluster_override: Option<ClusterOverride>,
     /// Path rewrite before forwarding.
     pub rewrite: RewriteConfig,
     /// Host header sent upstream: `"preserve"`, `"origin"` or `"fixed"`.
@@ -646,6 +652,8 @@ impl Default for RouteConfig {
             priority: 0,
             matches: RouteMatch::default(),
             cluster: String::new(),
+            clusters: Vec::new(),
+            cluster_override: None,
             rewrite: RewriteConfig::default(),
             host_policy: HostPolicy::Preserve,
             fixed_host: None,
@@ -679,6 +687,8 @@ pub enum Balance {
     RoundRobin,
     /// Power of two choices on outstanding requests.
     LeastOutstanding,
+    /// Consistent hashing (a ring) of the cluster's `hash` key.
+    Hash,
 }
 
 /// One origin server of a cluster.
@@ -734,8 +744,10 @@ pub struct ClusterConfig {
     pub name: String,
     /// Origin servers; at least one.
     pub servers: Vec<OriginServerConfig>,
-    /// `"random"`, `"round_robin"` or `"least_outstanding"`.
+    /// `"random"`, `"round_robin"`, `"least_outstanding"` or `"hash"`.
     pub balance: Balance,
+    /// `hash`: what `balance = "hash"` hashes (required with it, refused without).
+    pub hash: Option<HashConfig>,
     /// Connection pool limits, per server.
     pub pool: PoolConfig,
     /// Time to establish a TCP connection to a server.
@@ -847,6 +859,7 @@ impl Default for ClusterConfig {
             name: String::new(),
             servers: Vec::new(),
             balance: Balance::Random,
+            hash: None,
             pool: PoolConfig::default(),
             connect_timeout: Duration::from_secs(2),
             response_header_timeout: Duration::from_secs(30),

@@ -75,9 +75,9 @@ pub(crate) fn check(config: &Config) -> Vec<Problem> {
     crate::traces::check(config, &mut p);
     crate::mirror::check(config, &mut p);
     check_listeners(config, &mut p);
-    let clusters = check_clusters(config, &mut p);
+    check_clusters(config, &mut p);
     for (i, route) in config.routes.iter().enumerate() {
-        check_route(route, root.key("routes").index(i), &clusters, &mut p);
+        check_route(route, root.key("routes").index(i), &mut p);
     }
     check_unique(
         config.routes.iter().map(|r| r.name.as_str()),
@@ -88,6 +88,7 @@ pub(crate) fn check(config: &Config) -> Vec<Problem> {
     crate::validate_filters::check_filters(config, &mut p);
     crate::validate_resilience::check(config, &mut p);
     crate::validate_compression::check(config, &mut p);
+    crate::validate_traffic::check(config, &mut p);
     check_dns(config, &mut p);
     p.0
 }
@@ -393,8 +394,8 @@ pub(crate) fn check_edit_lists(
     }
 }
 
-/// Cluster checks; returns the set of cluster names for route references.
-fn check_clusters<'a>(config: &'a Config, p: &mut Problems) -> Vec<&'a str> {
+/// Cluster checks (route references to clusters are `validate_traffic`'s).
+fn check_clusters(config: &Config, p: &mut Problems) {
     let base = KeyPath::root().key("clusters");
     check_unique(
         config.clusters.iter().map(|c| c.name.as_str()),
@@ -405,7 +406,6 @@ fn check_clusters<'a>(config: &'a Config, p: &mut Problems) -> Vec<&'a str> {
     for (i, c) in config.clusters.iter().enumerate() {
         check_cluster(c, &base.index(i), p);
     }
-    config.clusters.iter().map(|c| c.name.as_str()).collect()
 }
 
 fn check_cluster(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
@@ -645,20 +645,7 @@ pub(crate) fn check_path(path: &Option<String>, at: KeyPath, p: &mut Problems) {
     }
 }
 
-fn check_route(r: &RouteConfig, at: KeyPath, clusters: &[&str], p: &mut Problems) {
-    if !clusters.contains(&r.cluster.as_str()) {
-        let known = if clusters.is_empty() {
-            "no [[clusters]] are defined".to_string()
-        } else {
-            format!("expected one of: {}", clusters.join(", "))
-        };
-        let what = if r.cluster.is_empty() {
-            "missing cluster".to_string()
-        } else {
-            format!("unknown cluster {:?}", r.cluster)
-        };
-        p.push(at.key("cluster"), format!("{what}; {known}"));
-    }
+fn check_route(r: &RouteConfig, at: KeyPath, p: &mut Problems) {
     let m = &r.matches;
     let mat = at.key("match");
     at_most_one(

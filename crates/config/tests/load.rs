@@ -73,6 +73,18 @@ fn documented_example_loads() {
     assert_eq!(c.clusters[0].balance, Balance::LeastOutstanding);
     assert_eq!(c.clusters[0].servers[1].weight, 2);
     assert_eq!(c.clusters[0].pool.max_connections, 512);
+    let checkout = c
+        .routes
+        .iter()
+        .find(|r| r.name == "checkout")
+        .expect("checkout");
+    assert_eq!(checkout.clusters[1].weight, 5);
+    let carts = c
+        .clusters
+        .iter()
+        .find(|c| c.name == "carts")
+        .expect("carts");
+    assert_eq!(carts.hash.as_ref().map(|h| h.key), Some(HashOn::Header));
 }
 
 /// Every key the model serializes is documented as `key` in docs/configuration.md.
@@ -90,8 +102,24 @@ fn every_key_is_documented() {
     r.connect_timeout = Some(Duration::from_secs(1));
     r.response_header_timeout = Some(Duration::from_secs(1));
     r.request_timeout = Some(Duration::from_secs(1));
+    r.clusters = vec![WeightedCluster {
+        name: "a".into(),
+        weight: 1,
+    }];
+    r.cluster_override = Some(ClusterOverride {
+        header: Some("x".into()),
+        cookie: Some("y".into()),
+    });
     c.clusters[0].request_timeout = Some(Duration::from_secs(1));
     c.clusters[0].health_check = Some(HealthCheckConfig::default());
+    c.clusters[0].hash = Some(HashConfig {
+        key: HashOn::Cookie,
+        name: Some("s".into()),
+        generate: true,
+        cookie_path: "/".into(),
+        cookie_max_age: Some(Duration::from_secs(1)),
+        cookie_secure: true,
+    });
     c.routes[0].retry.per_try_timeout = Some(Duration::from_secs(1));
     c.routes[0].compression = Some(CompressionConfig::default());
     c.load_shedding.max_event_loop_lag = Some(Duration::from_millis(100));

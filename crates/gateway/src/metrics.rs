@@ -77,6 +77,9 @@ pub struct Metrics {
     pub(crate) discovery_updates: IntCounterVec,
     pub(crate) discovery_errors: IntCounterVec,
     pub(crate) discovered_servers: IntGaugeVec,
+    route_cluster_picks: IntCounterVec,
+    upstream_hash_picks: IntCounterVec,
+    upstream_affinity_cookies: IntCounterVec,
 }
 
 /// Handles for one filter of the filter chain.
@@ -186,6 +189,29 @@ pub(crate) struct ClusterMetrics {
     pub(crate) descriptors_exhausted: IntCounter,
     /// Health checks skipped for lack of file descriptors.
     pub(crate) check_descriptors_exhausted: IntCounter,
+    /// `balance = "hash"` clusters only.
+    pub(crate) hash: Option<HashMetrics>,
+}
+
+/// Handles for one hash cluster (`balance = "hash"`): its picks and generated cookies.
+#[derive(Clone)]
+pub(crate) struct HashMetrics {
+    /// The key's own server on the ring served.
+    pub(crate) primary: IntCounter,
+    /// The key's own server was unavailable or tried: the next on the ring served.
+    pub(crate) moved: IntCounter,
+    /// The request had no key (and none was generated): weighted random.
+    pub(crate) unkeyed: IntCounter,
+    /// Affinity cookies set on responses (`generate`).
+    pub(crate) cookies: IntCounter,
+}
+
+/// Handles for one cluster of a weighted route: requests it got by the weighted draw, and
+/// by the route's `cluster_override`.
+#[derive(Clone)]
+pub(crate) struct PickMetrics {
+    pub(crate) by_weight: IntCounter,
+    pub(crate) by_override: IntCounter,
 }
 
 impl ClusterMetrics {
@@ -587,6 +613,24 @@ impl Metrics {
                 "Servers of a cluster with discovery, as last resolved",
                 &["cluster"],
             ),
+            route_cluster_picks: counter_vec(
+                &r,
+                "route_cluster_picks_total",
+                "Requests of a route with weighted clusters, by the cluster picked and how: weight (the weighted draw) or override (the route's cluster_override header or cookie named it)",
+                &["route", "cluster", "source"],
+            ),
+            upstream_hash_picks: counter_vec(
+                &r,
+                "upstream_hash_picks_total",
+                "Server picks of hash clusters: primary (the key's own server on the ring), moved (it was unavailable or already tried: the next server on the ring), unkeyed (the request had no key: weighted random)",
+                &["cluster", "result"],
+            ),
+            upstream_affinity_cookies: counter_vec(
+                &r,
+                "upstream_affinity_cookies_total",
+                "Affinity cookies generated and set on responses by hash clusters with generate = true",
+                &["cluster"],
+            ),
             filter_duration,
             tunnels_active: gauge_vec(
                 &r,
@@ -658,8 +702,20 @@ impl Metrics {
         }
     }
 
-    pub(crate) fn cluster(&self, name: &str) -> ClusterMetrics {
+    /// The handles of one cluster (its hash counts too, present at zero, when it hashes).
+    pub(crate) fn cluster(&self, cfg: &keymaster_config::ClusterConfig) -> ClusterMetrics {
+        let name = cfg.name.as_str();
+        let hash = (cfg.balance == keymaster_config::Balance::Hash).then(|| {
+            let picks = |result: &str| self.upstream_hash_picks.with_label_values(&[name, result]);
+            HashMetrics {
+                primary: picks("primary"),
+                moved: picks("moved"),
+                unkeyed: picks("unkeyed"),
+                cookies: self.upstream_affinity_cookies.with_label_values(&[name]),
+            }
+        });
         ClusterMetrics {
+            hash,
             connect_attempts: self.upstream_connects.with_label_values(&[name]),
             connect_failures: self.upstream_connect_failures.with_label_values(&[name]),
             requests: self.upstream_requests.with_label_values(&[name]),
@@ -680,6 +736,16 @@ impl Metrics {
                 .with_label_values(&["health_check"]),
             name: name.into(),
             servers: self.servers.clone(),
+        }
+    }
+
+    /// The pick counts of `cluster` in the weighted route `route` (present at zero).
+    pub(crate) fn picks(&self, route: &str, cluster: &str) -> PickMetrics {
+        let by =
+            |source: &str| (self.route_cluster_picks).with_label_values(&[route, cluster, source]);
+        PickMetrics {
+            by_weight: by("weight"),
+            by_override: by("override"),
         }
     }
 

@@ -36,6 +36,7 @@ mod attempt;
 mod compressed;
 mod filters;
 mod mirror;
+mod pick;
 mod request;
 mod response;
 mod trace;
@@ -269,6 +270,11 @@ async fn proxy(
     }
     // The parts of `req` move out one by one where they are used.
     let (route, scan, chosen) = (req.route, req.scan, req.chosen);
+    // The cluster (weighted clusters may read a field) and a hash cluster's key, from the
+    // head as the client sent it (the path before any rewrite).
+    let fields = pick::Fields::new(&parts.headers, wire.as_deref());
+    let cluster = pick::cluster(&route, chosen.cluster, fields);
+    let (key, affinity) = pick::hash_key(&cluster, fields, &parts.uri, &cx.peer);
     let (upstream_body, body_state) = request::upstream_body(&route, chosen.body, body)?;
     let filter_host = chosen.upstream_host.is_some();
     if wire.is_some() && request::route_needs_map(&route, filter_host, &parts.uri, &scan) {
@@ -294,7 +300,6 @@ async fn proxy(
     request::upstream_target(&route, &mut parts.uri, chosen.upstream_path, req.raw_target)?;
     let client_version = parts.version;
     parts.version = Version::HTTP_11;
-    let cluster = chosen.cluster.unwrap_or_else(|| route.cluster.clone());
     let routed_by = req.host_value.as_ref();
     let host = request::upstream_host(
         &route,
@@ -304,14 +309,17 @@ async fn proxy(
         routed_by,
     );
     let deadline = request::deadline(&route, start, info.grpc, &parts.headers);
-    let raw_head = response::passes_raw(
-        &route,
-        up_.is_some(),
-        info.grpc,
-        client_version,
-        &parts.method,
-    );
-    let up = Upstream::new(cx, &route, &cluster, deadline, host, raw_head, added);
+    // A generated affinity cookie is added to the response's map.
+    let raw_head = affinity.is_none()
+        && response::passes_raw(
+            &route,
+            up_.is_some(),
+            info.grpc,
+            client_version,
+            &parts.method,
+        );
+    let mut up = Upstream::new(cx, &route, &cluster, deadline, host, raw_head, added);
+    up.key = key;
     // A body the route buffers or the replay buffer takes is read whole first, before the
     // request takes a place under the cluster's cap: a slow client holds none.
     let mirror = route.mirror.as_ref().filter(|m| m.sampled());
@@ -341,7 +349,7 @@ async fn proxy(
         start,
         compress,
     };
-    response::finish_response(cx, snapshot, info, forwarded, upgrade, sent).await
+    response::finish_response(cx, snapshot, info, forwarded, upgrade, sent, affinity).await
 }
 
 /// Build the request's map from its wire-form fields, once something needs it.

@@ -6,10 +6,13 @@ use http::{HeaderMap, Method};
 use regex::Regex;
 use std::sync::Arc;
 
+mod split;
+
 use crate::metrics::RouteMetrics;
 use crate::upstream::Cluster;
 use keymaster_config::{HostPolicy, RouteConfig};
 use keymaster_http::headers::HeaderEdits;
+pub(crate) use split::Split;
 
 /// How a route matches the host.
 #[derive(Debug)]
@@ -57,7 +60,11 @@ pub struct Route {
     pub(crate) host_rewrite: HostRewrite,
     pub(crate) request_edits: HeaderEdits,
     pub(crate) response_edits: HeaderEdits,
+    /// The route's cluster: its `cluster`, or the first of its weighted `clusters` (whose
+    /// timeouts the route's default to).
     pub(crate) cluster: Arc<Cluster>,
+    /// Weighted clusters (`clusters`): the split picks the cluster of each request.
+    pub(crate) split: Option<Box<Split>>,
     pub(crate) connect_timeout: std::time::Duration,
     pub(crate) response_header_timeout: std::time::Duration,
     /// Longest gap between two reads of the origin's response body.
@@ -88,6 +95,7 @@ impl Route {
     pub(crate) fn compile(
         cfg: &RouteConfig,
         cluster: Arc<Cluster>,
+        split: Option<Split>,
         metrics: RouteMetrics,
         compression: Option<crate::compress::Policy>,
     ) -> Result<Route, String> {
@@ -175,6 +183,7 @@ impl Route {
             request_buffering: cfg.request_buffering,
             upgrade: crate::upgrade::UpgradePolicy::compile(&cfg.upgrade),
             cluster,
+            split: split.map(Box::new),
             metrics,
             retry: cfg.retry.clone(),
             shed_priority: cfg.shed_priority,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::filter::{FilterChain, FilterSpec};
 use crate::metrics::Metrics;
-use crate::route::{Route, Router};
+use crate::route::{Route, Router, Split};
 use crate::upstream::discovery::Lists;
 use crate::upstream::limits::ClusterStates;
 use crate::upstream::{Cluster, Clusters};
@@ -45,7 +45,7 @@ impl Snapshot {
     ) -> Result<Snapshot, String> {
         let mut clusters = Clusters::default();
         for c in &config.clusters {
-            let (m, limits) = (metrics.cluster(&c.name), states.get(&c.name));
+            let (m, limits) = (metrics.cluster(c), states.get(&c.name));
             let cluster = match discovered.get(&c.name) {
                 Some(d) => Cluster::with_endpoints(c, &d.endpoints, m, limits)?,
                 None => Cluster::build(c, m, limits)?,
@@ -54,13 +54,17 @@ impl Snapshot {
         }
         let mut routes = Vec::with_capacity(config.routes.len());
         for r in &config.routes {
+            // A weighted route's own cluster is its first (its timeouts' defaults).
+            let name = r.clusters.first().map_or(&r.cluster, |w| &w.name);
             let cluster = clusters
-                .get(&r.cluster)
-                .ok_or_else(|| format!("route {}: unknown cluster {}", r.name, r.cluster))?
+                .get(name)
+                .ok_or_else(|| format!("route {}: unknown cluster {name}", r.name))?
                 .clone();
             let compression = (r.compression.as_ref())
                 .map(|c| crate::compress::Policy::compile(c, &r.name, metrics));
-            let mut route = Route::compile(r, cluster, metrics.route(&r.name), compression)
+            let split = Split::build(r, &clusters, metrics)
+                .map_err(|e| format!("route {}: clusters: {e}", r.name))?;
+            let mut route = Route::compile(r, cluster, split, metrics.route(&r.name), compression)
                 .map_err(|e| format!("route {}: {e}", r.name))?;
             if let Some(m) = &r.mirror {
                 let shadow = (clusters.get(&m.cluster)).ok_or_else(|| {

@@ -63,6 +63,9 @@ pub(super) struct Upstream<'a> {
     pub(super) raw_head: bool,
     /// Forwarding fields and Via, when not in the request's map.
     pub(super) added: Option<keymaster_http::headers::AddedFields<'a>>,
+    /// A hash cluster's key for the request (`None`: the cluster does not hash, or the
+    /// request has no key).
+    pub(super) key: Option<u64>,
 }
 
 impl<'a> Upstream<'a> {
@@ -84,6 +87,7 @@ impl<'a> Upstream<'a> {
             host,
             raw_head,
             added,
+            key: None,
         }
     }
 }
@@ -249,7 +253,7 @@ pub(super) async fn send(
     let mut sends = 0;
     let mut token: Option<RetryToken> = None;
     loop {
-        let server = cluster.choose(tried.ids())?;
+        let server = cluster.choose(tried.ids(), up.key)?;
         tried.push(server.state.id);
         prepare(up, &server, slot, &mut template)?;
         if let (Some(t), Some(req)) = (trace.as_deref_mut(), slot.as_mut()) {

@@ -155,7 +155,7 @@ async fn send(
     req: Request<RequestBody>,
     within: Duration,
 ) -> bool {
-    let Ok(server) = cluster.choose(&[]) else {
+    let Ok(server) = cluster.choose(&[], None) else {
         return false;
     };
     let connect = cluster.config.connect_timeout.get().min(within);

@@ -260,7 +260,8 @@ pub(super) struct Forwarded {
     pub(super) compress: Option<crate::compress::Offer>,
 }
 
-/// The response side of a proxied exchange, a phase each: the header duties
+/// The response side of a proxied exchange, a phase each (`affinity`: the token of an
+/// affinity cookie generated for the request, set on the response): the header duties
 /// ([`response_duties`]), the post filters ([`outbound_filters`]), then a tunnel for a
 /// `101` ([`tunnel`]) or the body that streams the origin's and finishes the exchange. A
 /// function of its own so that none of its locals take room in the request's future while
@@ -272,12 +273,16 @@ pub(super) async fn finish_response(
     forwarded: Forwarded,
     upgrade: Option<upgrade::UpgradeRequest>,
     sent: Sent,
+    affinity: Option<u64>,
 ) -> Result<ClientResponse, Error> {
     // When the head arrived (for the access log only).
     let upstream_head = info.log.is_some().then(|| forwarded.start.elapsed());
     let (mut rparts, mut rbody) = (*sent.resp).into_parts();
     // The origin's head in wire form (see `raw_head` in `proxy`), else as a map.
     let mut raw = rbody.take_raw_head();
+    if let Some(token) = affinity {
+        set_affinity_cookie(&forwarded.cluster, token, &mut rparts, &mut raw);
+    }
     let head = (&mut rparts, &mut rbody, &mut raw);
     let (switch, origin_close) = response_duties(cx, snapshot, &forwarded, upgrade, head)?;
     // A response body buffered for post filters (filter::body).
@@ -380,6 +385,26 @@ fn response_duties(
         rparts.headers.insert(rid_name.clone(), f.rid.clone());
     }
     Ok((switch, origin_close))
+}
+
+/// The affinity cookie generated for the request (`token`), on the response (its head as
+/// a map).
+fn set_affinity_cookie(
+    cluster: &Cluster,
+    token: u64,
+    rparts: &mut http::response::Parts,
+    raw: &mut Option<RawHead>,
+) {
+    let Some(h) = cluster.hashing.as_deref() else {
+        return;
+    };
+    if let Some(r) = raw.take() {
+        rparts.headers = r.to_map();
+    }
+    if let Some(v) = h.policy.set_cookie(token) {
+        rparts.headers.append(header::SET_COOKIE, v);
+        h.metrics.cookies.inc();
+    }
 }
 
 /// The `post` filters over the origin's response head, its body read first for filters

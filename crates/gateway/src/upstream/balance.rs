@@ -30,7 +30,8 @@ impl Balancer {
         let weights: Vec<u64> = servers.iter().map(|s| u64::from(s.weight)).collect();
         let uniform = weights.iter().all(|&w| w == weights[0]);
         match kind {
-            Balance::Random => Balancer::Random {
+            // A hash cluster's request without a key: weighted random.
+            Balance::Random | Balance::Hash => Balancer::Random {
                 cumulative: if uniform {
                     Vec::new()
                 } else {

@@ -214,8 +214,19 @@ pub(crate) fn ejection_ms(cfg: &OutlierConfig, k: u32) -> u64 {
 impl Cluster {
     /// Choose a server for an attempt: an available server the request has not tried
     /// (`tried` holds origin ids), else an available one already tried; when none is
-    /// available the cluster fails open (any server) or closed (503).
-    pub(crate) fn choose(&self, tried: &[usize]) -> Result<Arc<OriginServer>, Error> {
+    /// available the cluster fails open (any server) or closed (503). A hash cluster
+    /// chooses by the request's `key` ([`Cluster::choose_hashed`]).
+    pub(crate) fn choose(
+        &self,
+        tried: &[usize],
+        key: Option<u64>,
+    ) -> Result<Arc<OriginServer>, Error> {
+        if let Some(h) = self.hashing.as_deref() {
+            match key {
+                Some(key) => return self.choose_hashed(h, key, tried),
+                None => h.metrics.unkeyed.inc(),
+            }
+        }
         let fresh = |s: &OriginServer| !tried.contains(&s.state.id);
         for _ in 0..3 {
             let s = self.pick();

@@ -3,6 +3,7 @@
 //!
 //! - [`Cluster`], [`OriginServer`]: what a config version says about origins.
 //! - [`balance`]: picks a server (random, round robin, least outstanding).
+//! - [`ring`]: consistent hashing (`balance = "hash"`): the ring and what it hashes.
 //! - [`pool`]: idle keep-alive connections per origin server, per worker thread; no locks.
 //! - [`conn`]: a request's hold on an origin (HTTP/1.1 connection or HTTP/2 stream), sending
 //!   on it, and the response body of either.
@@ -28,6 +29,7 @@ pub(crate) mod health;
 pub(crate) mod limits;
 pub(crate) mod pool;
 pub(crate) mod probe;
+pub(crate) mod ring;
 pub(crate) mod tls;
 
 use http::HeaderValue;
@@ -157,6 +159,8 @@ pub struct Cluster {
     pub config: ClusterConfig,
     pub servers: Vec<Arc<OriginServer>>,
     pub(crate) balancer: balance::Balancer,
+    /// `balance = "hash"`: the ring, what it hashes and its counts.
+    pub(crate) hashing: Option<Box<ring::Hashing>>,
     pub(crate) metrics: ClusterMetrics,
     /// Caps, queue and retry budget, shared by every version of the cluster (by name).
     pub(crate) limits: Arc<limits::ClusterState>,
@@ -238,8 +242,16 @@ impl Cluster {
         if servers.is_empty() {
             return Err(format!("cluster {} has no servers", cfg.name));
         }
+        let hashing = match (&cfg.hash, &metrics.hash) {
+            (Some(h), Some(m)) => Some(Box::new(
+                ring::Hashing::new(h, &servers, m.clone())
+                    .map_err(|e| format!("cluster {}: hash: {e}", cfg.name))?,
+            )),
+            _ => None,
+        };
         Ok(Cluster {
             balancer: balance::Balancer::new(cfg.balance, &servers),
+            hashing,
             config: cfg.clone(),
             servers,
             limits,
