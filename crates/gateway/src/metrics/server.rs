@@ -124,3 +124,11 @@ pub(crate) fn sample_attempt_timing() -> bool {
         n % ATTEMPT_TIMING_SAMPLE == 0
     })
 }
+
+#[cfg(test)]
+impl ServerMetrics {
+    /// Handles in a registry of their own, for unit tests' servers.
+    pub(crate) fn for_tests() -> ServerMetrics {
+        ServerFamilies::register(&Registry::new()).server("c", "s")
+    }
+}

@@ -141,7 +141,7 @@ mod tests {
                     weight: w,
                     tls: None,
                     protocol: keymaster_config::UpstreamProtocol::Http1,
-                    metrics: crate::metrics::Metrics::new().cluster("c").server("s"),
+                    metrics: crate::metrics::ServerMetrics::for_tests(),
                 })
             })
             .collect()

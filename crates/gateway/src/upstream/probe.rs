@@ -409,7 +409,7 @@ mod tests {
             weight: 1,
             tls: None,
             protocol,
-            metrics: crate::metrics::Metrics::new().cluster("c").server("s"),
+            metrics: crate::metrics::ServerMetrics::for_tests(),
         })
     }
 

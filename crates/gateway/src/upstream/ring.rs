@@ -281,6 +281,7 @@ mod tests {
                     weight: 1,
                     tls: None,
                     protocol: keymaster_config::UpstreamProtocol::Http1,
+                    metrics: crate::metrics::ServerMetrics::for_tests(),
                 })
             })
             .collect()
