@@ -50,8 +50,19 @@ pub struct LuaConfig {
     /// Memory cap of each worker's Lua VM; past it an allocation fails (the call fails)
     /// and the VM is rebuilt.
     pub memory_limit: ByteSize,
-    /// Default timeout of `ctx.http.get`/`post` when the call gives none.
+    /// Default timeout of a `ctx.http` call when the call gives none (connect, TLS and the
+    /// whole response).
     pub http_timeout: Duration,
+    /// Largest timeout a `ctx.http` call may ask for; a longer one is cut to it.
+    pub http_max_timeout: Duration,
+    /// PEM file of the CA certificates `https://` servers must chain to. Absent: the Mozilla
+    /// root set compiled into the gateway (webpki-roots).
+    pub http_ca_file: Option<String>,
+    /// How long a worker keeps an idle `ctx.http` connection for reuse.
+    pub http_pool_idle_timeout: Duration,
+    /// Idle `ctx.http` connections a worker keeps per origin (scheme, host, port); 0 turns
+    /// reuse off.
+    pub http_pool_max_idle: usize,
     /// Largest response body `ctx.http` reads; a longer one fails the call.
     pub http_max_body: ByteSize,
     /// Let `ctx.http` reach the admin listener (off: such a call returns `nil, err`).
@@ -78,6 +89,10 @@ impl Default for LuaConfig {
             instruction_budget: 1_000_000,
             memory_limit: ByteSize(64 * 1024 * 1024),
             http_timeout: Duration::from_secs(1),
+            http_max_timeout: Duration::from_secs(30),
+            http_ca_file: None,
+            http_pool_idle_timeout: Duration::from_secs(30),
+            http_pool_max_idle: 16,
             http_max_body: ByteSize(1024 * 1024),
             http_allow_admin: false,
             max_call_time: Duration::from_millis(100),

@@ -154,6 +154,9 @@ pub fn load_file(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
             if let Some(d) = &mut config.lua.dir {
                 from_dir(d);
             }
+            if let Some(ca) = &mut config.lua.http_ca_file {
+                from_dir(ca);
+            }
             if config.access_log.path != "-" {
                 from_dir(&mut config.access_log.path);
             }

@@ -213,12 +213,7 @@ fn check_lua(config: &Config, p: &mut Problems) {
             "too small; expected at least \"1MiB\", like \"64MiB\"",
         );
     }
-    if l.http_timeout.get().is_zero() {
-        p.push(
-            at.key("http_timeout"),
-            "must be greater than zero; expected a duration like \"1s\"",
-        );
-    }
+    check_lua_http(l, &at, p);
     if l.http_max_body.0 == 0 {
         p.push(
             at.key("http_max_body"),
@@ -232,6 +227,48 @@ fn check_lua(config: &Config, p: &mut Problems) {
         );
     }
     check_shared_dict(l, &at, p);
+}
+
+/// `[lua]` keys of the `ctx.http` client: timeouts, CA file, pool.
+fn check_lua_http(l: &crate::LuaConfig, at: &KeyPath, p: &mut Problems) {
+    if l.http_max_timeout.get().is_zero() {
+        p.push(
+            at.key("http_max_timeout"),
+            "must be greater than zero; expected a duration like \"30s\"",
+        );
+    } else if l.http_timeout.get().is_zero() {
+        p.push(
+            at.key("http_timeout"),
+            "must be greater than zero; expected a duration like \"1s\"",
+        );
+    } else if l.http_timeout.get() > l.http_max_timeout.get() {
+        p.push(
+            at.key("http_timeout"),
+            format!(
+                "longer than http_max_timeout (\"{}\"); expected at most that, or a longer \
+                 http_max_timeout",
+                l.http_max_timeout
+            ),
+        );
+    }
+    if l.http_ca_file.as_ref().is_some_and(|f| f.trim().is_empty()) {
+        p.push(
+            at.key("http_ca_file"),
+            "must not be empty; expected a PEM file path (or leave it out for the built-in roots)",
+        );
+    }
+    if l.http_pool_idle_timeout.get() < std::time::Duration::from_millis(10) {
+        p.push(
+            at.key("http_pool_idle_timeout"),
+            "too short; expected at least \"10ms\", like \"30s\"",
+        );
+    }
+    if l.http_pool_max_idle > 1024 {
+        p.push(
+            at.key("http_pool_max_idle"),
+            "too large; expected at most 1024 idle connections per origin (0 turns reuse off)",
+        );
+    }
 }
 
 /// `[lua] shared_dict_size` and `shared_max_value`: a value must fit one shard's share.

@@ -401,12 +401,13 @@ fn relative_paths_are_taken_from_the_config_files_directory() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("keymaster.toml");
     let text = format!(
-        "{DEFAULT_CONFIG}\n[lua]\ndir = \"filters\"\n\n[access_log]\nenabled = true\npath = \"logs/access.log\"\n"
+        "{DEFAULT_CONFIG}\n[lua]\ndir = \"filters\"\nhttp_ca_file = \"ca/internal.pem\"\n\n[access_log]\nenabled = true\npath = \"logs/access.log\"\n"
     );
     std::fs::write(&path, text).expect("write");
     let config = load_file(&path).expect("valid");
     let within = |p: &str| dir.path().join(p).display().to_string();
     assert_eq!(config.lua.dir, Some(within("filters")));
+    assert_eq!(config.lua.http_ca_file, Some(within("ca/internal.pem")));
     assert_eq!(config.access_log.path, within("logs/access.log"));
 
     let absolute =

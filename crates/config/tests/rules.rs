@@ -555,6 +555,36 @@ fn lua_and_filter_body_rules() {
         "greater than zero",
     );
     one(
+        "\n[lua]\nhttp_max_timeout = \"2s\"\nhttp_timeout = \"3s\"\n",
+        "lua.http_timeout",
+        15,
+        "longer than http_max_timeout (\"2s\")",
+    );
+    one(
+        "\n[lua]\nhttp_max_timeout = \"0s\"\n",
+        "lua.http_max_timeout",
+        14,
+        "greater than zero",
+    );
+    one(
+        "\n[lua]\nhttp_ca_file = \" \"\n",
+        "lua.http_ca_file",
+        14,
+        "must not be empty",
+    );
+    one(
+        "\n[lua]\nhttp_pool_idle_timeout = \"1ms\"\n",
+        "lua.http_pool_idle_timeout",
+        14,
+        "too short",
+    );
+    one(
+        "\n[lua]\nhttp_pool_max_idle = 5000\n",
+        "lua.http_pool_max_idle",
+        14,
+        "too large",
+    );
+    one(
         "\n[lua]\nmax_call_time = \"0s\"\n",
         "lua.max_call_time",
         14,

@@ -13,6 +13,13 @@ use keymaster_config::Config;
 pub trait FilterSource: Send + Sync + 'static {
     /// The filters of the version being built from `config`.
     fn build(&self, config: &Config) -> Result<Vec<FilterSpec>, String>;
+
+    /// The source's own metrics in the Prometheus text format (`# HELP`, `# TYPE` and
+    /// samples, each family once), appended to the gateway's `/metrics` on every scrape.
+    /// Family names must not clash with the gateway's. None by default.
+    fn metrics_text(&self) -> String {
+        String::new()
+    }
 }
 
 /// A handle that reloads the gateway's config source (and so every [`FilterSource`]) from any

@@ -161,10 +161,15 @@ impl Shared {
         }
     }
 
-    /// The Prometheus text of every metric, health gauges refreshed first.
+    /// The Prometheus text of every metric, health gauges refreshed first, then the filter
+    /// sources' own (the Lua host's HTTP client).
     pub(crate) fn render_metrics(&self) -> String {
         crate::upstream::health::export_gauges(&self.metrics, &self.snapshot.load().clusters);
-        self.metrics.render()
+        let mut text = self.metrics.render();
+        for s in &self.sources {
+            text.push_str(&s.metrics_text());
+        }
+        text
     }
 
     /// Service discovery resolved `cluster` (as configured with `dns`) to `endpoints`: when

@@ -9,7 +9,8 @@
 //! | `meter` | what one call may spend: instructions and wall-clock time |
 //! | `strlib`, `pattern`, `gsub` | the string functions that charge the meter (Lua patterns in Rust) |
 //! | `ctx` | the `ctx` method table mirroring the native `FilterCtx`, and the lent context it works on |
-//! | `api` | `shared` (process-wide dictionary) and `http` (non-blocking client) |
+//! | `api` | `shared` (process-wide dictionary) |
+//! | `http_client` | `http` (`ctx.http`): the non-blocking client, its per-worker pool, TLS, metrics |
 //! | [`dict`] | the sharded shared dictionary |
 //!
 //! It depends on the filter API (`keymaster-filter`) and the config alone, not on the
@@ -21,6 +22,7 @@ mod cfind;
 mod ctx;
 pub mod dict;
 mod gsub;
+mod http_client;
 mod meter;
 mod methods;
 mod pattern;
@@ -53,6 +55,8 @@ struct Inner {
     /// The admin listener's bound address, once the gateway has started (`ctx.http` may
     /// not reach it).
     admin: Arc<OnceLock<SocketAddr>>,
+    /// The `ctx.http` client's counters (every worker's calls).
+    http_metrics: Arc<http_client::HttpMetrics>,
 }
 
 impl LuaFilters {
@@ -86,6 +90,11 @@ impl LuaFilters {
 }
 
 impl FilterSource for LuaFilters {
+    /// The `ctx.http` client's counters (`keymaster_lua_http_*`).
+    fn metrics_text(&self) -> String {
+        self.inner.http_metrics.render()
+    }
+
     fn build(&self, config: &Config) -> Result<Vec<FilterSpec>, String> {
         let l = &config.lua;
         let Some(dir) = l.dir.as_deref().map(PathBuf::from) else {
@@ -103,7 +112,8 @@ impl FilterSource for LuaFilters {
             config.admin.listen,
             self.inner.admin.clone(),
             self.inner.dict.clone(),
-        );
+            self.inner.http_metrics.clone(),
+        )?;
         let mut set = set::compile(&dir, settings)?;
         set::attach_settings(&mut set, config)?;
         let set = Arc::new(set);

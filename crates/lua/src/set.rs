@@ -9,10 +9,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
-use crate::api::AdminGuard;
 use crate::dict::SharedDict;
+use crate::http_client::{AdminGuard, Client, HttpMetrics, Trust};
 use crate::meter::Limits;
 
 /// VM-wide settings from `[lua]` (a worker's VM is rebuilt when they change).
@@ -21,46 +20,51 @@ pub(crate) struct Settings {
     /// What one call may spend (per call: not part of the VM).
     pub limits: Limits,
     pub memory_limit: usize,
-    pub http_timeout: Duration,
-    pub http_max_body: usize,
-    /// Where `ctx.http` may not connect.
-    pub admin: Arc<AdminGuard>,
+    /// `ctx.http`: timeouts, body cap, pool, trust anchors, the admin guard.
+    pub http: Arc<Client>,
     pub dict: Arc<SharedDict>,
 }
 
 impl Settings {
-    /// `c` with the process's dictionary and the admin listener's address: `admin_listen` as
-    /// configured (`[admin] listen`), `admin_bound` once the listener is bound.
+    /// `c` with the process's dictionary and HTTP client counters, and the admin
+    /// listener's address: `admin_listen` as configured (`[admin] listen`), `admin_bound`
+    /// once the listener is bound. Fails when `http_ca_file` is unusable.
     pub(crate) fn from_config(
         c: &LuaConfig,
         admin_listen: Option<SocketAddr>,
         admin_bound: Arc<OnceLock<SocketAddr>>,
         dict: Arc<SharedDict>,
-    ) -> Settings {
-        Settings {
+        metrics: Arc<HttpMetrics>,
+    ) -> Result<Settings, String> {
+        let http = Client {
+            timeout: c.http_timeout.get(),
+            max_timeout: c.http_max_timeout.get(),
+            max_body: usize::try_from(c.http_max_body.0).unwrap_or(usize::MAX),
+            idle_timeout: c.http_pool_idle_timeout.get(),
+            max_idle: c.http_pool_max_idle,
+            admin: AdminGuard {
+                allow: c.http_allow_admin,
+                configured: admin_listen,
+                bound: admin_bound,
+            },
+            trust: Trust::new(c.http_ca_file.as_deref())?,
+            metrics,
+        };
+        Ok(Settings {
             limits: Limits {
                 instructions: c.instruction_budget,
                 time: c.max_call_time.get(),
             },
             memory_limit: usize::try_from(c.memory_limit.0).unwrap_or(usize::MAX),
-            http_timeout: c.http_timeout.get(),
-            http_max_body: usize::try_from(c.http_max_body.0).unwrap_or(usize::MAX),
-            admin: Arc::new(AdminGuard {
-                allow: c.http_allow_admin,
-                configured: admin_listen,
-                bound: admin_bound,
-            }),
+            http: Arc::new(http),
             dict,
-        }
+        })
     }
 
     /// Whether a VM built for `self` serves `other` too (the budget is per call).
     pub(crate) fn same_vm(&self, other: &Settings) -> bool {
         self.memory_limit == other.memory_limit
-            && self.http_timeout == other.http_timeout
-            && self.http_max_body == other.http_max_body
-            && self.admin.allow == other.admin.allow
-            && self.admin.configured == other.admin.configured
+            && self.http.same(&other.http)
             && Arc::ptr_eq(&self.dict, &other.dict)
     }
 }

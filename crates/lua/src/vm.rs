@@ -74,7 +74,7 @@ pub(crate) fn new_vm(settings: &Settings) -> mlua::Result<Lua> {
         Ok(())
     })?;
     let shared = crate::api::shared_table(&lua, settings.dict.clone())?;
-    let http = crate::api::http_table(&lua, settings)?;
+    let http = crate::http_client::table(&lua, settings.http.clone())?;
     lua.set_named_registry_value("keymaster.http", http.clone())?;
     let base: Table = lua.load(SANDBOX).set_name("=keymaster-sandbox").call((
         lua.globals(),
@@ -490,18 +490,17 @@ mod tests {
     use super::*;
 
     fn settings(memory_limit: usize) -> Settings {
-        Settings {
-            limits: Limits::instructions(100_000),
-            memory_limit,
-            http_timeout: std::time::Duration::from_secs(1),
-            http_max_body: 1024,
-            admin: Arc::new(crate::api::AdminGuard {
-                allow: false,
-                configured: None,
-                bound: Default::default(),
-            }),
-            dict: Default::default(),
-        }
+        let mut s = Settings::from_config(
+            &keymaster_config::LuaConfig::default(),
+            None,
+            Default::default(),
+            Default::default(),
+            Default::default(),
+        )
+        .expect("default settings");
+        s.limits = Limits::instructions(100_000);
+        s.memory_limit = memory_limit;
+        s
     }
 
     fn sandboxed(lua: &Lua, src: &str) -> Function {
