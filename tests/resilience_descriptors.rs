@@ -136,10 +136,10 @@ async fn out_of_descriptors_is_a_503_that_blames_no_origin() {
     drop(held);
 
     // Descriptors are free again: the admin API and the listener serve.
-    // (Within 15 s: the accept back-off doubles up to 1 s, and a loaded 2-core machine is
+    // (Within 30 s: the accept back-off doubles up to 1 s, and a loaded 2-core machine is
     // slow to hand the freed descriptors back.)
     let mut m = None;
-    for _ in 0..200 {
+    for _ in 0..400 {
         m = try_get(admin, "/metrics").await;
         if m.is_some() {
             break;

@@ -1,7 +1,10 @@
 //! The traffic settings: weighted clusters on a route, their override, and the `hash`
 //! balancer; every rule's failure names the file, the line and the key.
 
-use keymaster_config::{load_str, Balance, ConfigError, HashOn};
+mod rule_support;
+
+use keymaster_config::{load_str, Balance, HashOn};
+use rule_support::errors;
 
 const HEAD: &str = r#"[[listeners]]
 name = "main"
@@ -20,13 +23,6 @@ servers = [{ address = "127.0.0.1:8082" }]
 /// (from the line after them).
 fn text(route: &str, tail: &str) -> String {
     format!("{HEAD}\n[[routes]]\nname = \"r\"\n{route}\n{tail}")
-}
-
-fn errors(text: &str) -> Vec<ConfigError> {
-    match load_str(text, "t.toml") {
-        Ok(_) => Vec::new(),
-        Err(e) => e.errors().to_vec(),
-    }
 }
 
 /// Exactly one error, at `key` on `line`, saying `says`.
