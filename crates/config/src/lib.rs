@@ -7,6 +7,7 @@
 
 pub mod error;
 mod filters;
+mod jwt;
 mod locate;
 pub mod model;
 mod redact;
@@ -16,6 +17,7 @@ mod traces;
 pub mod units;
 mod validate;
 mod validate_filters;
+mod validate_jwt;
 mod validate_resilience;
 
 pub use error::{ConfigError, ConfigErrors};
@@ -156,6 +158,13 @@ pub fn load_file(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
                 if let Some(tls) = &mut l.tls {
                     tls.resolve_paths(dir);
                 }
+            }
+            for ca in config
+                .filters
+                .iter_mut()
+                .filter_map(|f| f.jwks.as_mut()?.ca.as_mut())
+            {
+                from_dir(ca);
             }
             for c in &mut config.clusters {
                 if let Some(tls) = &mut c.tls {

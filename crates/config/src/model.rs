@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 pub use crate::filters::*;
+pub use crate::jwt::*;
 pub use crate::resilience::*;
 pub use crate::traces::*;
 pub use crate::units::{ByteSize, Duration};
