@@ -1,162 +1,170 @@
-//! The `jwt` built-in: verify a bearer token (HS256 or RS256), check `exp`, `nbf`, `iss`
-//! and `aud`, and copy claims into request headers. Keys rotate by reloading the config.
+//! The `jwt` built-in: verify a bearer token against static keys (`jwt_keys`: HS256, RS256,
+//! ES256, EdDSA; JWK components or PEM) and a key set fetched from a URL (`jwks`: RSA, EC
+//! and OKP keys, refreshed in the background, see [`jwks`]); check `exp`, `nbf` (with
+//! `leeway`), `iss` and `aud`; copy claims into request headers.
+//!
+//! Parsing and claim checks are the `jsonwebtoken` crate's; its signatures are checked with
+//! `ring` ([`ring_provider`]). A token's `alg` must fit the key (no `none`, no HMAC with a
+//! public key). Everything here runs synchronously on the request: the key sets are read
+//! lock-free and an unknown `kid` only asks the JWKS thread for an early fetch.
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
+#[cfg(test)]
+mod cost_tests;
+mod fetch;
+mod jwks;
+mod keys;
+mod ring_provider;
+
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
-use ring::{hmac, signature};
-use std::time::{SystemTime, UNIX_EPOCH};
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, Validation};
+use std::sync::Arc;
 
 use super::builtin::deny;
 use super::{done, Filter, FilterCtx, FilterFuture, Needs};
-use keymaster_config::{FilterConfig, JwtAlg};
+use crate::metrics::Metrics;
+use jwks::Jwks;
+use keymaster_config::FilterConfig;
+use keys::Key;
 
-/// Seconds of clock skew allowed on `exp` and `nbf`.
+type Claims = serde_json::Map<String, serde_json::Value>;
+
+/// Seconds of clock skew allowed on `exp` and `nbf` unless `leeway` says otherwise.
 const LEEWAY: u64 = 30;
 
-enum Key {
-    Hs256(hmac::Key),
-    Rs256 { n: Vec<u8>, e: Vec<u8> },
-}
-
-struct NamedKey {
-    kid: Option<String>,
-    key: Key,
-}
+/// Every algorithm a token may name (each needs a key it fits).
+const ALGORITHMS: [Algorithm; 12] = [
+    Algorithm::HS256,
+    Algorithm::HS384,
+    Algorithm::HS512,
+    Algorithm::RS256,
+    Algorithm::RS384,
+    Algorithm::RS512,
+    Algorithm::PS256,
+    Algorithm::PS384,
+    Algorithm::PS512,
+    Algorithm::ES256,
+    Algorithm::ES384,
+    Algorithm::EdDSA,
+];
 
 pub(super) struct Jwt {
     header: HeaderName,
-    keys: Vec<NamedKey>,
-    issuer: Option<String>,
-    audience: Option<String>,
+    keys: Vec<Key>,
+    jwks: Option<Arc<Jwks>>,
+    /// The claim checks, one per algorithm (the crate wants the token's in the list).
+    validations: Vec<(Algorithm, Validation)>,
     claims: Vec<(String, HeaderName)>,
 }
 
-fn b64(s: &str) -> Result<Vec<u8>, String> {
-    URL_SAFE_NO_PAD
-        .decode(s.trim_end_matches('='))
-        .map_err(|e| e.to_string())
-}
-
 impl Jwt {
-    pub(super) fn compile(f: &FilterConfig) -> Result<Jwt, String> {
+    pub(super) fn compile(f: &FilterConfig, metrics: &Metrics) -> Result<Jwt, String> {
+        ring_provider::install();
         let keys = f
             .jwt_keys
             .iter()
-            .map(|k| {
-                let key = match k.alg {
-                    JwtAlg::HS256 => Key::Hs256(hmac::Key::new(
-                        hmac::HMAC_SHA256,
-                        k.secret.as_deref().unwrap_or("").as_bytes(),
-                    )),
-                    JwtAlg::RS256 => Key::Rs256 {
-                        n: b64(k.n.as_deref().unwrap_or(""))?,
-                        e: b64(k.e.as_deref().unwrap_or(""))?,
-                    },
-                };
-                Ok(NamedKey {
-                    kid: k.kid.clone(),
-                    key,
-                })
-            })
-            .collect::<Result<_, String>>()?;
+            .map(keys::from_config)
+            .collect::<Result<_, _>>()?;
+        let jwks = f
+            .jwks
+            .as_ref()
+            .map(|c| Jwks::get(&f.name, c, metrics))
+            .transpose()?;
+        let leeway = f.leeway.map_or(LEEWAY, |l| l.get().as_secs());
+        let validations = ALGORITHMS
+            .iter()
+            .map(|a| (*a, validation(*a, f, leeway)))
+            .collect();
         Ok(Jwt {
-            header: HeaderName::from_bytes(
-                f.header.as_deref().unwrap_or("authorization").as_bytes(),
-            )
-            .map_err(|e| e.to_string())?,
+            header: name(f.header.as_deref().unwrap_or("authorization"))?,
             keys,
-            issuer: f.issuer.clone(),
-            audience: f.audience.clone(),
+            jwks,
+            validations,
             claims: f
                 .claims_to_headers
                 .iter()
-                .map(|(c, h)| {
-                    Ok((
-                        c.clone(),
-                        HeaderName::from_bytes(h.as_bytes()).map_err(|e| e.to_string())?,
-                    ))
-                })
+                .map(|(c, h)| Ok((c.clone(), name(h)?)))
                 .collect::<Result<_, String>>()?,
         })
     }
 
     /// The verified claims, or why not.
-    fn verify(
-        &self,
-        token: &str,
-        now: u64,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, &'static str> {
-        let mut parts = token.split('.');
-        let (Some(h), Some(p), Some(sig), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err("malformed token");
+    fn verify(&self, token: &str) -> Result<Claims, &'static str> {
+        let head = jsonwebtoken::decode_header(token).map_err(|_| bad_header(token))?;
+        let Some((_, validation)) = self.validations.iter().find(|(a, _)| *a == head.alg) else {
+            return Err("unsupported alg");
         };
-        let head: serde_json::Value =
-            serde_json::from_slice(&b64(h).map_err(|_| "malformed header")?)
-                .map_err(|_| "malformed header")?;
-        let alg = match head.get("alg").and_then(|a| a.as_str()) {
-            Some("HS256") => JwtAlg::HS256,
-            Some("RS256") => JwtAlg::RS256,
-            _ => return Err("unsupported alg"),
-        };
-        let kid = head.get("kid").and_then(|k| k.as_str());
-        let sig = b64(sig).map_err(|_| "malformed signature")?;
-        let signed = &token[..h.len() + 1 + p.len()];
-        let ok = self
-            .keys
-            .iter()
-            .filter(|k| kid.is_none() || k.kid.is_none() || k.kid.as_deref() == kid)
-            .any(|k| match (&k.key, alg) {
-                (Key::Hs256(key), JwtAlg::HS256) => {
-                    hmac::verify(key, signed.as_bytes(), &sig).is_ok()
-                }
-                (Key::Rs256 { n, e }, JwtAlg::RS256) => signature::RsaPublicKeyComponents {
-                    n: n.as_slice(),
-                    e: e.as_slice(),
-                }
-                .verify(
-                    &signature::RSA_PKCS1_2048_8192_SHA256,
-                    signed.as_bytes(),
-                    &sig,
-                )
-                .is_ok(),
-                _ => false,
-            });
-        if !ok {
-            return Err("bad signature");
-        }
-        let claims: serde_json::Value =
-            serde_json::from_slice(&b64(p).map_err(|_| "malformed payload")?)
-                .map_err(|_| "malformed payload")?;
-        let serde_json::Value::Object(claims) = claims else {
-            return Err("malformed payload");
-        };
-        let num = |k: &str| claims.get(k).and_then(|v| v.as_u64());
-        if num("exp").is_some_and(|exp| now > exp + LEEWAY) {
-            return Err("expired");
-        }
-        if num("nbf").is_some_and(|nbf| now + LEEWAY < nbf) {
-            return Err("not yet valid");
-        }
-        if let Some(iss) = &self.issuer {
-            if claims.get("iss").and_then(|v| v.as_str()) != Some(iss) {
-                return Err("wrong issuer");
+        let kid = head.kid.as_deref();
+        let remote = self.jwks.as_ref().map(|j| j.keys());
+        let all = || self.keys.iter().chain(remote.iter().flat_map(|r| r.iter()));
+        for key in all().filter(|k| k.accepts(head.alg, kid)) {
+            match jsonwebtoken::decode::<Claims>(token, &key.key, validation) {
+                Ok(data) => return Ok(data.claims),
+                Err(e) if *e.kind() == ErrorKind::InvalidSignature => continue,
+                Err(e) => return Err(why(e.kind())),
             }
         }
-        if let Some(aud) = &self.audience {
-            let ok = match claims.get("aud") {
-                Some(serde_json::Value::String(s)) => s == aud,
-                Some(serde_json::Value::Array(a)) => a.iter().any(|v| v.as_str() == Some(aud)),
-                _ => false,
-            };
-            if !ok {
-                return Err("wrong audience");
+        match (&self.jwks, kid) {
+            (Some(j), Some(kid)) if !all().any(|k| k.kid.as_deref() == Some(kid)) => {
+                j.request_refresh();
+                Err("unknown kid")
             }
+            _ => Err("bad signature"),
         }
-        Ok(claims)
+    }
+}
+
+fn name(h: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(h.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// The checks for tokens signed with `alg`: `exp` and `nbf` when present (with `leeway`),
+/// `iss` and `aud` required when configured.
+fn validation(alg: Algorithm, f: &FilterConfig, leeway: u64) -> Validation {
+    let mut v = Validation::new(alg);
+    v.leeway = leeway;
+    v.validate_exp = true;
+    v.validate_nbf = true;
+    v.required_spec_claims.clear();
+    v.validate_aud = f.audience.is_some();
+    if let Some(aud) = &f.audience {
+        v.set_audience(&[aud]);
+        v.required_spec_claims.insert("aud".into());
+    }
+    if let Some(iss) = &f.issuer {
+        v.set_issuer(&[iss]);
+        v.required_spec_claims.insert("iss".into());
+    }
+    v
+}
+
+/// A header the crate could not read: an algorithm it does not know, or no JWT at all.
+fn bad_header(token: &str) -> &'static str {
+    use base64::Engine;
+    let head = token.split('.').next().unwrap_or("");
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(head)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    match json {
+        Some(h) if token.split('.').count() == 3 && h.get("alg").is_some() => "unsupported alg",
+        _ => "malformed token",
+    }
+}
+
+/// The `error_description` of a failed check.
+fn why(kind: &ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::ExpiredSignature => "expired",
+        ErrorKind::ImmatureSignature => "not yet valid",
+        ErrorKind::InvalidIssuer => "wrong issuer",
+        ErrorKind::InvalidAudience => "wrong audience",
+        ErrorKind::MissingRequiredClaim(c) if c == "iss" => "wrong issuer",
+        ErrorKind::MissingRequiredClaim(c) if c == "aud" => "wrong audience",
+        ErrorKind::InvalidClaimFormat(_) => "malformed claims",
+        ErrorKind::InvalidAlgorithm => "bad signature",
+        _ => "malformed token",
     }
 }
 
@@ -174,27 +182,12 @@ impl Filter for Jwt {
                 Some(p) if p.eq_ignore_ascii_case("bearer ") => v[7..].trim(),
                 _ => v.trim(),
             });
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
         let result = match token {
-            Some(t) if !t.is_empty() => self.verify(t, now),
+            Some(t) if !t.is_empty() => self.verify(t),
             _ => Err("missing token"),
         };
         match result {
-            Ok(claims) => {
-                for (claim, h) in &self.claims {
-                    let text = match claims.get(claim) {
-                        Some(serde_json::Value::String(s)) => s.clone(),
-                        Some(serde_json::Value::Null) | None => continue,
-                        Some(v) => v.to_string(),
-                    };
-                    if let Ok(v) = HeaderValue::from_str(&text) {
-                        ctx.request_headers_mut().insert(h.clone(), v);
-                    }
-                }
-            }
+            Ok(claims) => self.copy_claims(ctx, &claims),
             Err(why) => {
                 let mut h = HeaderMap::new();
                 let challenge =
@@ -210,5 +203,20 @@ impl Filter for Jwt {
 
     fn needs(&self) -> Needs {
         Needs::DEFAULT | Needs::SYNCHRONOUS
+    }
+}
+
+impl Jwt {
+    fn copy_claims(&self, ctx: &mut FilterCtx<'_>, claims: &Claims) {
+        for (claim, h) in &self.claims {
+            let text = match claims.get(claim) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(serde_json::Value::Null) | None => continue,
+                Some(v) => v.to_string(),
+            };
+            if let Ok(v) = HeaderValue::from_str(&text) {
+                ctx.request_headers_mut().insert(h.clone(), v);
+            }
+        }
     }
 }
