@@ -1,13 +1,14 @@
-//! The `jwt` built-in: HS256 and RS256 tokens, kid selection, exp/nbf/iss/aud, claim headers,
-//! key rotation by reload, and its config validation.
+//! The `jwt` built-in with static keys: HS256 and RS256 tokens, ES256 and EdDSA PEM keys,
+//! kid selection, exp/nbf with leeway, iss/aud, claim headers, key rotation by reload, and
+//! its config validation. Key sets fetched from a URL are tested in `filters_jwks.rs`.
+mod jwks_support;
 mod support;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use bytes::Bytes;
 use http_body_util::Full;
+use jwks_support::{b64, now, TestKey};
 use ring::signature::{RsaKeyPair, RSA_PKCS1_SHA256};
 use std::net::SocketAddr;
-use std::time::{SystemTime, UNIX_EPOCH};
 use support::*;
 
 /// A 2048-bit test-only RSA key (PKCS#8 DER, base64) and its modulus (base64url).
@@ -15,17 +16,6 @@ const RSA_PKCS8: &str = "MIIEvgIBADANBgkqhkiG9w0BAQEFAASCBKgwggSkAgEAAoIBAQCzy7z
 const RSA_N: &str = "s8u8zGYVJU2Qt8uFyqzJvTe4HI_7VZIEP2M6H-ukgfwdXaJrCW5b_CeA8Eb7ZzQ7tDbFrQHj3u3i81sWkOlAgYUIfeOemNp26EhM0SOJGn7vMOWNnncFm3JmfKy54-wn9M3KTKlEMC6p0-cLoafeTflyZKTgQ8PK71UKcZvnl829YUMhlI8vMIzdRTsQulKpqsQudTlHdQ1-yR9jtfLEpxTlfJahnWc3KFCNS1IFzBQYunzMuCWQiQbyzpbs7z7WyrhsnSOsqwohY-ay6gBYuYisTyx5KnxSuBikYf7zrJbZR4LyPKURqPupDRaxtfT2lcVJaZ_gmCChDY0X7xX4jQ";
 const SECRET: &str = "0123456789abcdef-test-secret";
 const SECRET2: &str = "fedcba9876543210-next-secret";
-
-fn b64(b: &[u8]) -> String {
-    URL_SAFE_NO_PAD.encode(b)
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
 
 fn hs256(secret: &str, kid: Option<&str>, claims: serde_json::Value) -> String {
     let mut head = serde_json::json!({"alg": "HS256", "typ": "JWT"});
@@ -217,6 +207,150 @@ jwt_keys = [
         "gw.toml:11:38: filters[0].jwt_keys[0].n: n is only used by RS256 keys",
         "gw.toml:12:3: filters[0].jwt_keys[1]: an RS256 key needs e",
         "gw.toml:12:20: filters[0].jwt_keys[1].n: n is not base64url",
+    ];
+    assert_eq!(lines.len(), want.len(), "{err}");
+    for (g, w) in lines.iter().zip(want) {
+        assert!(g.starts_with(w), "got {g:?}\nwant {w:?}");
+    }
+}
+
+fn pem_config(origin: SocketAddr, es: &TestKey, ed: &TestKey) -> keymaster_config::Config {
+    let text = config_text(
+        origin,
+        "",
+        &format!(
+            r#"
+[[filters]]
+name = "auth"
+type = "jwt"
+issuer = "https://issuer.example"
+audience = "api"
+leeway = "5s"
+jwt_keys = [
+  {{ kid = "es", alg = "ES256", pem = """{}""" }},
+  {{ kid = "ed", alg = "EdDSA", pem = """{}""" }},
+]
+"#,
+            es.pem(),
+            ed.pem()
+        ),
+    );
+    keymaster_config::load_str(&text, "<test>").unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `good_claims` with `key` set to `value` (`null`: removed).
+fn claims_with(key: &str, value: serde_json::Value) -> serde_json::Value {
+    let mut c = good_claims();
+    match value {
+        serde_json::Value::Null => {
+            c.as_object_mut().unwrap().remove(key);
+        }
+        v => c[key] = v,
+    }
+    c
+}
+
+#[tokio::test]
+async fn jwt_es256_and_eddsa_pem_keys_with_issuer_audience_and_leeway() {
+    let (es, ed, stranger) = (TestKey::es256(), TestKey::ed25519(), TestKey::es256());
+    let o = head_echo_origin().await;
+    let gw = Gateway::start(pem_config(o.addr, &es, &ed), ConfigSource::Memory).unwrap();
+    let addr = gw.listener_addr("main").unwrap();
+    let null = serde_json::Value::Null;
+    for token in [
+        es.sign(Some("es"), &good_claims()),
+        ed.sign(Some("ed"), &good_claims()),
+        ed.sign(None, &good_claims()),
+        es.sign(Some("es"), &claims_with("exp", (now() - 2).into())),
+        ed.sign(Some("ed"), &claims_with("nbf", (now() + 2).into())),
+        ed.sign(Some("ed"), &claims_with("exp", null.clone())),
+    ] {
+        let r = call(addr, Some(&token), &[]).await;
+        assert_eq!(r.status, 200, "{:?}", r.headers.get("www-authenticate"));
+    }
+    for (why, token) in [
+        (
+            "expired",
+            es.sign(None, &claims_with("exp", (now() - 30).into())),
+        ),
+        (
+            "not yet valid",
+            ed.sign(None, &claims_with("nbf", (now() + 30).into())),
+        ),
+        (
+            "wrong issuer",
+            es.sign(None, &claims_with("iss", "https://evil.example".into())),
+        ),
+        (
+            "wrong issuer",
+            ed.sign(None, &claims_with("iss", null.clone())),
+        ),
+        (
+            "wrong audience",
+            es.sign(None, &claims_with("aud", "other".into())),
+        ),
+        (
+            "wrong audience",
+            ed.sign(None, &claims_with("aud", null.clone())),
+        ),
+        (
+            "malformed claims",
+            es.sign(None, &claims_with("exp", "9999999999".into())),
+        ),
+        ("bad signature", stranger.sign(Some("es"), &good_claims())),
+        ("bad signature", es.sign(Some("ed"), &good_claims())),
+    ] {
+        let r = call(addr, Some(&token), &[]).await;
+        assert_eq!(r.status, 401, "{why}");
+        let challenge = r.headers["www-authenticate"].to_str().unwrap();
+        assert!(challenge.contains(why), "{why}: {challenge}");
+    }
+    gw.shutdown();
+}
+
+#[test]
+fn jwt_pem_jwks_and_leeway_are_validated() {
+    let ed = TestKey::ed25519().pem();
+    let text = format!(
+        r#"[[listeners]]
+name = "main"
+address = "127.0.0.1:0"
+
+[[filters]]
+name = "auth"
+type = "jwt"
+leeway = "2h"
+jwt_keys = [
+  {{ kid = "a", alg = "ES256" }},
+  {{ alg = "ES256", pem = """{ed}""" }},
+  {{ alg = "RS256", pem = "x", n = "AQAB" }},
+]
+jwks = {{ url = "ftp://keys.example/jwks", refresh = "10s", min_refresh = "1m" }}
+
+[[filters]]
+name = "nokeys"
+type = "jwt"
+
+[[filters]]
+name = "cleartext"
+type = "jwt"
+jwks = {{ url = "http://keys.example/jwks", ca = "ca.pem" }}
+"#
+    );
+    let err = keymaster_config::load_str(&text, "gw.toml")
+        .unwrap_err()
+        .to_string();
+    let lines: Vec<&str> = err.lines().collect();
+    let want = [
+        "gw.toml:8:1: filters[0].leeway: too long",
+        "gw.toml:10:3: filters[0].jwt_keys[0]: an ES256 key needs pem",
+        "gw.toml:11:20: filters[0].jwt_keys[1].pem: not a P-256 EC public key in PEM",
+        "gw.toml:15:20: filters[0].jwt_keys[2].pem: not an RSA public key in PEM",
+        "gw.toml:15:31: filters[0].jwt_keys[2].n: n is not used with pem",
+        "gw.toml:17:10: filters[0].jwks.url: \"ftp://keys.example/jwks\" is not an http or https URL",
+        "gw.toml:17:60: filters[0].jwks.min_refresh: must be between \"100ms\" and refresh",
+        "gw.toml:21:1: filters[1].type: a jwt filter needs jwt_keys or jwks",
+        "gw.toml:26:44: filters[2].jwks.ca: ca is only used with an https url",
     ];
     assert_eq!(lines.len(), want.len(), "{err}");
     for (g, w) in lines.iter().zip(want) {

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+use crate::jwt::{JwksConfig, JwtKey};
 use crate::units::{ByteSize, Duration};
 
 /// Body opt-in: a filter that declares it needs the request or response body gets it
@@ -170,7 +171,7 @@ pub enum FilterType {
     RateLimit,
     /// Route stage: override the cluster, path and Host.
     Reroute,
-    /// Verify a JWT (HS256 or RS256) from a header; 401.
+    /// Verify a JWT (HS256, RS256, ES256, EdDSA; static keys or a JWKS URL) from a header; 401.
     Jwt,
     /// A native (Rust) filter type built into the binary, named by `native`, with its
     /// `params` table.
@@ -320,8 +321,12 @@ pub struct FilterConfig {
     /// reroute: the Host header sent upstream.
     pub host: Option<String>,
 
-    /// jwt: the verification keys (rotate them by reloading).
+    /// jwt: the static verification keys (rotate them by reloading).
     pub jwt_keys: Vec<JwtKey>,
+    /// jwt: a key set fetched from a URL and refreshed in the background.
+    pub jwks: Option<JwksConfig>,
+    /// jwt: clock skew allowed on `exp` and `nbf` (default 30s).
+    pub leeway: Option<Duration>,
     /// jwt: the required `iss` claim.
     pub issuer: Option<String>,
     /// jwt: the required `aud` claim (one of, when the token has a list).
@@ -372,30 +377,4 @@ pub fn env_table(t: &toml::Table) -> Result<toml::Table, String> {
     t.iter()
         .map(|(k, x)| Ok((k.clone(), env_value(x).map_err(|e| format!("{k}: {e}"))?)))
         .collect()
-}
-
-/// A JWT signature algorithm.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-pub enum JwtAlg {
-    /// HMAC with SHA-256 and a shared `secret`.
-    #[default]
-    HS256,
-    /// RSA PKCS#1 v1.5 with SHA-256 and a public key given as JWK `n` and `e`.
-    RS256,
-}
-
-/// One JWT verification key.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct JwtKey {
-    /// Key id matched against the token's `kid` (tokens without `kid` try every key of the alg).
-    pub kid: Option<String>,
-    /// `"HS256"` or `"RS256"`.
-    pub alg: JwtAlg,
-    /// HS256: the shared secret (UTF-8 text).
-    pub secret: Option<String>,
-    /// RS256: the modulus, base64url (JWK `n`).
-    pub n: Option<String>,
-    /// RS256: the exponent, base64url (JWK `e`, usually "AQAB").
-    pub e: Option<String>,
 }

@@ -8,6 +8,7 @@
 mod compression;
 pub mod error;
 mod filters;
+mod jwt;
 mod locate;
 mod mirror;
 pub mod model;
@@ -20,6 +21,7 @@ pub mod units;
 mod validate;
 mod validate_compression;
 mod validate_filters;
+mod validate_jwt;
 mod validate_resilience;
 mod validate_traffic;
 
@@ -164,6 +166,13 @@ pub fn load_file(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
                 if let Some(tls) = &mut l.tls {
                     tls.resolve_paths(dir);
                 }
+            }
+            for ca in config
+                .filters
+                .iter_mut()
+                .filter_map(|f| f.jwks.as_mut()?.ca.as_mut())
+            {
+                from_dir(ca);
             }
             for c in &mut config.clusters {
                 if let Some(tls) = &mut c.tls {

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 
 pub use crate::compression::*;
 pub use crate::filters::*;
+pub use crate::jwt::*;
 pub use crate::mirror::MirrorConfig;
 pub use crate::resilience::*;
 pub use crate::traces::*;

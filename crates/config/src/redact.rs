@@ -7,8 +7,8 @@ pub const REDACTED: &str = "<redacted>";
 
 impl Config {
     /// A copy with every secret replaced by [`REDACTED`]: the admin token, API keys, JWT
-    /// shared secrets, the filter-debug secret and credentials in the Redis URL. Served by the
-    /// admin `/config`.
+    /// shared secrets, the filter-debug secret and credentials in the Redis and JWKS URLs.
+    /// Served by the admin `/config`.
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
         if c.admin.token.is_some() {
@@ -38,6 +38,9 @@ impl Config {
                 if k.secret.is_some() {
                     k.secret = Some(REDACTED.into());
                 }
+            }
+            if let Some(j) = &mut f.jwks {
+                j.url = url_without_credentials(&j.url);
             }
         }
         c

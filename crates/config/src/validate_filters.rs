@@ -49,6 +49,8 @@ fn keys_of(kind: FilterType) -> &'static [&'static str] {
         FilterType::Jwt => &[
             "header",
             "jwt_keys",
+            "jwks",
+            "leeway",
             "issuer",
             "audience",
             "claims_to_headers",
@@ -355,6 +357,8 @@ fn check_filter(
     set.push(("backend", f.backend.is_some()));
     set.push(("scope", f.scope.is_some()));
     set.push(("jwt_keys", !f.jwt_keys.is_empty()));
+    set.push(("jwks", f.jwks.is_some()));
+    set.push(("leeway", f.leeway.is_some()));
     set.push(("issuer", f.issuer.is_some()));
     set.push(("audience", f.audience.is_some()));
     set.push(("claims_to_headers", !f.claims_to_headers.is_empty()));
@@ -538,23 +542,7 @@ fn check_filter(
                 );
             }
         }
-        FilterType::Jwt => {
-            if let Some(h) = &f.header {
-                check_header_name(h, at.key("header"), p);
-            }
-            if f.jwt_keys.is_empty() {
-                p.push(
-                    at.key("type"),
-                    "a jwt filter needs jwt_keys; expected e.g. jwt_keys = [{ alg = \"HS256\", secret = \"...\" }]",
-                );
-            }
-            for (j, k) in f.jwt_keys.iter().enumerate() {
-                check_jwt_key(k, &at.key("jwt_keys").index(j), p);
-            }
-            for (claim, h) in &f.claims_to_headers {
-                check_header_name(h, at.key("claims_to_headers").key(claim), p);
-            }
-        }
+        FilterType::Jwt => crate::validate_jwt::check_jwt(f, at, p),
         FilterType::Native => {
             if f.native.as_deref().is_none_or(|n| n.trim().is_empty()) {
                 p.push(
@@ -592,53 +580,6 @@ fn check_filter(
                 } else {
                     check_header_value(h, at.key("host"), p);
                 }
-            }
-        }
-    }
-}
-
-fn check_jwt_key(k: &crate::model::JwtKey, at: &KeyPath, p: &mut Problems) {
-    use crate::model::JwtAlg;
-    use base64::Engine;
-    let b64 = |v: &Option<String>, key: &str, p: &mut Problems| match v {
-        None => p.push(
-            at.clone(),
-            format!("an RS256 key needs {key}; expected the JWK's base64url {key}"),
-        ),
-        Some(s) => {
-            if base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .decode(s.trim_end_matches('='))
-                .map(|b| b.is_empty())
-                .unwrap_or(true)
-            {
-                p.push(
-                    at.key(key),
-                    format!("{key} is not base64url; expected the JWK's {key}"),
-                );
-            }
-        }
-    };
-    match k.alg {
-        JwtAlg::HS256 => {
-            match &k.secret {
-                None => p.push(at.clone(), "an HS256 key needs secret"),
-                Some(s) if s.len() < 16 => p.push(
-                    at.key("secret"),
-                    "too short for HS256; expected at least 16 bytes (32 recommended)",
-                ),
-                Some(_) => {}
-            }
-            for (key, set) in [("n", k.n.is_some()), ("e", k.e.is_some())] {
-                if set {
-                    p.push(at.key(key), format!("{key} is only used by RS256 keys"));
-                }
-            }
-        }
-        JwtAlg::RS256 => {
-            b64(&k.n, "n", p);
-            b64(&k.e, "e", p);
-            if k.secret.is_some() {
-                p.push(at.key("secret"), "secret is only used by HS256 keys");
             }
         }
     }

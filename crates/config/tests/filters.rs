@@ -43,8 +43,14 @@ fn every_filter_key_is_documented() {
             secret: Some("s".into()),
             n: Some("n".into()),
             e: Some("e".into()),
+            pem: Some("p".into()),
             ..Default::default()
         }],
+        jwks: Some(JwksConfig {
+            ca: Some("ca.pem".into()),
+            ..Default::default()
+        }),
+        leeway: Some(Duration::from_secs(1)),
         ..Default::default()
     };
     let v = serde_json::to_value(&f).unwrap();
@@ -89,7 +95,11 @@ servers = [{ address = "127.0.0.1:1" }]
     assert_eq!(c.filters.len(), 7);
     assert_eq!(c.filters[0].kind, FilterType::Cors);
     assert_eq!(c.filters[6].stage, FilterStage::Post);
-    assert_eq!(c.filters[3].jwt_keys[1].alg, JwtAlg::RS256);
+    assert_eq!(c.filters[3].jwt_keys[1].alg, JwtAlg::ES256);
+    assert_eq!(c.filters[3].jwt_keys[2].alg, JwtAlg::RS256);
+    let jwks = c.filters[3].jwks.as_ref().expect("jwks");
+    assert_eq!(jwks.refresh, Duration::from_secs(600));
+    assert_eq!(jwks.timeout, Duration::from_secs(5));
 }
 
 const BASE: &str = r#"

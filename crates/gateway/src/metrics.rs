@@ -1,8 +1,10 @@
 //! Prometheus metrics. Label lookups happen when a config version is built; the request
 //! path only touches pre-resolved counter and histogram handles (atomics, no locks).
 
+mod jwks;
 mod server;
 
+pub(crate) use jwks::{JwksFamilies, JwksMetrics};
 pub(crate) use server::{sample_attempt_timing, ServerFamilies, ServerMetrics};
 
 use prometheus::{
@@ -39,6 +41,8 @@ pub struct Metrics {
     pub(crate) access_log_dropped: IntCounter,
     /// Per origin server: attempts, their latency, reuse, connections.
     pub(crate) servers: ServerFamilies,
+    /// The jwt filters' key set fetches.
+    pub(crate) jwks: JwksFamilies,
     filter_rejections: IntCounterVec,
     mirror: IntCounterVec,
     /// Trace spans by outcome: exported, dropped (queue full), failed (export failed).
@@ -487,6 +491,7 @@ impl Metrics {
                 "Route mirrors' shadow requests by route, shadow cluster and result: sent (a response came), failed, dropped (the cap), skipped_body (a body too long or of unknown length)",
                 &["route", "cluster", "result"],
             ),
+            jwks: JwksFamilies::register(&r),
             filter_rejections: counter_vec(
                 &r,
                 "filter_rejections_total",

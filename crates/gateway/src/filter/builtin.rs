@@ -118,7 +118,7 @@ pub(super) fn compile(
                 },
             }))
         }
-        FilterType::Jwt => one(Arc::new(super::jwt::Jwt::compile(f)?)),
+        FilterType::Jwt => one(Arc::new(super::jwt::Jwt::compile(f, metrics)?)),
         // Built by the binary's native filter types (a `FilterSource`), under this name.
         FilterType::Native => Ok(Vec::new()),
         FilterType::Reroute => one(Arc::new(Reroute {
