@@ -68,7 +68,6 @@ pub(super) fn begin(
             },
             client: Some(cx.peer),
             host: (parts.headers.get(http::header::HOST))
-                .or(None)
                 .and_then(|h| h.to_str().ok())
                 .map(str::to_string)
                 .or_else(|| parts.uri.authority().map(|a| a.to_string())),
