@@ -39,6 +39,7 @@ mod compress;
 pub mod descriptors;
 mod downstream;
 mod drain;
+mod fetch;
 pub mod filter;
 pub mod gateway;
 pub mod metrics;

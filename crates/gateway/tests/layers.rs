@@ -20,6 +20,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "restart_only",
             "access_log",
             "compress",
+            "fetch",
         ],
     ),
     ("upstream", &["upstream"]),

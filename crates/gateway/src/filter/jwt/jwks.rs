@@ -22,8 +22,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::fetch::Fetcher;
 use super::keys::{parse_jwks, Key};
+use crate::fetch::Fetcher;
 use crate::metrics::{JwksMetrics, Metrics};
 use keymaster_config::JwksConfig;
 
@@ -74,7 +74,17 @@ impl Jwks {
         {
             return Ok(j);
         }
-        let fetcher = Fetcher::new(config)?;
+        let fetcher = Fetcher::new(
+            &config.url,
+            config.ca.as_deref(),
+            config.timeout.get(),
+            config.max_size.0,
+            "jwks",
+        )?
+        .header(
+            http::header::ACCEPT,
+            "application/json, application/jwk-set+json",
+        );
         let shared = Arc::new(Shared {
             keys: ArcSwap::from_pointee(Vec::new()),
             wanted: AtomicBool::new(false),

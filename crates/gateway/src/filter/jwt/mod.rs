@@ -10,7 +10,6 @@
 
 #[cfg(test)]
 mod cost_tests;
-mod fetch;
 mod jwks;
 mod keys;
 mod ring_provider;
