@@ -13,6 +13,7 @@ mod locate;
 mod mirror;
 pub mod model;
 mod redact;
+mod registry;
 mod resilience;
 mod servers_file;
 mod traces;
@@ -178,8 +179,13 @@ pub fn load_file(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
                 if let Some(tls) = &mut c.tls {
                     tls.resolve_paths(dir);
                 }
-                if let Some(f) = c.discovery.as_mut().and_then(|d| d.file.as_mut()) {
-                    from_dir(f);
+                if let Some(d) = c.discovery.as_mut() {
+                    let cas = [
+                        d.file.as_mut(),
+                        d.consul.as_mut().and_then(|c| c.ca.as_mut()),
+                        d.eureka.as_mut().and_then(|e| e.ca.as_mut()),
+                    ];
+                    cas.into_iter().flatten().for_each(from_dir);
                 }
             }
             config

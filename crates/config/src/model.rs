@@ -11,6 +11,7 @@ pub use crate::compression::*;
 pub use crate::filters::*;
 pub use crate::jwt::*;
 pub use crate::mirror::MirrorConfig;
+pub use crate::registry::{ConsulConfig, EurekaConfig};
 pub use crate::resilience::*;
 pub use crate::traces::*;
 pub use crate::traffic::*;
@@ -70,15 +71,21 @@ impl Default for DnsConfig {
     }
 }
 
-/// Service discovery of one cluster: its servers are re-resolved and re-read on an interval.
+/// Service discovery of one cluster: its servers are `servers` (DNS names re-resolved on an
+/// interval) plus those of a watched file and of service registries.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DiscoveryConfig {
-    /// How often DNS names are re-resolved and `file` re-read.
+    /// How often DNS names are re-resolved, `file` re-read and Eureka asked; also the wait
+    /// before a failed registry is asked again.
     pub interval: Duration,
     /// A file listing more servers, one `host:port [weight]` per line (`#` comments); a
     /// relative path is relative to the config file's directory.
     pub file: Option<String>,
+    /// The healthy instances of a service in Consul's catalog (blocking queries).
+    pub consul: Option<ConsulConfig>,
+    /// The `UP` instances of an application in Eureka.
+    pub eureka: Option<EurekaConfig>,
 }
 
 impl Default for DiscoveryConfig {
@@ -86,6 +93,8 @@ impl Default for DiscoveryConfig {
         Self {
             interval: Duration::from_secs(5),
             file: None,
+            consul: None,
+            eureka: None,
         }
     }
 }

@@ -21,6 +21,17 @@ impl Config {
             c.redis.url = Some(url_without_credentials(url));
         }
         redact_table(&mut c.traces.headers);
+        for d in c.clusters.iter_mut().filter_map(|c| c.discovery.as_mut()) {
+            if let Some(c) = d.consul.as_mut() {
+                c.url = url_without_credentials(&c.url);
+                if let Some(t) = c.token.as_mut().filter(|t| t.is_str()) {
+                    *t = toml::Value::String(REDACTED.into());
+                }
+            }
+            for u in d.eureka.iter_mut().flat_map(|e| e.urls.iter_mut()) {
+                *u = url_without_credentials(u);
+            }
+        }
         for t in c.lua.settings.values_mut() {
             redact_table(t);
         }

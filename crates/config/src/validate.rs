@@ -409,10 +409,14 @@ fn check_clusters(config: &Config, p: &mut Problems) {
 }
 
 fn check_cluster(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
-    let has_file = c.discovery.as_ref().is_some_and(|d| d.file.is_some());
+    let has_dynamic = c
+        .discovery
+        .as_ref()
+        .is_some_and(|d| d.file.is_some() || d.consul.is_some() || d.eureka.is_some());
     if let Some(d) = &c.discovery {
         let at = at.key("discovery");
         p.positive(at.key("interval"), d.interval);
+        crate::registry::check(d, &at, p);
         if d.file.as_ref().is_some_and(|f| f.trim().is_empty()) {
             p.push(
                 at.key("file"),
@@ -420,10 +424,10 @@ fn check_cluster(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
             );
         }
     }
-    if c.servers.is_empty() && !has_file {
+    if c.servers.is_empty() && !has_dynamic {
         p.push(
             at.key("servers"),
-            "no servers; expected at least one, e.g. servers = [{ address = \"10.0.0.5:8080\" }]",
+            "no servers; expected at least one, e.g. servers = [{ address = \"10.0.0.5:8080\" }], or a discovery file or registry",
         );
     }
     for (j, s) in c.servers.iter().enumerate() {

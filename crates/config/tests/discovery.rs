@@ -104,3 +104,97 @@ fn a_relative_file_is_relative_to_the_config_file() {
         Some(dir.path().join("servers.txt").to_str().unwrap())
     );
 }
+
+#[test]
+fn documented_registries_load_with_defaults() {
+    let text = docs_block("### `discovery.consul` and `discovery.eureka`", "toml");
+    let text = text.replace(
+        "[[clusters]]\nname = \"users\"",
+        "[[clusters]]\nname = \"api\"",
+    );
+    let c = load_str(&format!("{BASE}{text}"), "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    let consul = c.clusters[0]
+        .discovery
+        .as_ref()
+        .unwrap()
+        .consul
+        .as_ref()
+        .unwrap();
+    assert_eq!(consul.service, "orders");
+    assert_eq!(consul.tags, ["v2"]);
+    assert_eq!(consul.wait, Duration::from_secs(30));
+    assert_eq!(consul.timeout, Duration::from_secs(5));
+    assert!(env_reference(consul.token.as_ref().unwrap()).is_some());
+    let d = c.clusters[1].discovery.as_ref().unwrap();
+    let eureka = d.eureka.as_ref().unwrap();
+    assert_eq!(eureka.urls.len(), 2);
+    assert_eq!(
+        (eureka.app.as_str(), d.interval),
+        ("users", Duration::from_secs(10))
+    );
+}
+
+#[test]
+fn registry_problems_are_located() {
+    let text = format!(
+        r#"{BASE}
+[[clusters]]
+name = "api"
+discovery = {{ consul = {{ url = "consul:8500", service = "a b", tags = [""], token = 5, wait = "11m", timeout = "0s", ca = "ca.pem" }} }}
+
+[[clusters]]
+name = "b"
+discovery = {{ eureka = {{ urls = [], app = "" }} }}
+
+[[clusters]]
+name = "c"
+discovery = {{ consul = {{ url = "https://c:8501", service = "s" }}, eureka = {{ urls = ["http://e/eureka?x=1"], app = "c", max_size = "1GiB" }} }}
+"#
+    );
+    let got = problems(&text);
+    let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "clusters[0].discovery.consul.url",
+            "clusters[0].discovery.consul.service",
+            "clusters[0].discovery.consul.tags[0]",
+            "clusters[0].discovery.consul.token",
+            "clusters[0].discovery.consul.wait",
+            "clusters[0].discovery.consul.timeout",
+            "clusters[0].discovery.consul.ca",
+            "clusters[1].discovery.eureka.urls",
+            "clusters[1].discovery.eureka.app",
+            "clusters[2].discovery.eureka",
+            "clusters[2].discovery.eureka.urls[0]",
+            "clusters[2].discovery.eureka.max_size",
+        ],
+        "{got:?}"
+    );
+    assert!(got.iter().all(|(_, line)| line.is_some()), "{got:?}");
+    // A registry stands in for servers.
+    let ok = format!(
+        "{BASE}\n[[clusters]]\nname = \"api\"\ndiscovery = {{ eureka = {{ urls = [\"http://127.0.0.1:8761/eureka\"], app = \"api\" }} }}\n"
+    );
+    assert_eq!(problems(&ok), []);
+}
+
+#[test]
+fn registry_credentials_are_redacted() {
+    let text = format!(
+        r#"{BASE}
+[[clusters]]
+name = "api"
+discovery = {{ consul = {{ url = "https://u:secret@consul:8501", service = "api", token = "t0ken" }} }}
+
+[[clusters]]
+name = "b"
+discovery = {{ eureka = {{ urls = ["http://eu:pw@eureka:8761/eureka"], app = "b" }} }}
+"#
+    );
+    let c = load_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    let shown = toml::to_string(&c.redacted()).unwrap();
+    for secret in ["secret", "t0ken", "pw@"] {
+        assert!(!shown.contains(secret), "{secret} in {shown}");
+    }
+}

@@ -20,6 +20,7 @@ use crate::filter::{FilterSource, FilterSpec, Reloader};
 use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use crate::tls::ListenerTls;
+use crate::upstream::discovery::registry::Listed;
 use crate::upstream::discovery::{self, Endpoint, Lists, Source};
 use crate::upstream::limits::ClusterStates;
 use crate::worker::{self, WorkerSockets};
@@ -175,11 +176,13 @@ impl Shared {
     /// Service discovery resolved `cluster` (as configured with `dns`) to `endpoints`: when
     /// that differs from the running list, build a new version of the running config with it
     /// and swap it in (like a reload; a reload that changed the cluster meanwhile wins).
+    /// `listed` (the registry's part) is kept either way, for the next round and reloads.
     pub(crate) fn apply_discovered(
         &self,
         cluster: &ClusterConfig,
         dns: &DnsConfig,
         endpoints: Vec<Endpoint>,
+        listed: Option<Listed>,
     ) {
         let _serial = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.snapshot.load_full();
@@ -196,17 +199,18 @@ impl Shared {
             return;
         }
         let mut lists = self.discovered.lock().unwrap_or_else(|e| e.into_inner());
-        if lists
-            .get(&cluster.name)
-            .is_some_and(|d| *d.endpoints == endpoints)
-        {
-            return;
+        if let Some(d) = lists.get_mut(&cluster.name) {
+            if *d.endpoints == endpoints {
+                d.listed = listed;
+                return;
+            }
         }
         let previous = lists.insert(
             cluster.name.clone(),
             discovery::Discovered {
                 source,
                 endpoints: Arc::new(endpoints),
+                listed,
             },
         );
         let version = self.next_version.load(Ordering::Acquire);
@@ -668,8 +672,16 @@ impl crate::upstream::Host for Shared {
         cluster: &keymaster_config::ClusterConfig,
         dns: &keymaster_config::DnsConfig,
         endpoints: Vec<crate::upstream::discovery::Endpoint>,
+        listed: Option<crate::upstream::discovery::registry::Listed>,
     ) {
-        Shared::apply_discovered(self, cluster, dns, endpoints);
+        Shared::apply_discovered(self, cluster, dns, endpoints, listed);
+    }
+    fn discovered_listed(
+        &self,
+        cluster: &str,
+    ) -> Option<crate::upstream::discovery::registry::Listed> {
+        let lists = self.discovered.lock().unwrap_or_else(|e| e.into_inner());
+        lists.get(cluster)?.listed.clone()
     }
     fn discovery_wake(&self) -> &tokio::sync::Notify {
         &self.discovery_wake

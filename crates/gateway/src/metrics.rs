@@ -81,6 +81,9 @@ pub struct Metrics {
     pub(crate) discovery_updates: IntCounterVec,
     pub(crate) discovery_errors: IntCounterVec,
     pub(crate) discovered_servers: IntGaugeVec,
+    pub(crate) discovery_registry_up: IntGaugeVec,
+    pub(crate) discovery_registry_last_success: IntGaugeVec,
+    pub(crate) discovery_registry_servers: IntGaugeVec,
     route_cluster_picks: IntCounterVec,
     upstream_hash_picks: IntCounterVec,
     upstream_affinity_cookies: IntCounterVec,
@@ -609,7 +612,7 @@ impl Metrics {
             discovery_errors: counter_vec(
                 &r,
                 "discovery_errors_total",
-                "Failed discovery rounds (the previous server list is kept), by source: dns or file",
+                "Failed discovery rounds and registry requests (the previous servers are kept), by source: dns, file, consul or eureka",
                 &["cluster", "source"],
             ),
             discovered_servers: gauge_vec(
@@ -617,6 +620,24 @@ impl Metrics {
                 "discovered_servers",
                 "Servers of a cluster with discovery, as last resolved",
                 &["cluster"],
+            ),
+            discovery_registry_up: gauge_vec(
+                &r,
+                "discovery_registry_up",
+                "1 when a cluster's last request to its registry (consul or eureka) succeeded, 0 when it failed and the last known servers are kept",
+                &["cluster", "source"],
+            ),
+            discovery_registry_last_success: gauge_vec(
+                &r,
+                "discovery_registry_last_success_timestamp_seconds",
+                "When a cluster's registry last answered with servers, Unix seconds",
+                &["cluster", "source"],
+            ),
+            discovery_registry_servers: gauge_vec(
+                &r,
+                "discovery_registry_servers",
+                "Servers a cluster's registry listed (healthy or UP) in its last answer",
+                &["cluster", "source"],
             ),
             route_cluster_picks: counter_vec(
                 &r,

@@ -16,7 +16,7 @@
 //!   ([`probe`]) speak the cluster's transport.
 //! - [`limits`]: per-cluster state shared by every config version and worker (request
 //!   caps with a queue, the retry budget).
-//! - [`discovery`]: service discovery (DNS re-resolution, server list files).
+//! - [`discovery`]: service discovery (DNS re-resolution, server list files, Consul, Eureka).
 
 pub(crate) mod balance;
 pub(crate) mod checker;
@@ -58,14 +58,17 @@ pub(crate) trait Host: Send + Sync + 'static {
     /// The running version's clusters (their settings) and `[dns]`, for discovery.
     fn discovery_settings(&self) -> (Vec<ClusterConfig>, DnsConfig);
     fn metrics(&self) -> &Metrics;
-    /// A discovery round found `endpoints` for `cluster` (resolved with `dns`): swap in a
-    /// version with them.
+    /// A discovery round found `endpoints` for `cluster` (resolved with `dns`; `listed` the
+    /// registry's part): swap in a version with them.
     fn apply_discovered(
         &self,
         cluster: &ClusterConfig,
         dns: &DnsConfig,
         endpoints: Vec<discovery::Endpoint>,
+        listed: Option<discovery::registry::Listed>,
     );
+    /// The registry list the running version of `cluster` was built from.
+    fn discovered_listed(&self, cluster: &str) -> Option<discovery::registry::Listed>;
     /// Woken after a reload (new clusters, new intervals).
     fn discovery_wake(&self) -> &tokio::sync::Notify;
 }

@@ -1,8 +1,10 @@
 //! Service discovery: the servers of a cluster with `discovery` are DNS names re-resolved on
-//! an interval (every address becomes a server) plus a watched server list file.
+//! an interval (every address becomes a server), a watched server list file and a service
+//! registry's list ([`registry`]: Consul, Eureka).
 //!
 //! This module owns resolution (the `[dns]` resolver: hickory with configured name servers,
-//! or the system's), the server list file and the `keymaster-discovery` thread. It does not
+//! or the system's), the server list file, the registries' clients and the
+//! `keymaster-discovery` thread (its loop here, a watcher task per registry cluster). It does not
 //! own the swap: a changed server set is handed to [`Host::apply_discovered`] (the gateway),
 //! which rebuilds the snapshot from the running config the way a reload does, so every
 //! request still sees one consistent version. Origin identities are interned process-wide,
@@ -11,7 +13,12 @@
 //! (`Snapshot::serves` says it is gone).
 //!
 //! A failed round (DNS error, no addresses, unreadable or malformed file) keeps the previous
-//! server list, logs a warning and counts `keymaster_discovery_errors_total{cluster, source}`.
+//! server list, logs a warning and counts `keymaster_discovery_errors_total{cluster, source}`;
+//! a failed registry keeps its last list (see [`registry`]).
+
+mod consul;
+mod eureka;
+pub(crate) mod registry;
 
 use hickory_resolver::config::{NameServerConfig, ResolverConfig};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
@@ -25,6 +32,7 @@ use tokio::time::Instant;
 
 use super::Host;
 use keymaster_config::{ClusterConfig, Config, DiscoveryConfig, DnsConfig, OriginServerConfig};
+use registry::Listed;
 
 /// One resolved origin server.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -58,6 +66,8 @@ impl Source {
 pub(crate) struct Discovered {
     pub(crate) source: Source,
     pub(crate) endpoints: Arc<Vec<Endpoint>>,
+    /// The registry's part before resolution (its last good list), for clusters with one.
+    pub(crate) listed: Option<Listed>,
 }
 
 /// Discovered lists by cluster name (the clusters with `discovery` of the running config).
@@ -107,13 +117,16 @@ fn host_port(address: &str) -> Option<(&str, u16)> {
     Some((host, port.parse().ok()?))
 }
 
-/// Resolve a cluster's servers: `servers` plus the file's, names through `resolver`, sorted.
-/// `Err((source, message))`, source being `"file"` or `"dns"`.
+/// Resolve a cluster's servers: `servers` plus the file's plus the registry's `listed`,
+/// names through `resolver`, sorted. `Err((source, message))`, source being `"file"` or
+/// `"dns"`.
 pub(crate) async fn resolve(
     c: &ClusterConfig,
     resolver: &TokioResolver,
+    listed: &[OriginServerConfig],
 ) -> Result<Vec<Endpoint>, (&'static str, String)> {
     let mut list = c.servers.clone();
+    list.extend_from_slice(listed);
     if let Some(path) = c.discovery.as_ref().and_then(|d| d.file.as_deref()) {
         let text = std::fs::read_to_string(path).map_err(|e| ("file", format!("{path}: {e}")))?;
         list.extend(
@@ -167,6 +180,7 @@ pub(crate) fn initial(config: &Config, previous: &Lists) -> Result<Lists, String
                     Discovered {
                         source,
                         endpoints: d.endpoints.clone(),
+                        listed: d.listed.clone(),
                     },
                 );
             }
@@ -185,14 +199,18 @@ pub(crate) fn initial(config: &Config, previous: &Lists) -> Result<Lists, String
             rt.block_on(async {
                 let r = resolver(&config.dns)?;
                 for (c, source) in todo {
-                    let endpoints = resolve(c, &r).await.map_err(|(src, e)| {
-                        format!("cluster {}: discovery ({src}): {e}", c.name)
-                    })?;
+                    let listed = registry::first(c).await?;
+                    let endpoints = resolve(c, &r, listed.as_deref().map_or(&[], |l| l))
+                        .await
+                        .map_err(|(src, e)| {
+                            format!("cluster {}: discovery ({src}): {e}", c.name)
+                        })?;
                     lists.insert(
                         c.name.clone(),
                         Discovered {
                             source,
                             endpoints: Arc::new(endpoints),
+                            listed,
                         },
                     );
                 }
@@ -206,8 +224,9 @@ pub(crate) fn initial(config: &Config, previous: &Lists) -> Result<Lists, String
 }
 
 /// Start the `keymaster-discovery` thread: every cluster with `discovery` is resolved again
-/// each `interval`; a changed server set goes to [`Host::apply_discovered`]. It stops when
-/// `shutdown` says so.
+/// each `interval`, and at once when its registry's list changed; a changed server set goes
+/// to [`Host::apply_discovered`]. It stops when `shutdown` says so (its registry watchers
+/// with it).
 pub(crate) fn spawn<H: Host>(
     shared: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
@@ -215,16 +234,24 @@ pub(crate) fn spawn<H: Host>(
     crate::runtime_thread::spawn("keymaster-discovery", move || async move {
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut current: Option<(DnsConfig, TokioResolver)> = None;
+        let mut watchers = HashMap::new();
+        let registry_changed = Arc::new(tokio::sync::Notify::new());
         loop {
             let (clusters, dns) = shared.discovery_settings();
+            registry::sync(&mut watchers, &clusters, &shared, &registry_changed);
             let mut next = Instant::now() + Duration::from_secs(3600);
             for c in &clusters {
                 let Some(d) = &c.discovery else { continue };
                 let at = *due
                     .entry(c.name.clone())
                     .or_insert_with(|| Instant::now() + d.interval.get());
-                if at <= Instant::now() {
-                    round(&*shared, &dns, c, &mut current).await;
+                let watcher = watchers.get_mut(&c.name);
+                let listed_changed = watcher
+                    .as_ref()
+                    .is_some_and(|w| w.latest.has_changed().unwrap_or(false));
+                if at <= Instant::now() || listed_changed {
+                    let listed = watcher.map(|w| w.latest.borrow_and_update().clone());
+                    round(&*shared, &dns, c, &mut current, listed).await;
                     due.insert(c.name.clone(), Instant::now() + d.interval.get());
                 }
                 next = next.min(due[&c.name]);
@@ -237,6 +264,7 @@ pub(crate) fn spawn<H: Host>(
             tokio::select! {
                 _ = tokio::time::sleep_until(next) => {}
                 _ = shared.discovery_wake().notified() => {}
+                _ = registry_changed.notified() => {}
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
                         break;
@@ -247,12 +275,14 @@ pub(crate) fn spawn<H: Host>(
     })
 }
 
-/// One discovery round of cluster `c`, with the running version's `dns` settings.
+/// One discovery round of cluster `c`, with the running version's `dns` settings and its
+/// registry's last good list.
 async fn round(
     shared: &impl Host,
     dns: &DnsConfig,
     c: &ClusterConfig,
     current: &mut Option<(DnsConfig, TokioResolver)>,
+    listed: Option<Listed>,
 ) {
     if current.as_ref().is_none_or(|(cfg, _)| cfg != dns) {
         match resolver(dns) {
@@ -266,14 +296,14 @@ async fn round(
     let Some((_, r)) = current.as_ref() else {
         return;
     };
-    match resolve(c, r).await {
+    match resolve(c, r, listed.as_deref().map_or(&[], |l| l)).await {
         Ok(endpoints) => {
             let gauge = shared
                 .metrics()
                 .discovered_servers
                 .with_label_values(&[&c.name]);
             gauge.set(endpoints.len() as i64);
-            shared.apply_discovered(c, dns, endpoints);
+            shared.apply_discovered(c, dns, endpoints, listed);
         }
         Err((source, e)) => fail(shared, c, source, &e),
     }
@@ -324,17 +354,17 @@ mod tests {
             timeout: keymaster_config::Duration::from_millis(100),
         })
         .unwrap();
-        let got = resolve(&c, &r).await.unwrap();
+        let got = resolve(&c, &r, &[]).await.unwrap();
         let addrs: Vec<String> = got.iter().map(|e| e.addr.to_string()).collect();
         // Sorted, the duplicate 10.0.0.1:80 once, weights kept.
         assert_eq!(addrs, ["10.0.0.1:80", "10.0.0.2:80", "[::1]:81"]);
         assert_eq!(got[1].weight, 3);
 
         std::fs::write(&file, "10.0.0.2:80 0\n").unwrap();
-        let (source, e) = resolve(&c, &r).await.unwrap_err();
+        let (source, e) = resolve(&c, &r, &[]).await.unwrap_err();
         assert_eq!(source, "file");
         assert!(e.contains("line 1"), "{e}");
         std::fs::remove_file(&file).unwrap();
-        assert_eq!(resolve(&c, &r).await.unwrap_err().0, "file");
+        assert_eq!(resolve(&c, &r, &[]).await.unwrap_err().0, "file");
     }
 }
