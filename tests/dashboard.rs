@@ -35,7 +35,7 @@ async fn every_metric_the_dashboard_queries_exists() {
     let (g, _s) = gateway_with_stub();
     assert_eq!(get(g.addr, "/?length=10").await.status, 200);
     // A cluster with no server listening: an error, an upstream connect failure.
-    let closed = free_addr();
+    let (closed, _closed_held) = closed_addr();
     // And a filter: its series exist at zero (rejections by the status it answers with).
     let key = "[[filters]]\nname = \"keys\"\ntype = \"api_key\"\nkeys = [\"k\"]\nmatch = { path_prefix = \"/keyed\" }\n";
     let g2 = start_gateway(&config_text(closed, "", key));

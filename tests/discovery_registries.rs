@@ -222,7 +222,7 @@ async fn consul_with_acls_needs_the_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_unreachable_at_start_rejects_the_config() {
-    let closed = free_addr();
+    let (closed, _closed_held) = closed_addr();
     let text = config(&format!(
         r#"{{ consul = {{ url = "http://{closed}", service = "api", timeout = "500ms" }} }}"#
     ));
@@ -243,7 +243,7 @@ async fn eureka_follows_status_and_keeps_the_last_servers_when_down() {
     eureka.register("api", "a", a).await;
     eureka.register("api", "b", b).await;
     // The first service URL is dead: the second one answers.
-    let dead = free_addr();
+    let (dead, _dead_held) = closed_addr();
     let g = start_gateway(&config(&format!(
         r#"{{ interval = "300ms", eureka = {{ urls = ["http://{dead}/eureka", "http://{}/eureka"], app = "api", timeout = "2s" }} }}"#,
         eureka.http

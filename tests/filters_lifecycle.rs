@@ -703,7 +703,7 @@ impl Filter for OriginDown {
 #[tokio::test]
 async fn proxy_errors_run_error_and_post_filters() {
     let o = echo_origin("o").await;
-    let dead = free_addr(); // nothing listens: connect is refused
+    let (dead, _dead_held) = closed_addr(); // nothing listens: connect is refused
     let g = start_gateway_with_filters(
         &cfg(o.addr, dead, ""),
         vec![

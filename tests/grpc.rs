@@ -322,7 +322,7 @@ async fn calls_through_the_tls_listener() {
 
 #[tokio::test]
 async fn an_unreachable_origin_is_unavailable() {
-    let closed = free_addr(); // nothing listens here
+    let (closed, _closed_held) = closed_addr(); // nothing listens here
     let g = start_gateway(&config_with_cluster(PREAMBLE, &h2_cluster(closed), ""));
     let mut c = client(channel(g.addr).await);
     c.ready().await.unwrap();

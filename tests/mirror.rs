@@ -225,7 +225,7 @@ async fn bodies_are_mirrored_only_within_the_cap_and_a_dead_shadow_fails_nothing
     assert_eq!(skipped, 1.0, "{m}");
 
     // Nobody listening at the shadow: every primary succeeds, every copy fails.
-    let dead = free_addr();
+    let (dead, _dead_held) = closed_addr();
     let g = start_gateway(&mirrored_config(stub.local_addr(), dead, "sample = 1.0"));
     let mut c = Client::connect(g.addr).await;
     for _ in 0..20 {

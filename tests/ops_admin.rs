@@ -8,7 +8,7 @@ use support::*;
 /// A gateway with the stub as "origin" and a route "/dead" to a port nobody listens on.
 fn gateway_with_dead_route(extra_top: &str) -> (TestGateway, StubHandle, std::net::SocketAddr) {
     let s = stub();
-    let dead = free_addr();
+    let (dead, _dead_held) = closed_addr();
     let toml = format!(
         "{extra_top}\n{}",
         config_text(

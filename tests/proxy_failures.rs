@@ -43,14 +43,10 @@ async fn scripted_origin(response: &'static [u8]) -> RawOrigin {
     .await
 }
 
-fn closed_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_origin_port_gives_502_quickly() {
-    let g = start_gateway(&config_text(closed_port(), "", ""));
+    let (closed, _closed_held) = closed_addr();
+    let g = start_gateway(&config_text(closed, "", ""));
     let t = Instant::now();
     let r = get(g.addr, "/").await;
     assert_eq!(r.status, 502);

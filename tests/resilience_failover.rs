@@ -78,7 +78,7 @@ connect_timeout = "1s"
 /// and the refusal ejects the dead server at once (fewer than `consecutive_failures`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_request_goes_to_another_server_and_ejects_the_dead_one() {
-    let dead = free_addr();
+    let (dead, _dead_held) = closed_addr();
     let (good, _) = named_origin("good").await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
@@ -149,7 +149,7 @@ async fn a_refused_request_goes_to_another_server_and_ejects_the_dead_one() {
 /// read before the connection was refused).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_sent_tries_need_no_budget_and_keep_their_body() {
-    let dead = free_addr();
+    let (dead, _dead_held) = closed_addr();
     let (good, seen) = named_origin("good").await;
     let mut toml = two_servers(
         dead,

@@ -327,7 +327,7 @@ async fn a_stalled_or_absent_collector_never_fails_or_holds_a_request() {
     );
 
     // Nobody listening: exports fail at once, and are counted.
-    let dead = free_addr();
+    let (dead, _dead_held) = closed_addr();
     let (g, slowest, p99) = load_through(&format!("http://{dead}"), stub.local_addr()).await;
     eprintln!("absent collector: 800 requests, p99 {p99:?}, slowest {slowest:?}");
     assert!(

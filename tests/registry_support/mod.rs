@@ -1,6 +1,6 @@
 //! Real service registries for discovery tests, each a child process on free 127.0.0.1 ports:
 //!
-//! - Consul (`tools/consul`: HashiCorp Consul 1.16, MPL-2.0, built from its Go module) as a
+//! - Consul (`tools/consul`: HashiCorp Consul 1.14, MPL-2.0, built from its Go modules) as a
 //!   dev agent (in-memory, one node that is its own server);
 //! - Eureka (`tools/eureka`: a Spring Cloud Netflix Eureka server, built with Maven).
 //!

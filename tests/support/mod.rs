@@ -429,6 +429,18 @@ pub fn free_addr() -> SocketAddr {
         .unwrap()
 }
 
+/// A 127.0.0.1 address where a connect is refused, and the guard that keeps it so: the port
+/// stays bound (never listening) while the guard lives, so no other socket — a gateway's own
+/// listener on port 0 included — can take it. (A port from [`free_addr`] can be handed out
+/// again at once: a gateway given one as its "dead" origin once proxied to itself.)
+pub fn closed_addr() -> (SocketAddr, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().unwrap())
+        .expect("bind 127.0.0.1:0");
+    (socket.local_addr().expect("bound address"), socket)
+}
+
 /// Poll `f` every 10ms until it returns true or `limit` passes; returns the last result.
 pub async fn eventually<F: FnMut() -> bool>(limit: Duration, mut f: F) -> bool {
     let end = tokio::time::Instant::now() + limit;
