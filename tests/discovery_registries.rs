@@ -1,8 +1,10 @@
-//! Discovery from real service registries: a Consul dev agent and a Eureka server, started
-//! here (see `registry_support`). The gateway follows health and membership changes, and a
-//! registry that goes down keeps the last known servers, with the metrics saying so.
+//! Discovery from real service registries: a Consul dev agent, a Eureka server and a
+//! Kubernetes API server, started here (see `registry_support`). The gateway follows health
+//! and membership changes, and a registry that goes down keeps the last known servers, with
+//! the metrics saying so.
 mod registry_support;
 mod support;
+mod tls_support;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -272,4 +274,57 @@ async fn eureka_follows_status_and_keeps_the_last_servers_when_down() {
         "the metrics do not say the registry is down"
     );
     load(&g, 8, 50, &["b", "c"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_endpointslices_follow_readiness_and_membership() {
+    let mut kube = registry_support::kube::Kube::start().await;
+    let (a, b, c) = (named("a").await, named("b").await, named("c").await);
+    // FQDN endpoints (the API server refuses loopback addresses), which the gateway's
+    // resolver turns into 127.0.0.1 through this DNS responder.
+    let ips = std::sync::Arc::new(std::sync::Mutex::new(vec![std::net::Ipv4Addr::LOCALHOST]));
+    let dns = support::dns::dns_server(ips).await;
+    kube.create_slice("api", "api-a", "a.api.test", a.port());
+    kube.create_slice("api", "api-b", "b.api.test", b.port());
+    kube.create_slice("other", "other-c", "c.api.test", c.port());
+    // Interval and wait of a minute: a change arrives in time only through the watch.
+    let text = config(&format!(
+        r#"{{ interval = "60s", kubernetes = {{ url = "{}", service = "api", port = "http", token = "{}", ca = "{}", wait = "60s" }} }}
+
+[dns]
+nameservers = ["{dns}"]"#,
+        kube.url,
+        registry_support::kube::TOKEN,
+        kube.ca.display()
+    ));
+    let g = start_gateway(&text);
+    assert_eq!(served_by(&g, 12).await, set(&["a", "b"]));
+
+    let limit = Duration::from_secs(10);
+    kube.set_ready("api-b", "b.api.test", false);
+    let took = until_served_by(&g, &["a"], limit).await;
+    eprintln!("an endpoint turning unready reached the gateway within {took:?}");
+    kube.create_slice("api", "api-c", "c.api.test", c.port());
+    until_served_by(&g, &["a", "c"], limit).await;
+    kube.set_ready("api-b", "b.api.test", true);
+    until_served_by(&g, &["a", "b", "c"], limit).await;
+    kube.delete_slice("api-a");
+    until_served_by(&g, &["b", "c"], limit).await;
+    assert_eq!(metric_of(&g, "discovery_registry_up", "kubernetes"), 1.0);
+    assert_eq!(
+        metric_of(&g, "discovery_registry_servers", "kubernetes"),
+        2.0
+    );
+
+    // The API server goes away: the last servers stay, under concurrent load.
+    kube.kill_apiserver();
+    assert!(
+        eventually(Duration::from_secs(90), || {
+            metric_of(&g, "discovery_registry_up", "kubernetes") == 0.0
+        })
+        .await,
+        "the metrics do not say the registry is down"
+    );
+    load(&g, 8, 50, &["b", "c"]).await;
+    let _ = kube.dir();
 }

@@ -2,12 +2,15 @@
 //!
 //! - Consul (`tools/consul`: HashiCorp Consul 1.14, MPL-2.0, built from its Go modules) as a
 //!   dev agent (in-memory, one node that is its own server);
-//! - Eureka (`tools/eureka`: a Spring Cloud Netflix Eureka server, built with Maven).
+//! - Eureka (`tools/eureka`: a Spring Cloud Netflix Eureka server, built with Maven);
+//! - a Kubernetes API server over etcd ([`kube`], `tools/kube`).
 //!
 //! Binaries are found through `$KEYMASTER_CONSUL` / `$KEYMASTER_EUREKA_JAR`, or in their
 //! tools directory, built there when missing (`.ci/run` builds both first). A registry that
 //! can be neither found nor built FAILS the test. Killed on drop.
 #![allow(dead_code)]
+
+pub mod kube;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -10,6 +10,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub mod dns;
+
 pub use keymaster_bench::stub::{spawn_stub, stub_body, stub_body_gzip, StubHandle};
 pub use keymaster_gateway::{ConfigSource, Gateway};
 

@@ -185,6 +185,11 @@ pub fn load_file(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
                         d.consul.as_mut().and_then(|c| c.ca.as_mut()),
                         d.eureka.as_mut().and_then(|e| e.ca.as_mut()),
                     ];
+                    if let Some(k) = d.kubernetes.as_mut() {
+                        k.ca.iter_mut()
+                            .chain(k.token_file.iter_mut())
+                            .for_each(from_dir);
+                    }
                     cas.into_iter().flatten().for_each(from_dir);
                 }
             }

@@ -11,7 +11,7 @@ pub use crate::compression::*;
 pub use crate::filters::*;
 pub use crate::jwt::*;
 pub use crate::mirror::MirrorConfig;
-pub use crate::registry::{ConsulConfig, EurekaConfig};
+pub use crate::registry::{ConsulConfig, EurekaConfig, KubernetesConfig};
 pub use crate::resilience::*;
 pub use crate::traces::*;
 pub use crate::traffic::*;
@@ -86,6 +86,8 @@ pub struct DiscoveryConfig {
     pub consul: Option<ConsulConfig>,
     /// The `UP` instances of an application in Eureka.
     pub eureka: Option<EurekaConfig>,
+    /// The ready endpoints of a Kubernetes Service's EndpointSlices.
+    pub kubernetes: Option<KubernetesConfig>,
 }
 
 impl Default for DiscoveryConfig {
@@ -95,6 +97,7 @@ impl Default for DiscoveryConfig {
             file: None,
             consul: None,
             eureka: None,
+            kubernetes: None,
         }
     }
 }

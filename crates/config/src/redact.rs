@@ -31,6 +31,11 @@ impl Config {
             for u in d.eureka.iter_mut().flat_map(|e| e.urls.iter_mut()) {
                 *u = url_without_credentials(u);
             }
+            if let Some(t) = d.kubernetes.as_mut().and_then(|k| k.token.as_mut()) {
+                if t.is_str() {
+                    *t = toml::Value::String(REDACTED.into());
+                }
+            }
         }
         for t in c.lua.settings.values_mut() {
             redact_table(t);

@@ -1,4 +1,5 @@
-//! A cluster's service registries (`discovery.consul`, `discovery.eureka`): where the
+//! A cluster's service registries (`discovery.consul`, `discovery.eureka`,
+//! `discovery.kubernetes`): where the
 //! registry is, which service it is asked for, and the bounds on each answer. The gateway's
 //! discovery thread asks them; this module only describes and validates.
 
@@ -80,14 +81,64 @@ impl Default for EurekaConfig {
     }
 }
 
+/// `discovery.kubernetes`: the ready endpoints of a Service's EndpointSlices
+/// (`discovery.k8s.io/v1`, label `kubernetes.io/service-name`), watched.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// The API server, like `"https://kubernetes.default.svc"` from inside a cluster.
+    pub url: String,
+    pub namespace: String,
+    /// The Service's name.
+    pub service: String,
+    /// The name of the Service port to use; absent: each slice's first port.
+    pub port: Option<String>,
+    /// A bearer token: a string or `{ env = "NAME" }`.
+    pub token: Option<toml::Value>,
+    /// A file holding the bearer token, read for every request (service-account tokens
+    /// rotate), like `"/var/run/secrets/kubernetes.io/serviceaccount/token"`.
+    pub token_file: Option<String>,
+    /// How long one watch waits for a change before it is started again.
+    pub wait: Duration,
+    /// Bound on connecting and answering, beyond `wait`.
+    pub timeout: Duration,
+    /// Largest answer read.
+    pub max_size: ByteSize,
+    /// PEM file of the CA certificates the API server's certificate must chain to, like
+    /// `"/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"`.
+    pub ca: Option<String>,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            namespace: "default".into(),
+            service: String::new(),
+            port: None,
+            token: None,
+            token_file: None,
+            wait: Duration::from_secs(60),
+            timeout: Duration::from_secs(5),
+            max_size: ByteSize(4 * 1024 * 1024),
+            ca: None,
+        }
+    }
+}
+
 const MAX_ANSWER: u64 = 64 * 1024 * 1024;
 
 /// The registries of one cluster's `discovery` table (`at` is its key path).
 pub(crate) fn check(d: &crate::DiscoveryConfig, at: &KeyPath, p: &mut Problems) {
-    if d.consul.is_some() && d.eureka.is_some() {
+    let registries = [
+        d.consul.is_some(),
+        d.eureka.is_some(),
+        d.kubernetes.is_some(),
+    ];
+    if registries.iter().filter(|r| **r).count() > 1 {
         p.push(
-            at.key("eureka"),
-            "a cluster is discovered from one registry; expected consul or eureka, not both",
+            at.clone(),
+            "a cluster is discovered from one registry; expected one of consul, eureka or kubernetes",
         );
     }
     if let Some(c) = &d.consul {
@@ -100,18 +151,8 @@ pub(crate) fn check(d: &crate::DiscoveryConfig, at: &KeyPath, p: &mut Problems) 
         if let Some(dc) = &c.datacenter {
             check_name(dc, &at.key("datacenter"), p);
         }
-        if let Some(t) = &c.token {
-            if !(t.is_str() || crate::env_reference(t).is_some()) {
-                p.push(at.key("token"), "expected a string or { env = \"NAME\" }");
-            }
-        }
-        let wait = c.wait.get();
-        if wait < std::time::Duration::from_secs(1) || wait > std::time::Duration::from_secs(600) {
-            p.push(
-                at.key("wait"),
-                "must be between \"1s\" and \"10m\"; expected a duration like \"30s\"",
-            );
-        }
+        check_token(c.token.as_ref(), &at, p);
+        check_wait(c.wait, &at, p);
         check_bounds(c.timeout, c.max_size, &at, p);
         check_ca(c.ca.as_deref(), [c.url.as_str()].into_iter(), &at, p);
     }
@@ -134,6 +175,49 @@ pub(crate) fn check(d: &crate::DiscoveryConfig, at: &KeyPath, p: &mut Problems) 
         check_name(&e.app, &at.key("app"), p);
         check_bounds(e.timeout, e.max_size, &at, p);
         check_ca(e.ca.as_deref(), e.urls.iter().map(String::as_str), &at, p);
+    }
+    if let Some(k) = &d.kubernetes {
+        let at = at.key("kubernetes");
+        check_url(&k.url, "https://kubernetes.default.svc", &at.key("url"), p);
+        check_name(&k.namespace, &at.key("namespace"), p);
+        check_name(&k.service, &at.key("service"), p);
+        if let Some(port) = &k.port {
+            check_name(port, &at.key("port"), p);
+        }
+        check_token(k.token.as_ref(), &at, p);
+        if k.token.is_some() && k.token_file.is_some() {
+            p.push(
+                at.key("token_file"),
+                "expected token or token_file, not both",
+            );
+        }
+        if k.token_file.as_ref().is_some_and(|f| f.trim().is_empty()) {
+            p.push(
+                at.key("token_file"),
+                "must not be empty; expected a file path",
+            );
+        }
+        check_wait(k.wait, &at, p);
+        check_bounds(k.timeout, k.max_size, &at, p);
+        check_ca(k.ca.as_deref(), [k.url.as_str()].into_iter(), &at, p);
+    }
+}
+
+fn check_token(token: Option<&toml::Value>, at: &KeyPath, p: &mut Problems) {
+    if let Some(t) = token {
+        if !(t.is_str() || crate::env_reference(t).is_some()) {
+            p.push(at.key("token"), "expected a string or { env = \"NAME\" }");
+        }
+    }
+}
+
+fn check_wait(wait: Duration, at: &KeyPath, p: &mut Problems) {
+    let wait = wait.get();
+    if wait < std::time::Duration::from_secs(1) || wait > std::time::Duration::from_secs(600) {
+        p.push(
+            at.key("wait"),
+            "must be between \"1s\" and \"10m\"; expected a duration like \"30s\"",
+        );
     }
 }
 

@@ -409,10 +409,9 @@ fn check_clusters(config: &Config, p: &mut Problems) {
 }
 
 fn check_cluster(c: &ClusterConfig, at: &KeyPath, p: &mut Problems) {
-    let has_dynamic = c
-        .discovery
-        .as_ref()
-        .is_some_and(|d| d.file.is_some() || d.consul.is_some() || d.eureka.is_some());
+    let has_dynamic = c.discovery.as_ref().is_some_and(|d| {
+        d.file.is_some() || d.consul.is_some() || d.eureka.is_some() || d.kubernetes.is_some()
+    });
     if let Some(d) = &c.discovery {
         let at = at.key("discovery");
         p.positive(at.key("interval"), d.interval);

@@ -107,7 +107,7 @@ fn a_relative_file_is_relative_to_the_config_file() {
 
 #[test]
 fn documented_registries_load_with_defaults() {
-    let text = docs_block("### `discovery.consul` and `discovery.eureka`", "toml");
+    let text = docs_block("### `discovery.consul`, `discovery.eureka`", "toml");
     let text = text.replace(
         "[[clusters]]\nname = \"users\"",
         "[[clusters]]\nname = \"api\"",
@@ -132,6 +132,15 @@ fn documented_registries_load_with_defaults() {
         (eureka.app.as_str(), d.interval),
         ("users", Duration::from_secs(10))
     );
+    let k = c.clusters[2].discovery.as_ref().unwrap();
+    let k = k.kubernetes.as_ref().unwrap();
+    assert_eq!(
+        (k.namespace.as_str(), k.service.as_str()),
+        ("shop", "carts")
+    );
+    assert_eq!(k.port.as_deref(), Some("http"));
+    assert_eq!(k.wait, Duration::from_secs(60));
+    assert!(k.token_file.as_deref().unwrap().ends_with("/token"));
 }
 
 #[test]
@@ -149,6 +158,10 @@ discovery = {{ eureka = {{ urls = [], app = "" }} }}
 [[clusters]]
 name = "c"
 discovery = {{ consul = {{ url = "https://c:8501", service = "s" }}, eureka = {{ urls = ["http://e/eureka?x=1"], app = "c", max_size = "1GiB" }} }}
+
+[[clusters]]
+name = "d"
+discovery = {{ kubernetes = {{ url = "kubernetes.default.svc", namespace = "", service = "api/x", port = "", token = "t", token_file = "f", wait = "0s" }} }}
 "#
     );
     let got = problems(&text);
@@ -165,9 +178,15 @@ discovery = {{ consul = {{ url = "https://c:8501", service = "s" }}, eureka = {{
             "clusters[0].discovery.consul.ca",
             "clusters[1].discovery.eureka.urls",
             "clusters[1].discovery.eureka.app",
-            "clusters[2].discovery.eureka",
+            "clusters[2].discovery",
             "clusters[2].discovery.eureka.urls[0]",
             "clusters[2].discovery.eureka.max_size",
+            "clusters[3].discovery.kubernetes.url",
+            "clusters[3].discovery.kubernetes.namespace",
+            "clusters[3].discovery.kubernetes.service",
+            "clusters[3].discovery.kubernetes.port",
+            "clusters[3].discovery.kubernetes.token_file",
+            "clusters[3].discovery.kubernetes.wait",
         ],
         "{got:?}"
     );
@@ -190,11 +209,15 @@ discovery = {{ consul = {{ url = "https://u:secret@consul:8501", service = "api"
 [[clusters]]
 name = "b"
 discovery = {{ eureka = {{ urls = ["http://eu:pw@eureka:8761/eureka"], app = "b" }} }}
+
+[[clusters]]
+name = "k"
+discovery = {{ kubernetes = {{ url = "https://kubernetes.default.svc", service = "k", token = "kube-bearer" }} }}
 "#
     );
     let c = load_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
     let shown = toml::to_string(&c.redacted()).unwrap();
-    for secret in ["secret", "t0ken", "pw@"] {
+    for secret in ["secret", "t0ken", "pw@", "kube-bearer"] {
         assert!(!shown.contains(secret), "{secret} in {shown}");
     }
 }

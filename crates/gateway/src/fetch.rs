@@ -117,45 +117,93 @@ impl Fetcher {
         path_and_query: &str,
         longer: Duration,
     ) -> Result<Answer, Failure> {
-        let answer = self.get_any(path_and_query, longer).await?;
+        let answer = self
+            .get_any(path_and_query, longer, &HeaderMap::new())
+            .await?;
         if answer.status != StatusCode::OK {
             return Err(("status", format!("HTTP {}", answer.status)));
         }
         Ok(answer)
     }
 
-    /// [`Fetcher::get`], any status accepted.
+    /// [`Fetcher::get`] with `extra` header fields, any status accepted.
     pub(crate) async fn get_any(
         &self,
         path_and_query: &str,
         longer: Duration,
+        extra: &HeaderMap,
     ) -> Result<Answer, Failure> {
+        self.bounded(
+            longer,
+            self.connect_and_send(path_and_query, extra, Read::Whole),
+        )
+        .await
+        .map(|(answer, _)| answer)
+    }
+
+    /// GET a stream of lines (a watch) and return its first line once it is in, or `None`
+    /// when the stream ends without one. A status other than 200 is a failure.
+    pub(crate) async fn first_line(
+        &self,
+        path_and_query: &str,
+        longer: Duration,
+        extra: &HeaderMap,
+    ) -> Result<Option<Bytes>, Failure> {
+        let (answer, complete) = self
+            .bounded(
+                longer,
+                self.connect_and_send(path_and_query, extra, Read::FirstLine),
+            )
+            .await?;
+        if answer.status != StatusCode::OK {
+            return Err(("status", format!("HTTP {}", answer.status)));
+        }
+        Ok((!complete || !answer.body.is_empty()).then_some(answer.body))
+    }
+
+    async fn bounded<T>(
+        &self,
+        longer: Duration,
+        work: impl std::future::Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
         let limit = self.timeout + longer;
-        match tokio::time::timeout(limit, self.connect_and_get(path_and_query)).await {
+        match tokio::time::timeout(limit, work).await {
             Ok(r) => r,
             Err(_) => Err(("timeout", format!("no answer within {limit:?}"))),
         }
     }
 
-    async fn connect_and_get(&self, path: &str) -> Result<Answer, Failure> {
+    async fn connect_and_send(
+        &self,
+        path: &str,
+        extra: &HeaderMap,
+        read: Read,
+    ) -> Result<(Answer, bool), Failure> {
         let tcp = TcpStream::connect(&self.authority)
             .await
             .map_err(|e| ("error", format!("connect {}: {e}", self.authority)))?;
         let _ = tcp.set_nodelay(true);
         match &self.tls {
-            None => self.exchange(tcp, path).await,
+            None => self.exchange(tcp, path, extra, read).await,
             Some((connector, name)) => {
                 let tls = connector
                     .connect(name.clone(), tcp)
                     .await
                     .map_err(|e| ("error", format!("TLS with {}: {e}", self.authority)))?;
-                self.exchange(tls, path).await
+                self.exchange(tls, path, extra, read).await
             }
         }
     }
 
-    /// One request on a fresh connection, driven here (no task outlives the fetch).
-    async fn exchange<S>(&self, io: S, path: &str) -> Result<Answer, Failure>
+    /// One request on a fresh connection, driven here (no task outlives the fetch). The
+    /// answer, and whether its body was read to its end.
+    async fn exchange<S>(
+        &self,
+        io: S,
+        path: &str,
+        extra: &HeaderMap,
+        read: Read,
+    ) -> Result<(Answer, bool), Failure>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -163,34 +211,30 @@ impl Fetcher {
         let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .map_err(failed)?;
+        let host = self.uri.host().unwrap_or_default();
+        let host = match self.uri.port() {
+            Some(p) => format!("{host}:{p}"),
+            None => host.to_string(),
+        };
         let mut request = Request::get(path)
-            .header(
-                HOST,
-                self.uri
-                    .host()
-                    .map_or(String::new(), |h| match self.uri.port() {
-                        Some(p) => format!("{h}:{p}"),
-                        None => h.to_string(),
-                    }),
-            )
+            .header(HOST, host)
             .body(Empty::<Bytes>::new())
             .map_err(|e| ("error", e.to_string()))?;
         request.headers_mut().extend(self.headers.clone());
+        request.headers_mut().extend(extra.clone());
         let work = async {
             let response = send.send_request(request).await.map_err(failed)?;
             let (parts, body) = response.into_parts();
-            match Limited::new(body, self.max_size).collect().await {
-                Ok(b) => Ok(Answer {
-                    status: parts.status,
-                    headers: parts.headers,
-                    body: b.to_bytes(),
-                }),
-                Err(e) if e.is::<http_body_util::LengthLimitError>() => Err((
-                    "too_large",
-                    format!("the answer is over {} bytes", self.max_size),
-                )),
-                Err(e) => Err(("error", e.to_string())),
-            }
+            let (body, complete) = match read {
+                Read::Whole => (self.whole(body).await?, true),
+                Read::FirstLine => self.line(body).await?,
+            };
+            let answer = Answer {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+            };
+            Ok((answer, complete))
         };
         tokio::pin!(work, conn);
         tokio::select! {
@@ -199,6 +243,48 @@ impl Fetcher {
             _ = &mut conn => work.await,
         }
     }
+
+    async fn whole(&self, body: hyper::body::Incoming) -> Result<Bytes, Failure> {
+        match Limited::new(body, self.max_size).collect().await {
+            Ok(b) => Ok(b.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(self.too_large()),
+            Err(e) => Err(("error", e.to_string())),
+        }
+    }
+
+    /// The body up to its first line feed (excluded), and whether the body ended there.
+    async fn line(&self, mut body: hyper::body::Incoming) -> Result<(Bytes, bool), Failure> {
+        let mut buf = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| ("error", e.to_string()))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            buf.extend_from_slice(&data);
+            if let Some(end) = buf.iter().position(|b| *b == b'\n') {
+                buf.truncate(end);
+                return Ok((buf.into(), false));
+            }
+            if buf.len() > self.max_size {
+                return Err(self.too_large());
+            }
+        }
+        Ok((buf.into(), true))
+    }
+
+    fn too_large(&self) -> Failure {
+        (
+            "too_large",
+            format!("the answer is over {} bytes", self.max_size),
+        )
+    }
+}
+
+/// How much of an answer's body is read.
+#[derive(Clone, Copy)]
+enum Read {
+    Whole,
+    FirstLine,
 }
 
 /// `Authorization: Basic` from the URL's `user:password@` (percent-decoded), if any.

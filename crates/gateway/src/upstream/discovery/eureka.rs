@@ -45,7 +45,10 @@ impl Eureka {
         for i in 0..n {
             let at = (self.current + i) % n;
             let (fetcher, path) = &self.registries[at];
-            match fetcher.get_any(path, std::time::Duration::ZERO).await {
+            match fetcher
+                .get_any(path, std::time::Duration::ZERO, &http::HeaderMap::new())
+                .await
+            {
                 Ok(a) if a.status == StatusCode::OK => {
                     self.current = at;
                     return parse(&a.body, self.secure).map_err(|e| ("invalid", e));

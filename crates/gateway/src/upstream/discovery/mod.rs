@@ -1,6 +1,6 @@
 //! Service discovery: the servers of a cluster with `discovery` are DNS names re-resolved on
 //! an interval (every address becomes a server), a watched server list file and a service
-//! registry's list ([`registry`]: Consul, Eureka).
+//! registry's list ([`registry`]: Consul, Eureka, Kubernetes EndpointSlices).
 //!
 //! This module owns resolution (the `[dns]` resolver: hickory with configured name servers,
 //! or the system's), the server list file, the registries' clients and the
@@ -18,6 +18,7 @@
 
 mod consul;
 mod eureka;
+mod kubernetes;
 pub(crate) mod registry;
 
 use hickory_resolver::config::{NameServerConfig, ResolverConfig};

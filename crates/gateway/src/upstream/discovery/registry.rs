@@ -1,8 +1,9 @@
-//! Service registries as a source of servers: Consul ([`consul`](super::consul)) and Eureka
-//! ([`eureka`](super::eureka)). Each cluster with one has a watcher task on the discovery
-//! thread that asks the registry again and again (Consul's blocking queries return when the
-//! list changes; Eureka is asked every `interval`), keeps its last good list and wakes the
-//! discovery loop when the list changes.
+//! Service registries as a source of servers: Consul ([`consul`](super::consul)), Eureka
+//! ([`eureka`](super::eureka)) and Kubernetes EndpointSlices
+//! ([`kubernetes`](super::kubernetes)). Each cluster with one has a watcher task on the
+//! discovery thread that asks the registry again and again (Consul's blocking queries and
+//! Kubernetes' watches return when the list changes; Eureka is asked every `interval`),
+//! keeps its last good list and wakes the discovery loop when the list changes.
 //!
 //! A registry that fails (down, slow, a bad answer) keeps its last good list: the cluster's
 //! servers stay as they were, `keymaster_discovery_registry_up` says 0 and the errors are
@@ -17,6 +18,7 @@ use tokio::sync::{watch, Notify};
 
 use super::consul::Consul;
 use super::eureka::Eureka;
+use super::kubernetes::Kubernetes;
 use super::Host;
 use crate::fetch::Failure;
 use keymaster_config::{ClusterConfig, DiscoveryConfig, OriginServerConfig};
@@ -28,6 +30,7 @@ pub(crate) type Listed = Arc<Vec<OriginServerConfig>>;
 pub(super) enum Registry {
     Consul(Box<Consul>),
     Eureka(Eureka),
+    Kubernetes(Box<Kubernetes>),
 }
 
 impl Registry {
@@ -45,23 +48,30 @@ impl Registry {
             return Eureka::new(eureka, c.tls.is_some(), &key("eureka"))
                 .map(|e| Some(Registry::Eureka(e)));
         }
+        if let Some(k) = &d.kubernetes {
+            return Kubernetes::new(k, &key("kubernetes"))
+                .map(|k| Some(Registry::Kubernetes(Box::new(k))));
+        }
         Ok(None)
     }
 
-    /// The `source` label: `consul` or `eureka`.
+    /// The `source` label: `consul`, `eureka` or `kubernetes`.
     pub(super) fn source(&self) -> &'static str {
         match self {
             Registry::Consul(_) => "consul",
             Registry::Eureka(_) => "eureka",
+            Registry::Kubernetes(_) => "kubernetes",
         }
     }
 
-    /// The next list: Consul's first answer comes at once and later ones when the list
-    /// changed (or the wait passed); Eureka answers at once each time.
+    /// The next list: Consul's and Kubernetes' first answer comes at once and later ones
+    /// when the list changed (Consul's also when its wait passed); Eureka answers at once
+    /// each time.
     pub(super) async fn next(&mut self) -> Result<Vec<OriginServerConfig>, Failure> {
         let mut list = match self {
             Registry::Consul(c) => c.next().await?,
             Registry::Eureka(e) => e.next().await?,
+            Registry::Kubernetes(k) => k.next().await?,
         };
         list.sort_by(|a, b| a.address.cmp(&b.address));
         list.dedup_by(|a, b| a.address == b.address);
@@ -108,7 +118,8 @@ pub(super) fn sync<H: Host>(
     });
     for c in clusters {
         let Some(d) = &c.discovery else { continue };
-        if (d.consul.is_none() && d.eureka.is_none()) || watchers.contains_key(&c.name) {
+        let registry = d.consul.is_some() || d.eureka.is_some() || d.kubernetes.is_some();
+        if !registry || watchers.contains_key(&c.name) {
             continue;
         }
         let registry = match Registry::of(c) {
