@@ -118,8 +118,8 @@ pub(super) fn sync<H: Host>(
     });
     for c in clusters {
         let Some(d) = &c.discovery else { continue };
-        let registry = d.consul.is_some() || d.eureka.is_some() || d.kubernetes.is_some();
-        if !registry || watchers.contains_key(&c.name) {
+        let has_registry = d.consul.is_some() || d.eureka.is_some() || d.kubernetes.is_some();
+        if !has_registry || watchers.contains_key(&c.name) {
             continue;
         }
         let registry = match Registry::of(c) {
