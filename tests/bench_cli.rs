@@ -70,6 +70,7 @@ fn quick_bench_with_keymaster_and_the_stub() {
             assert!(m["cpu_ms_per_1k"].as_f64().unwrap() > 0.0, "{s}");
             assert!(m["rss_mib"].as_f64().unwrap() > 0.0, "{s}");
             assert!(m["ctx_per_req"].as_f64().is_some(), "{s}");
+            assert!(m["load_avg"].as_f64().is_some_and(|l| l >= 0.0), "{s}");
         } else {
             assert!(m["cpu_ms_per_1k"].is_null(), "{s}");
         }

@@ -18,6 +18,7 @@ fn sample(rps: f64, p99: f64, cpu: Option<f64>, non_2xx: u64, socket: u64) -> Sa
         max_ms: p99 * 2.0,
         cpu_pct: cpu.map(|c| c * rps / 1000.0 / 10.0),
         cpu_ms_per_1k: cpu,
+        load_avg: cpu.map(|_| 1.25),
         ctx_per_req: cpu.map(|_| 0.5),
         rss_mib: cpu.map(|_| 12.0),
         mbps: rps * 8.0 * 1100.0 / 1e6,
@@ -120,17 +121,21 @@ fn table_has_one_row_per_system_and_step_like_the_seed() {
     let run = fixture(1);
     let table = scenario_table(&run.scenarios[0], 1);
     let lines: Vec<&str> = table.lines().collect();
-    assert!(lines[0].starts_with("| Run | Con. | Rq./s | Av./ms | TP50/ms | TP75/ms | TP90/ms | TP99/ms | Max/ms | CPU/% | CPU ms/1k req | Ctx Sw./req"));
+    assert!(lines[0].starts_with("| Run | Con. | Rq./s | Av./ms | TP50/ms | TP75/ms | TP90/ms | TP99/ms | Max/ms | CPU/% | CPU ms/1k req | LdAvg | Ctx Sw./req"));
     assert_eq!(lines.len(), 2 + 9);
     // Grouped by step, systems in run order (Tomcat 700, Netty 700, Tomcat 900, ...).
     assert!(lines[2].starts_with("| direct | 100 | 1900 |"));
     assert!(lines[3].starts_with("| keymaster | 100 | 1800 |"));
     assert!(lines[4].starts_with("| nginx | 100 | 1700 |"));
     assert!(lines[5].starts_with("| direct | 200 |"));
-    // keymaster at 100: CPU 45 ms/1k, 0.50 switches per request, 12.0 MiB.
-    assert!(lines[3].contains("| 45.0 | 0.50 | 12.0 |"), "{}", lines[3]);
+    // keymaster at 100: CPU 45 ms/1k, load 1.25, 0.50 switches per request, 12.0 MiB.
+    assert!(
+        lines[3].contains("| 45.0 | 1.25 | 0.50 | 12.0 |"),
+        "{}",
+        lines[3]
+    );
     // direct has no system under test: dashes, not zeros.
-    assert!(lines[2].contains("| – | – | – | – |"), "{}", lines[2]);
+    assert!(lines[2].contains("| – | – | – | – | – |"), "{}", lines[2]);
     let n = lines[0].matches('|').count();
     assert!(lines.iter().all(|l| l.matches('|').count() == n));
 }

@@ -754,6 +754,7 @@ impl Window {
                 .rig
                 .zip(rig_b)
                 .and_then(|(a, b)| procfs::busy_pct(a, b)),
+            load_avg: procfs::load_avg(),
         }
     }
 }

@@ -138,6 +138,9 @@ pub struct Sample {
     pub cpu_pct: Option<f64>,
     /// CPU milliseconds of the system under test per 1000 requests.
     pub cpu_ms_per_1k: Option<f64>,
+    /// The machine's 1-minute load average at the end of the step (the 2013 table's LdAvg:
+    /// everything on the machine, the load generator and stub included).
+    pub load_avg: Option<f64>,
     /// Context switches (voluntary + involuntary, all threads) per request.
     pub ctx_per_req: Option<f64>,
     /// RSS of the system under test at the end of the step, MiB.
@@ -171,6 +174,8 @@ pub struct ProcFigures {
     pub rss_kib: u64,
     /// Busy percent of the stub and generator's CPUs over the same window (pinned runs).
     pub rig_busy_pct: Option<f64>,
+    /// The machine's 1-minute load average at the end.
+    pub load_avg: Option<f64>,
 }
 
 impl Sample {
@@ -198,6 +203,7 @@ impl Sample {
                 .filter(|p| p.wall_secs > 0.0)
                 .map(|p| 100.0 * p.cpu_secs / p.wall_secs),
             cpu_ms_per_1k: procs.and_then(|p| per_req(p.cpu_secs * 1e6)),
+            load_avg: procs.and_then(|p| p.load_avg),
             ctx_per_req: procs.and_then(|p| per_req(p.switches as f64)),
             rss_mib: procs.map(|p| p.rss_kib as f64 / 1024.0),
             mbps: load.mbps,
@@ -260,6 +266,7 @@ impl StepResult {
             max_ms: col(|s| s.max_ms),
             cpu_pct: col_opt(|s| s.cpu_pct),
             cpu_ms_per_1k: col_opt(|s| s.cpu_ms_per_1k),
+            load_avg: col_opt(|s| s.load_avg),
             ctx_per_req: col_opt(|s| s.ctx_per_req),
             rss_mib: col_opt(|s| s.rss_mib),
             mbps: col(|s| s.mbps),

@@ -234,6 +234,16 @@ pub fn cpu_ticks(cpus: &[usize]) -> Option<(u64, u64)> {
     parse_cpu_ticks(&std::fs::read_to_string("/proc/stat").ok()?, cpus)
 }
 
+/// The 1-minute load average of `/proc/loadavg` (its first field).
+pub fn parse_load_avg(text: &str) -> Option<f64> {
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// The machine's 1-minute load average now (the 2013 table's LdAvg).
+pub fn load_avg() -> Option<f64> {
+    parse_load_avg(&std::fs::read_to_string("/proc/loadavg").ok()?)
+}
+
 /// Percent of `cpus`' time that was busy between two [`cpu_ticks`] readings.
 pub fn busy_pct(a: (u64, u64), b: (u64, u64)) -> Option<f64> {
     let total = b.1.checked_sub(a.1).filter(|t| *t > 0)?;
@@ -334,5 +344,12 @@ mod tests {
         assert_eq!(parse_cpu_ticks(stat, &[2]), None);
         assert_eq!(busy_pct((52, 100), (152, 200)), Some(100.0));
         assert_eq!(busy_pct((52, 100), (52, 100)), None);
+    }
+
+    #[test]
+    fn load_avg_is_the_first_field() {
+        assert_eq!(parse_load_avg("3.52 2.10 1.05 4/612 91234\n"), Some(3.52));
+        assert_eq!(parse_load_avg(""), None);
+        assert!(load_avg().is_some_and(|l| l >= 0.0));
     }
 }

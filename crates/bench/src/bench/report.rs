@@ -35,7 +35,7 @@ pub fn errors_cell(st: &StepResult) -> String {
 pub fn row(st: &StepResult, repeats: usize) -> String {
     let m = &st.median;
     let mut r = format!(
-        "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {:.1} | {:.0} |",
+        "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {:.1} | {:.0} |",
         st.system,
         st.connections,
         m.rps,
@@ -47,6 +47,7 @@ pub fn row(st: &StepResult, repeats: usize) -> String {
         m.max_ms,
         opt(m.cpu_pct, 1),
         opt(m.cpu_ms_per_1k, 1),
+        opt(m.load_avg, 2),
         opt(m.ctx_per_req, 2),
         opt(m.rss_mib, 1),
         m.mbps,
@@ -67,9 +68,10 @@ pub fn row(st: &StepResult, repeats: usize) -> String {
 pub fn scenario_table(sc: &ScenarioResult, repeats: usize) -> String {
     let mut t = String::from(
         "| Run | Con. | Rq./s | Av./ms | TP50/ms | TP75/ms | TP90/ms | TP99/ms | Max/ms \
-         | CPU/% | CPU ms/1k req | Ctx Sw./req | RSS/MiB | Mbps | Gen. CPU/% |",
+         | CPU/% | CPU ms/1k req | LdAvg | Ctx Sw./req | RSS/MiB | Mbps | Gen. CPU/% |",
     );
-    let mut rule = String::from("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let mut rule =
+        String::from("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     if repeats > 1 {
         t.push_str(" Rq./s min–max | CPU ms/1k min–max |");
         rule.push_str("--:|--:|");
@@ -220,7 +222,9 @@ pub fn report_markdown(run: &BenchRun) -> String {
     md.push_str(
         "Columns as in the 2013 table: Rq./s and latencies (ms) at the client; CPU/% is the \
          system under test's CPU (all processes and threads, 100 = one CPU), CPU ms/1k req its \
-         CPU time per 1000 requests (the primary figure on a shared machine), Ctx Sw./req its \
+         CPU time per 1000 requests (the primary figure on a shared machine), LdAvg the \
+         machine's 1-minute load average at the end of the step (everything on it, the load \
+         generator included), Ctx Sw./req its \
          voluntary + involuntary context switches per request, RSS at the end of the step; \
          Mbps is read at the client; Gen. CPU/% is the load generator's own CPU (near 100 × \
          threads means the client is the bottleneck). `direct` is the generator straight to the \
