@@ -16,15 +16,6 @@ STUB_PORT=18081
 TICK=$(getconf CLK_TCK)
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
-# Sum of utime+stime ticks of a process tree (root pid and its children).
-cpu_ticks() {
-  local total=0 p
-  for p in $(pgrep -P "$1") "$1"; do
-    [ -r /proc/$p/stat ] || continue
-    total=$(( total + $(awk '{print $14 + $15}' /proc/$p/stat) ))
-  done
-  echo "$total"
-}
 
 taskset -c 1 "$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
 wait_port $STUB_PORT

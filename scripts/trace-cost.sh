@@ -90,7 +90,6 @@ run_one() { # name port config-file
   kill "$pid"; wait "$pid" 2>/dev/null || true
 }
 
-cpu_ticks() { awk '{print $14 + $15}' /proc/"$1"/stat; }
 # The export thread's ticks (0 when tracing is off).
 export_ticks() {
   local t total=0
