@@ -326,5 +326,4 @@ nameservers = ["{dns}"]"#,
         "the metrics do not say the registry is down"
     );
     load(&g, 8, 50, &["b", "c"]).await;
-    let _ = kube.dir();
 }

@@ -220,8 +220,8 @@ impl Kube {
         self.must("DELETE", &format!("{SLICES}/{name}"), None);
     }
 
-    /// Keep the PKI directory alive as long as the server.
-    pub fn dir(&self) -> &std::path::Path {
+    /// The harness's work directory: certificates, keys, etcd's data, the server's log.
+    fn dir(&self) -> &std::path::Path {
         self.pki.dir.path()
     }
 }
