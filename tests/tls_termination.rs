@@ -373,6 +373,62 @@ async fn garbage_and_silence_fail_the_handshake_and_are_counted() {
     assert_eq!(failures(&g), 4.0);
 }
 
+/// A client that reads slower than the gateway writes: the socket is full whenever the
+/// gateway writes, so the body's last bytes are taken into the TLS session's buffer with
+/// the socket full. They must still go out when the socket drains, with no later write to
+/// push them: the whole body arrives, each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_gets_the_last_bytes_of_every_response() {
+    use tokio::io::AsyncReadExt;
+    let pki = Pki::new();
+    let a = pki.issue("a", &["a.example"], "a.example", false);
+    let (g, _s) = tls_gateway(&tls_keys(&[&a], ""), "");
+    let tcp = tokio::net::TcpSocket::new_v4().unwrap();
+    tcp.set_recv_buffer_size(16 * 1024).unwrap();
+    let tcp = tcp.connect(g.addr).await.unwrap();
+    let connector = tokio_rustls::TlsConnector::from(client_config(&pki, &ClientOpts::default()));
+    let name = rustls::pki_types::ServerName::try_from("a.example").unwrap();
+    let mut s = connector.connect(name, tcp).await.expect("TLS handshake");
+    for round in 0..8 {
+        // More than the gateway's socket buffers hold, so that its writes fill them; the
+        // sizes vary so that the last write meets the socket's buffers at different fills.
+        let n = 2 * 1024 * 1024 + round * 13_007;
+        let req = format!("GET /?length={n} HTTP/1.1\r\nHost: a.example\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut got = Vec::with_capacity(n + 1024);
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut head_end = None;
+        let whole = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                // About 16 MB/s: slower than the gateway, which is always ahead of the
+                // reader with its socket full.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let k = s.read(&mut buf).await.expect("read");
+                assert!(k > 0, "closed early");
+                got.extend_from_slice(&buf[..k]);
+                if head_end.is_none() {
+                    head_end = got.windows(4).position(|w| w == b"\r\n\r\n");
+                }
+                if head_end.is_some_and(|end| got.len() >= end + 4 + n) {
+                    return;
+                }
+            }
+        })
+        .await;
+        let body = head_end.map_or(0, |end| got.len() - end - 4);
+        assert!(
+            whole.is_ok(),
+            "round {round}: only {body} of {n} body bytes arrived"
+        );
+        let end = head_end.unwrap();
+        assert_eq!(got.len(), end + 4 + n, "round {round}: more than the body");
+        assert!(
+            got[end + 4..] == stub_body(n)[..],
+            "round {round}: body differs"
+        );
+    }
+}
+
 /// A large response to a client that starts reading late: the socket fills, so the last
 /// writes leave ciphertext in the TLS session's buffer. The server must flush it: the whole
 /// body arrives without another request to push it out.

@@ -595,7 +595,7 @@ impl BodyPump {
 }
 
 /// Write what the outbox holds (after a `100 Continue` still owed). `Ready(Ok(true))`: some
-/// was written; `Ready(Ok(false))`: nothing was queued. A client that reads nothing for
+/// was written, or a flush left pending finished; `Ready(Ok(false))`: nothing was queued. A client that reads nothing for
 /// `send_timeout` is an error.
 #[inline]
 fn flush(
@@ -605,7 +605,7 @@ fn flush(
     task: &mut Context<'_>,
 ) -> Poll<io::Result<bool>> {
     let mut c = conn.borrow_mut();
-    let queued = !out.is_empty();
+    let queued = !out.is_idle();
     let written = match c.poll_continue(task) {
         Poll::Ready(Ok(())) if queued => out.poll_flush(&mut c.io, task),
         other => other,

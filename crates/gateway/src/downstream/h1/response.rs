@@ -11,7 +11,7 @@ use http::{StatusCode, Version};
 use std::cell::RefCell;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::SystemTime;
 use tokio::io::AsyncWrite;
 
@@ -233,11 +233,19 @@ pub(super) struct Outbox {
     head_at: usize,
     data: Bytes,
     tail: &'static [u8],
+    /// Bytes were written and the transport's flush has not completed since: a TLS
+    /// session may still hold them as ciphertext (its socket was full).
+    unflushed: bool,
 }
 
 impl Outbox {
     pub(super) fn is_empty(&self) -> bool {
         self.head_at == self.head.len() && self.data.is_empty() && self.tail.is_empty()
+    }
+
+    /// Nothing queued and nothing written is waiting in the transport.
+    pub(super) fn is_idle(&self) -> bool {
+        self.is_empty() && !self.unflushed
     }
 
     /// Bytes queued and not yet written.
@@ -261,7 +269,8 @@ impl Outbox {
 
     /// Write until everything queued is out, then flush the transport: a TLS session may
     /// accept bytes while its socket is full and keep them as ciphertext until flushed
-    /// (a no-op on a plain socket).
+    /// (a no-op on a plain socket). A flush left pending is finished by the next call, even
+    /// with nothing more queued.
     pub(super) fn poll_flush(&mut self, io: &mut Io, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.is_empty() {
             let slices = [
@@ -276,8 +285,11 @@ impl Outbox {
                 Poll::Pending => return Poll::Pending,
             };
             self.consume(n);
+            self.unflushed = true;
         }
-        Pin::new(io).poll_flush(cx)
+        ready!(Pin::new(io).poll_flush(cx))?;
+        self.unflushed = false;
+        Poll::Ready(Ok(()))
     }
 
     fn consume(&mut self, mut n: usize) {

@@ -194,7 +194,13 @@ impl Pump {
                 ready!(Pin::new(&mut *io).poll_flush(cx)).map_err(PumpError::Write)?;
                 return Poll::Ready(Ok(()));
             }
-            match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+            let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) else {
+                // The body waits on the client: what a TLS session took in while the socket
+                // was full goes out now, not with the body's next frame.
+                ready!(Pin::new(&mut *io).poll_flush(cx)).map_err(PumpError::Write)?;
+                return Poll::Pending;
+            };
+            match frame {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) if data.is_empty() => {}
                     Ok(data) => {
@@ -319,5 +325,88 @@ mod tests {
             &chunk(b"hello world, this!")[..],
             b"12\r\nhello world, this!\r\n"
         );
+    }
+}
+
+/// The pump over a real TLS session whose socket fills: a slow origin behind small socket
+/// buffers, and a client body that sends one frame and then waits.
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+    use crate::body::{ClientBody, ConnBody, H1Body};
+    use http_body::Frame;
+    use keymaster_http::error::Error;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::time::Duration;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpSocket};
+
+    /// One frame, then nothing more for as long as the test runs.
+    struct OneFrameThenWait(Option<Bytes>);
+
+    impl ConnBody for OneFrameThenWait {
+        fn poll_body(&mut self, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+            match self.0.take() {
+                Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                None => Poll::Pending,
+            }
+        }
+        fn body_done(&self) -> bool {
+            false
+        }
+        fn body_remaining(&self) -> Option<u64> {
+            None
+        }
+        fn body_refused(&self) -> Option<Error> {
+            None
+        }
+    }
+
+    /// The last bytes of the frame are taken in by the TLS session while the socket is full;
+    /// then the body waits. They must reach the origin as the socket drains, without the
+    /// body's next frame to push them.
+    #[tokio::test]
+    async fn bytes_a_tls_session_holds_go_out_while_the_body_waits() {
+        let (server, client) = super::super::tests::tls_configs();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let n = 256 * 1024;
+        let origin = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            socket2::SockRef::from(&tcp)
+                .set_recv_buffer_size(4096)
+                .unwrap();
+            let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server));
+            let mut tls = acceptor.accept(tcp).await.unwrap();
+            // A slow reader: the gateway's socket stays full while it writes.
+            let (mut got, mut buf) = (0, [0u8; 2048]);
+            while got < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let k = tls.read(&mut buf).await.unwrap();
+                assert!(k > 0, "closed early");
+                got += buf[..k].iter().filter(|&&b| b == b'z').count();
+            }
+        });
+        let tcp = TcpSocket::new_v4().unwrap();
+        tcp.set_send_buffer_size(4096).unwrap(); // no autotuning: a small, fixed buffer
+        let mut io =
+            super::super::tests::tls_connect(tcp.connect(addr).await.unwrap(), client).await;
+        let data = Bytes::from(vec![b'z'; n]);
+        let conn: Rc<RefCell<dyn ConnBody>> = Rc::new(RefCell::new(OneFrameThenWait(Some(data))));
+        let (body, _) = RequestBody::stream(
+            ClientBody::H1(H1Body(conn)),
+            u64::MAX,
+            Duration::from_secs(60),
+        );
+        let req = http::Request::post("/").body(()).unwrap();
+        let mut pump = Pump::new(&req, body, None);
+        let pumping = std::future::poll_fn(|cx| pump.poll(&mut io, cx));
+        tokio::select! {
+            r = pumping => panic!("the pump ended with its body still open: {:?}", r.is_ok()),
+            r = tokio::time::timeout(Duration::from_secs(5), origin) => {
+                r.expect("the origin got the whole frame").unwrap();
+            }
+        }
     }
 }

@@ -580,13 +580,10 @@ mod tests {
         }
     }
 
-    /// The same over a real TLS session: quiet after the handshake (the server's session
-    /// tickets read), closed once the origin sends close_notify and its FIN.
-    #[tokio::test]
-    async fn an_idle_tls_connection_is_checked_whatever_the_budget() {
-        use rustls::pki_types::{PrivateKeyDer, ServerName};
-        use std::sync::Arc;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+    /// A rustls server and a client that trusts it (for `origin.test`), over ring.
+    pub(super) fn tls_configs() -> (rustls::ServerConfig, rustls::ClientConfig) {
+        use rustls::pki_types::PrivateKeyDer;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = rcgen::CertificateParams::new(vec!["origin.test".into()])
             .unwrap()
@@ -608,9 +605,27 @@ mod tests {
             .unwrap()
             .with_root_certificates(roots)
             .with_no_client_auth();
+        (server, client)
+    }
+
+    /// A TLS connection to `origin.test` over `tcp`, as the pool holds one.
+    pub(super) async fn tls_connect(tcp: TcpStream, client: rustls::ClientConfig) -> Io {
+        let name = rustls::pki_types::ServerName::try_from("origin.test").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        Io::Tls(Box::new(tls.into()))
+    }
+
+    /// The same over a real TLS session: quiet after the handshake (the server's session
+    /// tickets read), closed once the origin sends close_notify and its FIN.
+    #[tokio::test]
+    async fn an_idle_tls_connection_is_checked_whatever_the_budget() {
+        let (server, client) = tls_configs();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server));
         let (close, closing) = tokio::sync::oneshot::channel::<()>();
         let origin = tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.unwrap();
@@ -619,13 +634,7 @@ mod tests {
             tokio::io::AsyncWriteExt::shutdown(&mut tls).await.unwrap(); // close_notify
             drop(tls);
         });
-        let tcp = TcpStream::connect(addr).await.unwrap();
-        let name = ServerName::try_from("origin.test").unwrap();
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
-            .connect(name, tcp)
-            .await
-            .unwrap();
-        let mut io = Io::Tls(Box::new(tls.into()));
+        let mut io = tls_connect(TcpStream::connect(addr).await.unwrap(), client).await;
         // Session tickets the origin sends after the handshake (TLS 1.3) are taken in and
         // are not input, whether they arrived yet or not.
         for _ in 0..3 {
