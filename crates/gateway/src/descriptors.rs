@@ -1,18 +1,44 @@
-//! File descriptors: the process's `RLIMIT_NOFILE`, the descriptor budget a config needs,
-//! and telling descriptor exhaustion (`EMFILE`, `ENFILE`) from other socket errors.
+//! File descriptors: the process's `RLIMIT_NOFILE`, the budget that shares it between
+//! client and origin connections, the descriptors a config may need, and telling descriptor
+//! exhaustion (`EMFILE`, `ENFILE`) from other socket errors.
 //!
 //! At start the soft limit is raised to the hard limit (both are logged), and a warning is
 //! logged when the listeners' `max_connections` plus the origin connections the pools may
-//! hold can exceed it. When descriptors do run out, accepting backs off (see
-//! `downstream::accept_loop`), a connect to an origin is a 503 of its own category
+//! hold can exceed it.
+//!
+//! **The budget** ([`Budget`], one per process, as the descriptor table is) counts the
+//! client and origin connections open against the limit less a reserve (listening sockets,
+//! the runtimes' event queues, logs, health checks, control-plane fetches). Client
+//! connections may fill it only up to [`CLIENT_SHARE`]; the rest is kept for their origin
+//! connections. So an accepted client is not failed for want of a descriptor:
+//! - past the clients' share, accepting pauses and new clients wait in the backlog until a
+//!   connection closes (`downstream::accept_loop`);
+//! - past the whole budget, a request that needs a new origin connection waits (within its
+//!   connect timeout) for one to be freed: an idle connection of its server that another
+//!   request gives back, a descriptor another connection releases, or one taken from an idle
+//!   connection of this worker's pools, closed for it (`upstream::pool`). While requests
+//!   wait, connections given back are closed rather than kept idle, unless a request on the
+//!   same worker waits for them.
+//!
+//! When descriptors run out all the same (another process, the system-wide limit),
+//! accepting backs off, a connect to an origin is a 503 of its own category
 //! (`local_descriptors_exhausted`) that blames no origin, and a health check that cannot
 //! open its socket gives no verdict.
 
 use keymaster_config::Config;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::OnceLock;
+use std::time::Duration;
+use tokio::sync::Notify;
 
-/// Descriptors kept aside for what is not a client or origin connection: listening sockets,
-/// the runtimes' event queues, the access log, the admin API, stdio.
+/// Descriptors kept aside for what is not a client or origin connection: the runtimes'
+/// event queues, the access log, the admin API, health checks, stdio; each worker adds its
+/// listening sockets and event queue ([`reserve`]).
 const RESERVE: u64 = 64;
+
+/// The share of the budget client connections may fill, in eighths: the last eighth is
+/// kept for origin connections.
+pub const CLIENT_SHARE: usize = 7;
 
 /// The process's descriptor limits after [`raise_limit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,11 +108,25 @@ pub fn needed(config: &Config, workers: usize) -> u64 {
     clients.saturating_add(origins).saturating_add(RESERVE)
 }
 
-/// Raise the limit and warn when `config` can need more descriptors than it allows.
+/// Descriptors kept aside with `workers` workers and `listeners` listeners: [`RESERVE`],
+/// plus each worker's listening sockets and event queue.
+pub fn reserve(config: &Config, workers: usize) -> u64 {
+    let per_worker = config.listeners.len() as u64 + 2;
+    RESERVE + (workers as u64) * per_worker
+}
+
+/// Raise the limit, size the process's [`Budget`] by it, and warn when `config` can need
+/// more descriptors than it allows.
 pub(crate) fn prepare(config: &Config, workers: usize) {
     let Some(limit) = raise_limit() else {
         return;
     };
+    let b = BUDGET.get_or_init(|| Budget::new(limit.soft.saturating_sub(reserve(config, workers))));
+    tracing::info!(
+        connections = b.limit,
+        clients = b.clients_max,
+        "descriptor budget (client and origin connections)"
+    );
     let need = needed(config, workers);
     if need > limit.soft {
         tracing::warn!(
@@ -94,8 +134,151 @@ pub(crate) fn prepare(config: &Config, workers: usize) {
             need,
             "the listeners' max_connections plus the origin connections the pools may hold \
              can exceed the descriptor limit (RLIMIT_NOFILE); past it new clients wait in \
-             the backlog and origin connects fail with 503 local_descriptors_exhausted"
+             the backlog and requests wait for origin connections to be freed"
         );
+    }
+}
+
+static BUDGET: OnceLock<Budget> = OnceLock::new();
+
+/// The process's budget: sized at the first gateway start ([`prepare`]); before that (unit
+/// tests), by the current soft limit less [`RESERVE`].
+pub(crate) fn budget() -> &'static Budget {
+    BUDGET.get_or_init(|| {
+        let soft = current_soft_limit().unwrap_or(u64::MAX);
+        Budget::new(soft.saturating_sub(RESERVE))
+    })
+}
+
+fn current_soft_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit for the duration of the call.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim.rlim_cur)
+}
+
+/// Client and origin connections open against the descriptor limit (module docs).
+pub(crate) struct Budget {
+    /// Connections the budget allows (the soft limit less the reserve).
+    limit: usize,
+    /// Client connections are accepted while fewer than this are open.
+    clients_max: usize,
+    open: AtomicUsize,
+    /// Accept loops and requests waiting for room.
+    waiting: AtomicUsize,
+    /// Requests waiting for an origin connection.
+    origin_waiting: AtomicUsize,
+    /// Wakes the waiting when a connection closes.
+    freed: Notify,
+}
+
+/// One connection's place in a [`Budget`], given back on drop.
+pub(crate) struct Descriptor(&'static Budget);
+
+impl Drop for Descriptor {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// A waiter counted in a [`Budget`] while it waits.
+pub(crate) struct Waiting {
+    budget: &'static Budget,
+    origin: bool,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.budget.waiting.fetch_sub(1, SeqCst);
+        if self.origin {
+            self.budget.origin_waiting.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+impl Budget {
+    fn new(limit: u64) -> Budget {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX).max(8);
+        Budget {
+            limit,
+            clients_max: limit / 8 * CLIENT_SHARE,
+            open: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            origin_waiting: AtomicUsize::new(0),
+            freed: Notify::new(),
+        }
+    }
+
+    /// A client connection was accepted: its place (taken even past the clients' share,
+    /// which a few concurrent accepts may overshoot; the origin share absorbs them).
+    pub(crate) fn client(&'static self) -> Descriptor {
+        self.open.fetch_add(1, SeqCst);
+        Descriptor(self)
+    }
+
+    /// Whether a client may be accepted now.
+    pub(crate) fn client_room(&self) -> bool {
+        self.open.load(SeqCst) < self.clients_max
+    }
+
+    /// A place for a new origin connection, if the budget has one.
+    pub(crate) fn origin(&'static self) -> Option<Descriptor> {
+        // A compare-and-swap, not an add undone on failure: undoing would count as a
+        // release and wake every waiter, each of whom would fail and wake the others.
+        self.open
+            .fetch_update(SeqCst, SeqCst, |n| (n < self.limit).then_some(n + 1))
+            .ok()
+            .map(|_| Descriptor(self))
+    }
+
+    /// Requests are waiting for origin connections: connections given back are closed
+    /// rather than kept idle (unless a request on the same worker waits for them).
+    pub(crate) fn pressed(&self) -> bool {
+        self.origin_waiting.load(SeqCst) > 0
+    }
+
+    /// Wait until a client may be accepted (checked at least once a second).
+    pub(crate) async fn wait_client_room(&'static self) {
+        let _w = self.waiting(false);
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.client_room() {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(1), freed).await;
+        }
+    }
+
+    /// Count a request that waits for an origin connection until the guard drops.
+    pub(crate) fn origin_waiter(&'static self) -> Waiting {
+        self.waiting(true)
+    }
+
+    /// Resolves when a connection closes after this call.
+    pub(crate) fn freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
+    }
+
+    fn waiting(&'static self, origin: bool) -> Waiting {
+        self.waiting.fetch_add(1, SeqCst);
+        if origin {
+            self.origin_waiting.fetch_add(1, SeqCst);
+        }
+        Waiting {
+            budget: self,
+            origin,
+        }
+    }
+
+    fn release(&self) {
+        self.open.fetch_sub(1, SeqCst);
+        if self.waiting.load(SeqCst) > 0 {
+            self.freed.notify_waiters();
+        }
     }
 }
 

@@ -37,6 +37,7 @@ pub struct Metrics {
     tls_handshake_failures: IntCounterVec,
     proxy_protocol_rejected: IntCounterVec,
     descriptors_exhausted: IntCounterVec,
+    descriptor_waits: IntCounterVec,
     /// Access-log lines lost: the writer thread was behind (its queue full) or a write failed.
     pub(crate) access_log_dropped: IntCounter,
     /// Per origin server: attempts, their latency, reuse, connections.
@@ -194,6 +195,8 @@ pub(crate) struct ClusterMetrics {
     pub(crate) overflow: IntCounter,
     /// Origin connects that failed for lack of file descriptors (`EMFILE`, `ENFILE`).
     pub(crate) descriptors_exhausted: IntCounter,
+    /// Requests that waited for the descriptor budget before a new origin connection.
+    pub(crate) descriptor_waits: IntCounter,
     /// Health checks skipped for lack of file descriptors.
     pub(crate) check_descriptors_exhausted: IntCounter,
     /// `balance = "hash"` clusters only.
@@ -250,6 +253,9 @@ pub(crate) struct ListenerMetrics {
     pub(crate) proxy_untrusted: IntCounter,
     /// Accepts that failed for lack of file descriptors (`EMFILE`, `ENFILE`).
     pub(crate) descriptors_exhausted: IntCounter,
+    /// Times accepting paused because client connections filled their share of the
+    /// descriptor budget.
+    pub(crate) descriptor_waits: IntCounter,
 }
 
 impl Metrics {
@@ -476,6 +482,12 @@ impl Metrics {
                 &r,
                 "descriptors_exhausted_total",
                 "Socket operations that failed because the process or system was out of file descriptors, by operation (accept, connect, health_check)",
+                &["op"],
+            ),
+            descriptor_waits: counter_vec(
+                &r,
+                "descriptor_waits_total",
+                "Waits for the descriptor budget (RLIMIT_NOFILE less a reserve): accepting paused at the clients' share (accept), a request waited for a new origin connection (connect)",
                 &["op"],
             ),
             access_log_dropped: {
@@ -757,6 +769,7 @@ impl Metrics {
             budget_exhausted: self.upstream_budget_exhausted.with_label_values(&[name]),
             overflow: self.upstream_overflow.with_label_values(&[name]),
             descriptors_exhausted: self.descriptors_exhausted.with_label_values(&["connect"]),
+            descriptor_waits: self.descriptor_waits.with_label_values(&["connect"]),
             check_descriptors_exhausted: self
                 .descriptors_exhausted
                 .with_label_values(&["health_check"]),
@@ -797,6 +810,7 @@ impl Metrics {
                 .proxy_protocol_rejected
                 .with_label_values(&[name, "untrusted"]),
             descriptors_exhausted: self.descriptors_exhausted.with_label_values(&["accept"]),
+            descriptor_waits: self.descriptor_waits.with_label_values(&["accept"]),
         }
     }
 

@@ -22,6 +22,7 @@ use http::header::HeaderName;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -34,6 +35,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
+use crate::descriptors::Descriptor;
 use crate::metrics::ListenerMetrics;
 use crate::tls::ListenerTls;
 use crate::worker::Worker;
@@ -434,7 +436,18 @@ pub(crate) async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(5);
+    let budget = crate::descriptors::budget();
     loop {
+        if !budget.client_room() {
+            // Clients fill their share of the descriptors: the rest is their origin
+            // connections'. New clients wait in the backlog until a connection closes.
+            listener.metrics.descriptor_waits.inc();
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => break,
+                _ = budget.wait_client_room() => continue,
+            }
+        }
         let accepted = tokio::select! {
             biased;
             _ = shutdown.changed() => break,
@@ -455,6 +468,7 @@ pub(crate) async fn accept_loop(
                 let guard = OpenGuard {
                     listener: listener.clone(),
                     worker: worker.clone(),
+                    descriptor: Cell::new(Some(budget.client())),
                 };
                 worker
                     .active_connections
@@ -475,10 +489,20 @@ pub(crate) async fn accept_loop(
     }
 }
 
-/// Releases a connection's slot in the listener and the worker's drain count.
+/// Releases a connection's slot in the listener and the worker's drain count, and its
+/// place in the descriptor budget unless [`OpenGuard::take_descriptor`] moved it on.
 pub(crate) struct OpenGuard {
     listener: Arc<ListenerCtx>,
     worker: Rc<Worker>,
+    descriptor: Cell<Option<Descriptor>>,
+}
+
+impl OpenGuard {
+    /// The connection's place in the descriptor budget, for a holder that keeps the
+    /// socket after the slot is given back (a lingering close).
+    pub(crate) fn take_descriptor(&self) -> Option<Descriptor> {
+        self.descriptor.take()
+    }
 }
 
 impl Drop for OpenGuard {

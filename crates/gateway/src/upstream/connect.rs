@@ -20,6 +20,7 @@ use super::h1::{self, Io};
 use super::h2::{H2Conn, LocalExec, StreamLimit};
 use super::{Cluster, OriginServer};
 use crate::body::RequestBody;
+use crate::descriptors::Descriptor;
 use keymaster_config::UpstreamProtocol;
 use keymaster_http::error::{Error, Kind};
 
@@ -32,13 +33,16 @@ pub(crate) enum Connected {
 /// Connect to `server`, honouring the cluster's per-server connection cap. `timeout`
 /// covers TCP and TLS. `h2_streams`: the stream limit assumed for a new HTTP/2 connection
 /// until the origin's SETTINGS arrive. `proxy_header`: a PROXY protocol header to send
-/// first, before any TLS (the cluster's `proxy_protocol`).
+/// first, before any TLS (the cluster's `proxy_protocol`). `descriptor`: the connection's
+/// place in the descriptor budget, when the caller waited for it; otherwise one is taken
+/// now, or the connect fails at once (`local_descriptors_exhausted`).
 pub(crate) async fn connect(
     cluster: &Cluster,
     server: &Arc<OriginServer>,
     timeout: Duration,
     h2_streams: usize,
     proxy_header: Option<&[u8]>,
+    descriptor: Option<Descriptor>,
 ) -> Result<Connected, Error> {
     let state = &server.state;
     let cap = cluster.config.pool.max_connections;
@@ -52,7 +56,14 @@ pub(crate) async fn connect(
         state: state.clone(),
         gauge: None,
         idle_gauge: None,
+        descriptor: descriptor.or_else(|| crate::descriptors::budget().origin()),
     };
+    if slot.descriptor.is_none() {
+        return Err(Error::new(
+            Kind::NoDescriptors,
+            "out of file descriptors: the descriptor budget is spent",
+        ));
+    }
     cluster.metrics.connect_attempts.inc();
     let opened = match tokio::time::timeout(timeout, open_transport(server, proxy_header)).await {
         Ok(r) => r,
@@ -191,13 +202,15 @@ where
     Ok(Connected::H2(H2Conn::new(sender, limit, h2_streams)))
 }
 
-/// One open connection in a server's open-connection count (the cluster's cap) and, once
-/// established, in the cluster's open-connections gauge; both are released on drop.
+/// One open connection in a server's open-connection count (the cluster's cap), in the
+/// descriptor budget and, once established, in the cluster's open-connections gauge; all
+/// are released on drop.
 pub(crate) struct OpenSlot {
     state: Arc<super::OriginState>,
     gauge: Option<prometheus::IntGauge>,
     /// The cluster's idle-connections gauge, which the idle pool moves (HTTP/1.1 only).
     idle_gauge: Option<prometheus::IntGauge>,
+    descriptor: Option<Descriptor>,
 }
 
 impl OpenSlot {

@@ -226,7 +226,7 @@ impl H2Pools {
             let left = deadline.saturating_duration_since(Instant::now());
             let cap = cluster.config.pool.max_streams.max(1);
             let streams = self.with(id, |o| o.learned_streams.map_or(cap, |l| l.clamp(1, cap)));
-            return match connect(cluster, server, left, streams, None).await {
+            return match connect(cluster, server, left, streams, None, None).await {
                 Ok(Connected::H2(conn)) => self.adopt(cluster, server, conn),
                 // An `auto` origin chose HTTP/1.1.
                 Ok(Connected::H1(conn)) => Ok((conn, false)),

@@ -6,17 +6,19 @@
 //! HTTP/2 connections are shared rather than checked out: see [`super::h2`], whose pools
 //! live here too so the worker sweeps and clears both.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::conn::Conn;
 use super::connect::{connect, Connected};
 use super::h2::H2Pools;
 use super::{Cluster, OriginServer};
+use crate::descriptors::{self, Descriptor};
 use keymaster_http::error::{Error, Kind};
 
 /// How many idle connections a checkout looks at before opening a new one.
@@ -42,7 +44,13 @@ pub(crate) async fn checkout(
 ) -> Result<(Conn, bool), Error> {
     let streams = cluster.config.pool.max_streams;
     if let Some(h) = proxy_header {
-        return match Box::pin(connect(cluster, server, timeout, streams, Some(h))).await? {
+        let (descriptor, timeout) = match descriptor(pools, cluster, server, false, timeout).await?
+        {
+            Got::Descriptor(d, left) => (d, left),
+            Got::Pooled(c) => return Ok((c, true)), // only with `reuse`
+        };
+        let connected = connect(cluster, server, timeout, streams, Some(h), Some(descriptor));
+        return match Box::pin(connected).await? {
             Connected::H1(c) => Ok((c, false)),
             Connected::H2(_) => Err(Error::new(
                 Kind::OriginProtocol,
@@ -58,13 +66,57 @@ pub(crate) async fn checkout(
             return Ok((c, true));
         }
     }
-    match Box::pin(connect(cluster, server, timeout, streams, None)).await? {
+    let (descriptor, timeout) = match descriptor(pools, cluster, server, reuse, timeout).await? {
+        Got::Descriptor(d, left) => (d, left),
+        Got::Pooled(c) => return Ok((c, true)),
+    };
+    match Box::pin(connect(
+        cluster,
+        server,
+        timeout,
+        streams,
+        None,
+        Some(descriptor),
+    ))
+    .await?
+    {
         Connected::H1(c) => Ok((c, false)),
         Connected::H2(c) => {
             // An `auto` origin negotiated h2 on its first connection: share it from now on.
             pools.h2.adopt(cluster, server, c)
         }
     }
+}
+
+/// What a request that needs a new connection got from the descriptor budget.
+enum Got {
+    /// A place for the connection, and what is left of the connect timeout.
+    Descriptor(Descriptor, Duration),
+    /// While it waited, an idle connection to its server that another request of this
+    /// worker gave back (only with `reuse`).
+    Pooled(Conn),
+}
+
+/// A place in the descriptor budget for a new connection to `server`, waiting for one
+/// within `timeout` when the budget is spent. The wait is boxed: its state is needed only
+/// when descriptors run short.
+async fn descriptor(
+    pools: &Pools,
+    cluster: &Cluster,
+    server: &OriginServer,
+    reuse: bool,
+    timeout: Duration,
+) -> Result<Got, Error> {
+    if let Some(d) = descriptors::budget().origin() {
+        return Ok(Got::Descriptor(d, timeout));
+    }
+    cluster.metrics.descriptor_waits.inc();
+    let started = Instant::now();
+    let got = Box::pin(pools.wait_for_descriptor(server, reuse, started + timeout)).await?;
+    Ok(match got {
+        Got::Descriptor(d, _) => Got::Descriptor(d, timeout.saturating_sub(started.elapsed())),
+        pooled => pooled,
+    })
 }
 
 /// An idle connection, counted in its cluster's idle-connections gauge from the moment it
@@ -133,6 +185,10 @@ pub(crate) struct Pools {
     by_origin: RefCell<Vec<ServerPool>>,
     /// HTTP/2 connections, shared by concurrent requests.
     pub(crate) h2: H2Pools,
+    /// Requests of this worker waiting for the descriptor budget.
+    waiting: Cell<usize>,
+    /// Wakes them when a connection is given back to these pools.
+    given_back: Notify,
 }
 
 impl Pools {
@@ -161,10 +217,17 @@ impl Pools {
         None
     }
 
-    /// Return a connection after a clean exchange; dropped if the pool is full.
+    /// Return a connection after a clean exchange; dropped if the pool is full, or while
+    /// requests wait for descriptors and none of them is on this worker (closing it frees
+    /// one for them).
     pub(crate) fn put(&self, conn: Conn, max_idle: usize, idle_timeout: Duration, now: Instant) {
         // An HTTP/1.1 connection in hand (given back by its response body).
         if !conn.is_h1() || !conn.is_ready() || max_idle == 0 {
+            return;
+        }
+        if self.waiting.get() > 0 {
+            self.given_back.notify_waiters();
+        } else if descriptors::budget().pressed() {
             return;
         }
         let id = conn.server.state.id;
@@ -180,14 +243,17 @@ impl Pools {
         pool.idle.push_back(Idle::new(conn, now, idle_timeout));
     }
 
-    /// Close idle connections past their idle timeout, already closed by the origin, or to
-    /// a server the running config no longer has (`live(origin id)` is false: removed by
-    /// service discovery or a reload). HTTP/2 connections too (their streams in flight finish).
+    /// Close idle connections past their idle timeout, already closed by the origin, to a
+    /// server the running config no longer has (`live(origin id)` is false: removed by
+    /// service discovery or a reload), or all of them while other workers' requests wait
+    /// for descriptors. HTTP/2 connections too (their streams in flight finish).
     pub(crate) fn sweep(&self, now: Instant, live: impl Fn(usize) -> bool) {
         self.h2.sweep(now, &live);
+        // Requests of other workers wait for descriptors: idle connections here free them.
+        let pressed = self.waiting.get() == 0 && descriptors::budget().pressed();
         let mut pools = self.by_origin.borrow_mut();
         for (id, pool) in pools.iter_mut().enumerate() {
-            if !live(id) {
+            if !live(id) || pressed {
                 pool.idle.clear();
                 continue;
             }
@@ -197,9 +263,77 @@ impl Pools {
         }
     }
 
+    /// Wait, until `deadline`, for a descriptor to open a connection to `server` with: one
+    /// the budget gets back, or one of this worker's idle connections closed for it; or,
+    /// with `reuse`, for an idle connection to `server` given back meanwhile.
+    async fn wait_for_descriptor(
+        &self,
+        server: &OriginServer,
+        reuse: bool,
+        deadline: Instant,
+    ) -> Result<Got, Error> {
+        let budget = descriptors::budget();
+        let _counted = budget.origin_waiter();
+        self.waiting.set(self.waiting.get() + 1);
+        let _uncount = Uncount(&self.waiting);
+        loop {
+            // Registered before looking, so that nothing freed in between is missed.
+            let (freed, given_back) = (budget.freed(), self.given_back.notified());
+            tokio::pin!(freed, given_back);
+            freed.as_mut().enable();
+            given_back.as_mut().enable();
+            if let Some(c) = reuse
+                .then(|| self.checkout(server.state.id, Instant::now()))
+                .flatten()
+            {
+                return Ok(Got::Pooled(c));
+            }
+            if let Some(d) = budget.origin() {
+                return Ok(Got::Descriptor(d, Duration::ZERO)); // the caller reckons the time
+            }
+            if self.close_oldest_idle() {
+                continue;
+            }
+            tokio::select! {
+                _ = freed => {}
+                _ = given_back => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(Error::new(
+                        Kind::NoDescriptors,
+                        "out of file descriptors: no origin connection was freed within the connect timeout",
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Close the idle HTTP/1.1 connection that waited longest, to any server; `false` when
+    /// none is idle.
+    fn close_oldest_idle(&self) -> bool {
+        let mut pools = self.by_origin.borrow_mut();
+        let oldest = pools
+            .iter_mut()
+            .filter_map(|p| p.idle.front().map(|i| i.since).zip(Some(p)))
+            .min_by_key(|(since, _)| *since);
+        let Some((_, pool)) = oldest else {
+            return false;
+        };
+        drop(pool.idle.pop_front());
+        true
+    }
+
     /// Close every idle connection (graceful shutdown).
     pub(crate) fn clear(&self) {
         self.h2.clear();
         self.by_origin.borrow_mut().clear();
+    }
+}
+
+/// Takes one off a count when dropped.
+struct Uncount<'a>(&'a Cell<usize>);
+
+impl Drop for Uncount<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
     }
 }

@@ -265,7 +265,9 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             ended => break ended,
         }
     };
-    // The connection's slot on its listener is given back before a lingering close.
+    // The connection's slot on its listener is given back before a lingering close; its
+    // descriptor stays counted until the socket closes.
+    let _descriptor = cx._open.take_descriptor();
     drop(cx);
     finish(conn, ended).await;
 }
