@@ -321,6 +321,48 @@ mod tests {
         assert_eq!(needed(&config(1000, 0, 3), 4), 1000 + 1000 + 120 + RESERVE);
     }
 
+    fn leaked(limit: u64) -> &'static Budget {
+        Box::leak(Box::new(Budget::new(limit)))
+    }
+
+    /// Clients fill seven eighths; origin connections may take the rest and no more; a
+    /// place given back is taken again.
+    #[test]
+    fn clients_leave_an_eighth_to_origin_connections() {
+        let b = leaked(16);
+        let clients: Vec<_> = std::iter::from_fn(|| b.client_room().then(|| b.client())).collect();
+        assert_eq!(clients.len(), 14);
+        let origins: Vec<_> = std::iter::from_fn(|| b.origin()).collect();
+        assert_eq!(origins.len(), 2);
+        assert!(b.origin().is_none() && !b.client_room());
+        drop(origins);
+        assert!(b.origin().is_some());
+        drop(clients);
+        assert!(b.client_room());
+    }
+
+    /// A waiting accept loop is woken by the connection that closes; a request waiting for
+    /// an origin connection makes the budget pressed while it waits.
+    #[tokio::test]
+    async fn closing_a_connection_wakes_the_waiting() {
+        let b = leaked(8);
+        let mut held: Vec<_> = (0..7).map(|_| b.client()).collect();
+        assert!(!b.client_room());
+        let waiter = tokio::spawn(b.wait_client_room());
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        held.pop();
+        tokio::time::timeout(Duration::from_millis(500), waiter)
+            .await
+            .expect("woken by the close, not by the once-a-second check")
+            .unwrap();
+        assert!(!b.pressed());
+        let w = b.origin_waiter();
+        assert!(b.pressed());
+        drop(w);
+        assert!(!b.pressed());
+    }
+
     #[test]
     fn only_emfile_and_enfile_are_exhaustion() {
         assert!(exhausted(&std::io::Error::from_raw_os_error(libc::EMFILE)));
