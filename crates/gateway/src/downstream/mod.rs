@@ -473,7 +473,12 @@ pub(crate) async fn accept_loop(
                 worker
                     .active_connections
                     .set(worker.active_connections.get() + 1);
-                tokio::task::spawn_local(serve_connection(listener.clone(), stream, peer, guard));
+                // Boxed: tokio moves a task's future by value when it spawns it and when
+                // it stores the task's output, and this one is the size of its largest
+                // state (a request in the proxy stage). One copy into the box instead of
+                // several of the whole future.
+                let conn = Box::pin(serve_connection(listener.clone(), stream, peer, guard));
+                tokio::task::spawn_local(conn);
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning; the client waits in
@@ -677,10 +682,10 @@ fn client_facts(
     tls: Option<TlsFacts>,
 ) -> ClientFacts {
     let ip = peer.ip();
+    let (ip_value, forwarded_for) = keymaster_http::headers::client_address(ip);
     ClientFacts {
-        ip_value: http::HeaderValue::from_str(&ip.to_string())
-            .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
-        forwarded_for: keymaster_http::headers::forwarded_for(ip),
+        ip_value,
+        forwarded_for,
         trusted: listener.trusted.iter().any(|n| n.contains(&ip)),
         proto,
         tls,

@@ -665,10 +665,12 @@ async fn lingering_close(mut conn: ConnIo) {
         return;
     }
     let drain = async {
-        let mut buf = [0u8; 4096];
+        // Not zeroed: writing 4 KiB of zeros was a tenth of a new connection's user-space
+        // instructions, for bytes that are only ever discarded.
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
         let mut left = 64 * 1024usize;
         while left > 0 {
-            let mut rb = ReadBuf::new(&mut buf);
+            let mut rb = ReadBuf::uninit(&mut buf);
             match poll_fn(|task| Pin::new(&mut conn.io).poll_read(task, &mut rb)).await {
                 Ok(()) if !rb.filled().is_empty() => left = left.saturating_sub(rb.filled().len()),
                 _ => break,
