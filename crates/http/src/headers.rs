@@ -109,6 +109,15 @@ impl HeadScan {
         true
     }
 
+    /// The Connection field does not go on (it carried only options for the client's
+    /// hop, see [`RawRequestFields::leave_out_connection`]): nothing of it is left to strip,
+    /// nor to look at for an upgrade.
+    pub fn connection_left_out(&mut self) {
+        self.connection = false;
+        self.hop_fields &= !1;
+        self.hop_by_hop = self.hop_fields != 0;
+    }
+
     /// The hop-by-hop field `HOP_BY_HOP[i]` is present.
     fn hop(&mut self, i: usize) {
         self.hop_by_hop = true;

@@ -29,6 +29,9 @@ pub struct RawRequestFields {
     names: NameSummary,
     /// The client's Content-Length, and whether its line goes upstream as sent.
     content_length: ClientLength,
+    /// The client's Connection lines carried only options for this hop (`close`,
+    /// `keep-alive`) and are left out upstream ([`Self::leave_out_connection`]).
+    no_connection: bool,
     /// The changes, no two of them to one name unless all but the first append. The first
     /// two are kept inline: a configured edit (a `headers` filter's) takes no allocation,
     /// whose block would cost a cache miss when it is handed out.
@@ -168,8 +171,25 @@ impl RawRequestFields {
             block,
             names,
             content_length,
+            no_connection: false,
             edits: SmallVec::new(),
         }
+    }
+
+    /// Leave the client's Connection lines out upstream, in the map and to the filters:
+    /// they carried only options for the client's hop (`close`, `keep-alive`), no field
+    /// names. Its head then needs no map for the hop-by-hop fields
+    /// ([`HeadScan::connection_left_out`]).
+    pub fn leave_out_connection(&mut self) {
+        self.no_connection = true;
+    }
+
+    /// A client line the fields leave out whatever the edits: a repeated Content-Length
+    /// (see [`ClientLength`]) or a Connection line of options.
+    fn left_out(&self, name: &[u8]) -> bool {
+        (self.content_length == ClientLength::Rewritten
+            && name.eq_ignore_ascii_case(b"content-length"))
+            || (self.no_connection && name.eq_ignore_ascii_case(b"connection"))
     }
 
     /// [`Self::new`] with the names summarised here (tests).
@@ -195,10 +215,14 @@ impl RawRequestFields {
             .any(|e| e.replaces && e.name().as_str().as_bytes().eq_ignore_ascii_case(name))
     }
 
-    /// The client's lines not removed by an edit.
+    /// The client's lines not removed by an edit, nor left out ([`Self::leave_out_connection`]).
     fn kept_lines(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone {
         let edited = !self.edits.is_empty();
-        wire_lines(&self.block).filter(move |(n, _)| !(edited && self.removes(n)))
+        let no_connection = self.no_connection;
+        wire_lines(&self.block).filter(move |(n, _)| {
+            let removed = edited && self.removes(n);
+            !(removed || no_connection && n.eq_ignore_ascii_case(b"connection"))
+        })
     }
 
     /// The fields the edits add, in order.
@@ -326,15 +350,13 @@ impl RawRequestFields {
     }
 
     /// Write the fields as `name: value\r\n` lines: the client's as it sent them, without
-    /// the removed ones (and without repeated Content-Length lines, see [`ClientLength`]),
-    /// then the appended ones.
+    /// the removed ones and those left out ([`Self::left_out`]), then the appended ones.
     pub(super) fn write(&self, dst: &mut Vec<u8>) {
         let drop_length = self.content_length == ClientLength::Rewritten;
-        if drop_length || self.edits.iter().any(|e| e.replaces) {
+        if drop_length || self.no_connection || self.edits.iter().any(|e| e.replaces) {
             for line in self.block.split_inclusive(|&b| b == b'\n') {
                 let name = line.split(|&b| b == b':').next().unwrap_or(line);
-                let length = drop_length && name.eq_ignore_ascii_case(b"content-length");
-                if !length && !self.removes(name) {
+                if !self.left_out(name) && !self.removes(name) {
                     dst.extend_from_slice(line);
                 }
             }
@@ -489,6 +511,24 @@ mod fuzz;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Connection lines of options are left out of what is written, of the map and of the
+    /// lookups; the other lines, and an edit's removal, work as before.
+    #[test]
+    fn connection_lines_of_options_are_left_out() {
+        let block = b"Host: a\r\nConnection: close\r\nx-drop: 1\r\nconnection: keep-alive\r\n";
+        let mut f = RawRequestFields::from_block(bytes::Bytes::from_static(block), false);
+        f.leave_out_connection();
+        f.remove(&HeaderName::from_static("x-drop"));
+        let mut w = Vec::new();
+        f.write(&mut w);
+        assert_eq!(w, b"Host: a\r\n");
+        assert!(f.len_hint() >= w.len());
+        assert_eq!(f.get("connection"), None);
+        let map = f.to_map();
+        assert_eq!(map.len(), 1);
+        assert_eq!(map["host"], "a");
+    }
 
     /// A configured field (shared, with its line built at load) edits the fields exactly as
     /// the same name and value given by a filter's call: written, mapped and looked up.

@@ -216,6 +216,8 @@ fn parse_complete<'h>(
     let mut content_lengths: [&[u8]; 4] = [b""; 4];
     let mut n_content_lengths = 0;
     let (mut close, mut keep_alive_token) = (false, false);
+    // A Connection token other than `close` and `keep-alive`: a field name, or `upgrade`.
+    let mut connection_names = false;
     let (mut expect_continue, mut accepts_trailers) = (false, false);
     for field in req.headers.iter() {
         let (name, v) = (field.name.as_bytes(), field.value);
@@ -238,8 +240,12 @@ fn parse_complete<'h>(
             10 if is(b"connection") => {
                 for token in v.split(|&b| b == b',') {
                     let token = token.trim_ascii();
-                    close |= token.eq_ignore_ascii_case(b"close");
-                    keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
+                    let (c, k) = (
+                        token.eq_ignore_ascii_case(b"close"),
+                        token.eq_ignore_ascii_case(b"keep-alive"),
+                    );
+                    (close, keep_alive_token) = (close | c, keep_alive_token | k);
+                    connection_names |= !(c || k || token.is_empty());
                 }
             }
             6 if is(b"expect") => {
@@ -291,11 +297,18 @@ fn parse_complete<'h>(
         [one] if !one.contains(&b',') => ClientLength::AsSent,
         _ => ClientLength::Rewritten,
     };
+    // A Connection field of options alone (`close`, the usual way to end a connection)
+    // goes no further: no map is needed to strip it.
+    let options_only = facts.scan.connection && !connection_names;
+    if options_only && fields.is_some() {
+        facts.scan.connection_left_out();
+    }
     let wire = fields.map(|block| {
-        Box::new(WireHead {
-            fields: RawRequestFields::new(block, length, names),
-            facts,
-        })
+        let mut fields = RawRequestFields::new(block, length, names);
+        if options_only {
+            fields.leave_out_connection();
+        }
+        Box::new(WireHead { fields, facts })
     });
     Ok(Head {
         method,
