@@ -155,6 +155,49 @@ async fn a_malformed_request_line_is_answered_before_the_head_is_complete() {
     assert_eq!(upstream_requests(&g), 0.0);
 }
 
+/// What the gateway's side of a connection does with bytes the client sends after the
+/// response and its EOF: `true` when they are met with a reset (the socket is closed: a
+/// second write fails), `false` when they are read and discarded (a lingering close).
+async fn reset_by_late_bytes(s: &mut TcpStream) -> bool {
+    s.write_all(b"late").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    match s.write_all(b"later").await {
+        Err(e) => matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        Ok(()) => false,
+    }
+}
+
+/// A client that says its request is its last (`Connection: close`) sends nothing more:
+/// the connection is closed at once after the response, with no lingering read. A close
+/// the gateway decides (here after a malformed request) still lingers: what the client
+/// sends meanwhile is read and dropped, not answered with a reset that could destroy the
+/// response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_says_close_is_closed_at_once_and_other_closes_linger() {
+    let (g, _s) = gateway("");
+    let mut s = TcpStream::connect(g.addr).await.unwrap();
+    s.write_all(b"GET /?length=4 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let (got, closed) = read_until_close(&mut s, Duration::from_secs(5)).await;
+    assert!(closed && got.starts_with(b"HTTP/1.1 200"), "{got:?}");
+    assert!(reset_by_late_bytes(&mut s).await, "closed, not lingering");
+
+    let mut s = TcpStream::connect(g.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost t\r\n\r\n")
+        .await
+        .unwrap();
+    let (got, closed) = read_until_close(&mut s, Duration::from_secs(5)).await;
+    assert!(closed && got.starts_with(b"HTTP/1.1 400"), "{got:?}");
+    assert!(
+        !reset_by_late_bytes(&mut s).await,
+        "a lingering close reads them"
+    );
+}
+
 async fn assert_silent_client_closed(listener_extra: &str) {
     let (g, _s) = gateway(listener_extra);
     let mut s = TcpStream::connect(g.addr).await.unwrap();

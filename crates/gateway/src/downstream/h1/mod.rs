@@ -205,6 +205,9 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
     let retire = cx.listener.retire;
     let age_limit = retire.age_limit();
     let mut served = 0u64;
+    // The last request said it was the client's last (`Connection: close`, or HTTP/1.0
+    // without keep-alive).
+    let mut client_closes = false;
     let ended = loop {
         let head = match read_head(&cx, &conn, &mut scan, &mut timer, drain.as_mut()).await {
             Ok(Some(head)) => head,
@@ -251,6 +254,7 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             RetirePolicy::count(why, &cx.listener.metrics);
         }
         let keep_alive = !draining && retired.is_none();
+        client_closes = !facts.keep_alive;
         let mut w = Writer::new(&cx.listener, &mut timer, limits.max_head());
         match write_response(&conn, &mut out, resp, &facts, keep_alive, &mut w).await {
             Ended::KeepAlive => {
@@ -269,7 +273,7 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
     // descriptor stays counted until the socket closes.
     let _descriptor = cx._open.take_descriptor();
     drop(cx);
-    finish(conn, ended).await;
+    finish(conn, ended, client_closes).await;
 }
 
 /// Read the next request head. `Ok(None)`: the connection ends without a response (the
@@ -633,14 +637,14 @@ fn flush(
 }
 
 /// End the connection as `ended` says.
-async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended) {
+async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended, client_closes: bool) {
     let Ok(conn) = Rc::try_unwrap(conn).map(RefCell::into_inner) else {
         return; // a request body still holds it: dropped with it
     };
     // The rare endings are boxed: a task's size is its largest state, and every connection's
     // task would otherwise carry the lingering read's buffer and the tunnel's copy state.
     match ended {
-        Ended::KeepAlive | Ended::Close => Box::pin(lingering_close(conn)).await,
+        Ended::KeepAlive | Ended::Close => Box::pin(lingering_close(conn, client_closes)).await,
         Ended::Abort => {
             // SO_LINGER 0: close with a reset.
             let _ = socket2::SockRef::from(conn.io.tcp()).set_linger(Some(Duration::ZERO));
@@ -657,11 +661,20 @@ async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended) {
 }
 
 /// Close after a complete response: send FIN (TLS: close_notify first), then read and
-/// discard what the client still sends, for a bounded time.
-async fn lingering_close(mut conn: ConnIo) {
+/// discard what the client still sends, for a bounded time, so that bytes it sent after
+/// the request (pipelined ones) do not make the kernel reset the connection under the
+/// response. Not when the client said its request was its last (`client_closes`) and all of
+/// it was read: it sends nothing more (RFC 9112 §9.6), so a plain close does (nginx's
+/// choice too), without the shutdown, the wait for the client's FIN and their timers.
+async fn lingering_close(mut conn: ConnIo, client_closes: bool) {
     use tokio::io::AsyncWriteExt;
+    let nothing_more =
+        client_closes && conn.rbuf.is_empty() && conn.body.is_done() && !conn.body_failed;
+    if nothing_more && matches!(conn.io, Io::Tcp(_)) {
+        return; // dropped: FIN after the response
+    }
     let _ = tokio::time::timeout(LINGER, conn.io.shutdown()).await;
-    if conn.read_closed {
+    if conn.read_closed || nothing_more {
         return;
     }
     let drain = async {
