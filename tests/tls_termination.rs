@@ -373,13 +373,57 @@ async fn garbage_and_silence_fail_the_handshake_and_are_counted() {
     assert_eq!(failures(&g), 4.0);
 }
 
+/// Read one response to a `GET /?length=n` within 10 s: the bytes read (head and body),
+/// and whether the head and `n` body bytes all arrived. `pace`: a pause before each read
+/// (a reader slower than the gateway). The head's end is looked for until found, not in the
+/// whole buffer after every read (that scan, unoptimised, made a slow test run take longer
+/// than the timeout).
+async fn read_response<S>(
+    s: &mut S,
+    n: usize,
+    chunk: usize,
+    pace: Option<Duration>,
+) -> (Vec<u8>, bool)
+where
+    S: tokio::io::AsyncRead + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::with_capacity(n + 1024);
+    let mut buf = vec![0u8; chunk];
+    let mut head_end = None;
+    let whole = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(p) = pace {
+                tokio::time::sleep(p).await;
+            }
+            let k = s.read(&mut buf).await.expect("read");
+            assert!(k > 0, "closed early");
+            got.extend_from_slice(&buf[..k]);
+            if head_end.is_none() {
+                head_end = got.windows(4).position(|w| w == b"\r\n\r\n");
+            }
+            if head_end.is_some_and(|end| got.len() >= end + 4 + n) {
+                return;
+            }
+        }
+    })
+    .await;
+    (got, whole.is_ok())
+}
+
+/// The body of a response [`read_response`] read whole: exactly `n` bytes, the stub's.
+fn assert_stub_body(got: &[u8], n: usize, what: &str) {
+    let end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    assert_eq!(got.len(), end + 4 + n, "{what}: more than the body");
+    assert!(got[end + 4..] == stub_body(n)[..], "{what}: body differs");
+}
+
 /// A client that reads slower than the gateway writes: the socket is full whenever the
 /// gateway writes, so the body's last bytes are taken into the TLS session's buffer with
 /// the socket full. They must still go out when the socket drains, with no later write to
 /// push them: the whole body arrives, each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_reader_gets_the_last_bytes_of_every_response() {
-    use tokio::io::AsyncReadExt;
     let pki = Pki::new();
     let a = pki.issue("a", &["a.example"], "a.example", false);
     let (g, _s) = tls_gateway(&tls_keys(&[&a], ""), "");
@@ -395,37 +439,16 @@ async fn a_slow_reader_gets_the_last_bytes_of_every_response() {
         let n = 2 * 1024 * 1024 + round * 13_007;
         let req = format!("GET /?length={n} HTTP/1.1\r\nHost: a.example\r\n\r\n");
         s.write_all(req.as_bytes()).await.unwrap();
-        let mut got = Vec::with_capacity(n + 1024);
-        let mut buf = vec![0u8; 16 * 1024];
-        let mut head_end = None;
-        let whole = tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                // About 16 MB/s: slower than the gateway, which is always ahead of the
-                // reader with its socket full.
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                let k = s.read(&mut buf).await.expect("read");
-                assert!(k > 0, "closed early");
-                got.extend_from_slice(&buf[..k]);
-                if head_end.is_none() {
-                    head_end = got.windows(4).position(|w| w == b"\r\n\r\n");
-                }
-                if head_end.is_some_and(|end| got.len() >= end + 4 + n) {
-                    return;
-                }
-            }
-        })
-        .await;
-        let body = head_end.map_or(0, |end| got.len() - end - 4);
+        // About 16 MB/s: slower than the gateway, which is always ahead of the reader with
+        // its socket full.
+        let pace = Some(Duration::from_millis(1));
+        let (got, whole) = read_response(&mut s, n, 16 * 1024, pace).await;
         assert!(
-            whole.is_ok(),
-            "round {round}: only {body} of {n} body bytes arrived"
+            whole,
+            "round {round}: only {} of {n} bytes arrived",
+            got.len()
         );
-        let end = head_end.unwrap();
-        assert_eq!(got.len(), end + 4 + n, "round {round}: more than the body");
-        assert!(
-            got[end + 4..] == stub_body(n)[..],
-            "round {round}: body differs"
-        );
+        assert_stub_body(&got, n, &format!("round {round}"));
     }
 }
 
@@ -434,7 +457,6 @@ async fn a_slow_reader_gets_the_last_bytes_of_every_response() {
 /// body arrives without another request to push it out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_response_arrives_whole_to_a_late_reader() {
-    use tokio::io::AsyncReadExt;
     let pki = Pki::new();
     let a = pki.issue("a", &["a.example"], "a.example", false);
     let (g, _s) = tls_gateway(&tls_keys(&[&a], ""), "");
@@ -450,30 +472,7 @@ async fn a_large_response_arrives_whole_to_a_late_reader() {
     s.write_all(req.as_bytes()).await.unwrap();
     // Let the gateway fill the socket and the TLS session's buffer.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut got = Vec::with_capacity(n + 1024);
-    let mut buf = vec![0u8; 64 * 1024];
-    // The head's end is looked for until found, not in the whole buffer after every read
-    // (that scan, unoptimised, made a slow test run take longer than the timeout).
-    let mut head_end = None;
-    let whole = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let k = s.read(&mut buf).await.expect("read");
-            assert!(k > 0, "closed early");
-            got.extend_from_slice(&buf[..k]);
-            if head_end.is_none() {
-                head_end = got.windows(4).position(|w| w == b"\r\n\r\n");
-            }
-            if head_end.is_some_and(|end| got.len() >= end + 4 + n) {
-                return;
-            }
-        }
-    })
-    .await;
-    assert!(
-        whole.is_ok(),
-        "only {} of {n} body bytes arrived",
-        got.len()
-    );
-    let end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    assert!(got[end + 4..] == stub_body(n)[..], "body differs");
+    let (got, whole) = read_response(&mut s, n, 64 * 1024, None).await;
+    assert!(whole, "only {} of {n} bytes arrived", got.len());
+    assert_stub_body(&got, n, "the response");
 }
