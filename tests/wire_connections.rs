@@ -487,6 +487,29 @@ async fn split_cookie_fields_from_http2_reach_an_http1_origin_as_one() {
     assert_eq!(values("x-other"), ["1", "2"], "{j}");
 }
 
+/// An `auto` listener reads the first bytes as HTTP/1.1 would and hands a connection that
+/// opens with the HTTP/2 preface to HTTP/2, with what it read: also when the preface
+/// arrives in pieces, its first part a whole HTTP/1.1-looking head
+/// (`PRI * HTTP/2.0\r\n\r\n`). The server's SETTINGS frame comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_listener_takes_a_preface_in_pieces_as_http2() {
+    let (g, _s) = gateway("");
+    let mut s = TcpStream::connect(g.addr).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The rest of the preface, then an empty SETTINGS frame.
+    s.write_all(b"SM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let mut frame = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut frame))
+        .await
+        .expect("a frame within 5 s")
+        .unwrap();
+    assert_eq!(frame[3], 0x04, "a SETTINGS frame: {frame:?}");
+    assert_eq!(frame[5..9], [0, 0, 0, 0], "on stream 0: {frame:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_prior_knowledge_on_auto_listener() {
     h2_prior_knowledge("auto").await;

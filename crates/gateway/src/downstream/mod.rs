@@ -42,7 +42,7 @@ use crate::worker::Worker;
 use keymaster_config::{ListenerConfig, ListenerProtocol};
 use keymaster_http::headers::TlsFacts;
 use keymaster_http::headers::{ClientFacts, HeadLimits};
-use keymaster_http::io::Io;
+use keymaster_http::io::{Io, Upgraded};
 
 /// A listener's settings, shared by its sockets on every worker.
 pub(crate) struct ListenerCtx {
@@ -522,7 +522,7 @@ impl Drop for OpenGuard {
     }
 }
 
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(crate) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Is this an HTTP/2 prior-knowledge connection? Peeks without consuming.
 async fn starts_with_h2_preface(stream: &TcpStream) -> bool {
@@ -610,9 +610,11 @@ async fn serve_connection(
         Box::pin(serve_tls(guard, stream, (peer, local))).await;
         return;
     }
+    // `auto` listeners start in HTTP/1.1, whose first read looks for the HTTP/2 preface
+    // (`h1::serve` hands such a connection over): no peek, no timer of its own.
     let h2 = match listener.protocol {
-        ListenerProtocol::Http1 => false,
-        ListenerProtocol::H2c | ListenerProtocol::Auto => {
+        ListenerProtocol::Http1 | ListenerProtocol::Auto => false,
+        ListenerProtocol::H2c => {
             match tokio::time::timeout(
                 listener.header_read_timeout,
                 starts_with_h2_preface(&stream),
@@ -620,14 +622,13 @@ async fn serve_connection(
             .await
             {
                 Ok(true) => true,
-                Ok(false) if listener.protocol == ListenerProtocol::H2c => {
+                Ok(false) => {
                     // Not HTTP/2: RFC 9113 §3.4 says terminate the connection. Close it
                     // cleanly (FIN, not a reset from unread bytes) so the client sees why.
                     // Boxed: its 4 KiB drain buffer would otherwise size every connection's task.
                     Box::pin(lingering_close(stream, listener.header_read_timeout)).await;
                     return;
                 }
-                Ok(h2) => h2,
                 Err(_) => return, // said nothing within the header timeout
             }
         }
@@ -701,27 +702,66 @@ async fn serve_io(
     client: ClientFacts,
     (peer, local): (SocketAddr, SocketAddr),
 ) {
-    let (worker, listener) = (guard.worker.clone(), guard.listener.clone());
+    let cx = Rc::new(conn_ctx(guard, client, (peer, local), h2));
+    if !h2 {
+        h1::serve(cx, stream).await;
+        return;
+    }
+    // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state size.
+    let stream = Upgraded {
+        read_ahead: bytes::Bytes::new(),
+        io: stream,
+        _held: (),
+    };
+    Box::pin(serve_h2_conn(cx, stream)).await;
+}
+
+/// A connection's context; its clocks for HTTP/1.1 (`h2` false: a head's first bytes start
+/// the header-read clock) or HTTP/2.
+pub(crate) fn conn_ctx(
+    guard: OpenGuard,
+    client: ClientFacts,
+    (peer, local): (SocketAddr, SocketAddr),
+    h2: bool,
+) -> ConnCtx {
+    let listener = &guard.listener;
     let state = Arc::new(ConnState::new(
         Instant::now(),
         !h2,
         listener.header_read_timeout,
         listener.idle_timeout,
     ));
-    let cx = Rc::new(ConnCtx {
-        worker: worker.clone(),
+    ConnCtx {
+        worker: guard.worker.clone(),
         listener: listener.clone(),
         client,
         peer,
-        state: state.clone(),
+        state,
         local,
         private_upstream: std::cell::RefCell::new(None),
         _open: guard,
-    });
-    if !h2 {
-        h1::serve(cx, stream).await;
-        return;
     }
+}
+
+impl ConnCtx {
+    /// The same connection's context with HTTP/2's clocks (an `auto` listener's connection
+    /// that opened with the HTTP/2 preface).
+    pub(crate) fn into_h2(self) -> ConnCtx {
+        let ConnCtx {
+            client,
+            peer,
+            local,
+            _open,
+            ..
+        } = self;
+        conn_ctx(_open, client, (peer, local), true)
+    }
+}
+
+/// Serve HTTP/2 on a connection: `stream` is the socket (plain or TLS) with any bytes of
+/// it already read (the preface, when HTTP/1.1's first read found it).
+pub(crate) async fn serve_h2_conn(cx: Rc<ConnCtx>, stream: Upgraded) {
+    let (worker, listener, state) = (cx.worker.clone(), cx.listener.clone(), cx.state.clone());
     let opened = state.opened();
     let send = SendClock::new(
         listener.send_timeout,
@@ -744,8 +784,7 @@ async fn serve_io(
         streams,
         aged: listener.retire.age_limit().map(|a| opened + a),
     };
-    // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state size.
-    Box::pin(serve_h2(&listener, &worker, io, svc, retire)).await;
+    serve_h2(&listener, &worker, io, svc, retire).await;
 }
 
 /// Drive hyper's HTTP/2 server connection. When the worker drains or the connection reaches

@@ -39,6 +39,7 @@ use super::{ConnCtx, RetirePolicy};
 use crate::body::ClientBody;
 use crate::proxy::ClientResponse;
 use crate::proxy::ResponseBody;
+use keymaster_config::ListenerProtocol;
 use keymaster_http::error::Error;
 use keymaster_http::framing::Decoder;
 use keymaster_http::headers::WireHead;
@@ -181,6 +182,18 @@ enum Ended {
     Abort,
     /// The client connection becomes one side of a tunnel.
     Tunnel(Box<crate::upgrade::Tunnel>),
+    /// The connection opened with the HTTP/2 preface (an `auto` listener): HTTP/2 takes it
+    /// over, with the bytes read so far.
+    Http2,
+}
+
+/// What the next read brought. Not boxed: it is moved once per head, and boxing the head
+/// would cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Head(Head),
+    /// The HTTP/2 preface, where the first head would be (an `auto` listener).
+    Http2,
 }
 
 /// Serve HTTP/1.1 requests on a client connection until it closes, times out, fails, is
@@ -208,9 +221,20 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
     // The last request said it was the client's last (`Connection: close`, or HTTP/1.0
     // without keep-alive).
     let mut client_closes = false;
+    // An `auto` listener's connection may open with the HTTP/2 preface instead.
+    let mut preface = cx.listener.protocol == ListenerProtocol::Auto;
     let ended = loop {
-        let head = match read_head(&cx, &conn, &mut scan, &mut timer, drain.as_mut()).await {
-            Ok(Some(head)) => head,
+        let read = read_head(
+            &cx,
+            &conn,
+            &mut scan,
+            &mut timer,
+            drain.as_mut(),
+            &mut preface,
+        );
+        let head = match read.await {
+            Ok(Some(Next::Head(head))) => head,
+            Ok(Some(Next::Http2)) => break Ended::Http2,
             Ok(None) => break Ended::Close,
             Err(err) => {
                 let via = cx.worker.shared.snapshot.load().stamps.via_11.clone();
@@ -269,6 +293,9 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             ended => break ended,
         }
     };
+    if let Ended::Http2 = ended {
+        return Box::pin(into_h2(cx, conn)).await;
+    }
     // The connection's slot on its listener is given back before a lingering close; its
     // descriptor stays counted until the socket closes.
     let _descriptor = cx._open.take_descriptor();
@@ -276,27 +303,63 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
     finish(conn, ended, client_closes).await;
 }
 
+/// HTTP/2 takes over a connection that opened with its preface: the bytes read so far go
+/// to it first. Nothing else holds the connection or its context yet (no request was
+/// made).
+async fn into_h2(cx: Rc<ConnCtx>, conn: Rc<RefCell<ConnIo>>) {
+    let (Ok(cx), Ok(conn)) = (Rc::try_unwrap(cx), Rc::try_unwrap(conn)) else {
+        return;
+    };
+    let conn = conn.into_inner();
+    let stream = Upgraded {
+        read_ahead: conn.rbuf.freeze(),
+        io: conn.io,
+        _held: (),
+    };
+    super::serve_h2_conn(Rc::new(cx.into_h2()), stream).await;
+}
+
+/// Whether `buf` opens with the HTTP/2 preface: `Some(true)` whole, `Some(false)` not,
+/// `None` while what arrived is the start of it.
+fn h2_preface(buf: &[u8]) -> Option<bool> {
+    let n = buf.len().min(super::H2_PREFACE.len());
+    if buf[..n] != super::H2_PREFACE[..n] {
+        Some(false)
+    } else {
+        (n == super::H2_PREFACE.len()).then_some(true)
+    }
+}
+
 /// Read the next request head. `Ok(None)`: the connection ends without a response (the
 /// client closed, timed out, or the worker drains while it is idle). `Err`: a head that
-/// gets an error response (400, 414, 431) before the connection closes.
+/// gets an error response (400, 414, 431) before the connection closes. `preface`: look
+/// for the HTTP/2 preface first (cleared once the bytes say otherwise).
 async fn read_head(
     cx: &ConnCtx,
     conn: &RefCell<ConnIo>,
     scan: &mut HeadScan,
     timer: &mut Timer,
     mut drain: Pin<&mut crate::drain::Drain<'_>>,
-) -> Result<Option<Head>, Error> {
+    preface: &mut bool,
+) -> Result<Option<Next>, Error> {
     let limits = &cx.listener.limits;
     // When the head that started arriving must be complete (set once its first bytes wait).
     let mut head_deadline = None;
     poll_fn(|task| {
         let mut c = conn.borrow_mut();
         loop {
-            if !c.rbuf.is_empty() {
+            if *preface && !c.rbuf.is_empty() {
+                match h2_preface(&c.rbuf) {
+                    Some(true) => return Poll::Ready(Ok(Some(Next::Http2))),
+                    Some(false) => *preface = false,
+                    None => {} // "PRI * HTTP/2.0\r\n\r\n" would parse as a whole head
+                }
+            }
+            if !*preface && !c.rbuf.is_empty() {
                 if let Some(head) =
                     request::parse_head(&mut c.rbuf, scan, limits, &cx.listener.request_id_header)?
                 {
-                    return Poll::Ready(Ok(Some(head)));
+                    return Poll::Ready(Ok(Some(Next::Head(head))));
                 }
             }
             if c.read_closed {
@@ -645,6 +708,7 @@ async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended, client_closes: bool) {
     // task would otherwise carry the lingering read's buffer and the tunnel's copy state.
     match ended {
         Ended::KeepAlive | Ended::Close => Box::pin(lingering_close(conn, client_closes)).await,
+        Ended::Http2 => {} // taken over before (`into_h2`)
         Ended::Abort => {
             // SO_LINGER 0: close with a reset.
             let _ = socket2::SockRef::from(conn.io.tcp()).set_linger(Some(Duration::ZERO));
