@@ -54,15 +54,10 @@ pub struct NofileLimit {
 /// Raise the soft `RLIMIT_NOFILE` to the hard limit and log both; `None` when the limits
 /// cannot be read.
 pub fn raise_limit() -> Option<NofileLimit> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid, writable rlimit for the duration of the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+    let Some(mut lim) = nofile() else {
         tracing::warn!(error = %std::io::Error::last_os_error(), "reading RLIMIT_NOFILE failed");
         return None;
-    }
+    };
     let was = lim.rlim_cur;
     let hard = lim.rlim_max;
     if lim.rlim_cur < lim.rlim_max {
@@ -145,18 +140,19 @@ static BUDGET: OnceLock<Budget> = OnceLock::new();
 /// tests), by the current soft limit less [`RESERVE`].
 pub(crate) fn budget() -> &'static Budget {
     BUDGET.get_or_init(|| {
-        let soft = current_soft_limit().unwrap_or(u64::MAX);
+        let soft = nofile().map_or(u64::MAX, |l| l.rlim_cur);
         Budget::new(soft.saturating_sub(RESERVE))
     })
 }
 
-fn current_soft_limit() -> Option<u64> {
+/// The process's `RLIMIT_NOFILE`, soft and hard; `None` when it cannot be read.
+fn nofile() -> Option<libc::rlimit> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `lim` is a valid, writable rlimit for the duration of the call.
-    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim.rlim_cur)
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim)
 }
 
 /// Client and origin connections open against the descriptor limit (module docs).

@@ -57,10 +57,8 @@ pub struct HeadScan {
     pub connection: bool,
     /// `Expect` is present (requests: answered by the listener, not forwarded).
     pub expect: bool,
-    /// Any hop-by-hop field (Connection, Keep-Alive, TE, Transfer-Encoding, Upgrade,
-    /// Proxy-Connection) is present.
-    pub hop_by_hop: bool,
-    /// Which of them: bit `i` for `HOP_BY_HOP[i]`.
+    /// Which hop-by-hop fields (Connection, TE, Transfer-Encoding, Upgrade, Keep-Alive,
+    /// Proxy-Connection) are present: bit `i` for `HOP_BY_HOP[i]`.
     hop_fields: u8,
     /// Any forwarding field (X-Forwarded-For, -Proto, -Host, Forwarded) is present.
     pub forwarding: bool,
@@ -115,12 +113,15 @@ impl HeadScan {
     pub fn connection_left_out(&mut self) {
         self.connection = false;
         self.hop_fields &= !1;
-        self.hop_by_hop = self.hop_fields != 0;
+    }
+
+    /// Any hop-by-hop field is present.
+    pub fn hop_by_hop(&self) -> bool {
+        self.hop_fields != 0
     }
 
     /// The hop-by-hop field `HOP_BY_HOP[i]` is present.
     fn hop(&mut self, i: usize) {
-        self.hop_by_hop = true;
         self.hop_fields |= 1 << i;
     }
 }
@@ -387,17 +388,19 @@ pub fn join_cookies(headers: &mut HeaderMap) {
 /// `Transfer-Encoding`, `Upgrade`, `Proxy-Connection`. Returns whether the client asked for
 /// trailers (`TE: trailers`), which the caller may pass on.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, scan: &HeadScan) -> bool {
-    if !scan.hop_by_hop {
+    if !scan.hop_by_hop() {
         return false;
     }
     if scan.hop_fields & 1 != 0 {
         // Every Connection field line counts, not just the first (RFC 9110 §7.6.1). The
         // lines are cloned (a reference count each) so that the fields they name can be
         // removed by name as they are read, with no `HeaderName` made for each.
-        let mut lines = headers.get_all(header::CONNECTION).iter().cloned();
-        let first = lines.next();
-        let rest: Vec<HeaderValue> = lines.collect();
-        for line in first.iter().chain(&rest) {
+        let lines: smallvec::SmallVec<[HeaderValue; 1]> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .cloned()
+            .collect();
+        for line in &lines {
             for token in line.to_str().unwrap_or("").split(',') {
                 // Not a field name (empty, invalid): nothing to remove.
                 headers.remove(token.trim());

@@ -146,7 +146,7 @@ fn needs_map(cx: &ConnCtx, snapshot: &Snapshot, scan: &hdr::HeadScan, grpc: bool
         .as_ref()
         .is_some_and(|t| t.identity_header.is_some());
     snapshot.router.reads_fields()
-        || scan.hop_by_hop
+        || scan.hop_by_hop()
         || scan.expect
         || scan.forwarding
         || grpc

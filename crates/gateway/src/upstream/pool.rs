@@ -111,12 +111,7 @@ async fn descriptor(
         return Ok(Got::Descriptor(d, timeout));
     }
     cluster.metrics.descriptor_waits.inc();
-    let started = Instant::now();
-    let got = Box::pin(pools.wait_for_descriptor(server, reuse, started + timeout)).await?;
-    Ok(match got {
-        Got::Descriptor(d, _) => Got::Descriptor(d, timeout.saturating_sub(started.elapsed())),
-        pooled => pooled,
-    })
+    Box::pin(pools.wait_for_descriptor(server, reuse, Instant::now() + timeout)).await
 }
 
 /// An idle connection, counted in its cluster's idle-connections gauge from the moment it
@@ -289,7 +284,10 @@ impl Pools {
                 return Ok(Got::Pooled(c));
             }
             if let Some(d) = budget.origin() {
-                return Ok(Got::Descriptor(d, Duration::ZERO)); // the caller reckons the time
+                return Ok(Got::Descriptor(
+                    d,
+                    deadline.saturating_duration_since(Instant::now()),
+                ));
             }
             if self.close_oldest_idle() {
                 continue;

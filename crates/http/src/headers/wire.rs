@@ -189,7 +189,12 @@ impl RawRequestFields {
     fn left_out(&self, name: &[u8]) -> bool {
         (self.content_length == ClientLength::Rewritten
             && name.eq_ignore_ascii_case(b"content-length"))
-            || (self.no_connection && name.eq_ignore_ascii_case(b"connection"))
+            || self.connection_left_out(name)
+    }
+
+    /// A Connection line of options ([`Self::leave_out_connection`]).
+    fn connection_left_out(&self, name: &[u8]) -> bool {
+        self.no_connection && name.eq_ignore_ascii_case(b"connection")
     }
 
     /// [`Self::new`] with the names summarised here (tests).
@@ -218,11 +223,8 @@ impl RawRequestFields {
     /// The client's lines not removed by an edit, nor left out ([`Self::leave_out_connection`]).
     fn kept_lines(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone {
         let edited = !self.edits.is_empty();
-        let no_connection = self.no_connection;
-        wire_lines(&self.block).filter(move |(n, _)| {
-            let removed = edited && self.removes(n);
-            !(removed || no_connection && n.eq_ignore_ascii_case(b"connection"))
-        })
+        wire_lines(&self.block)
+            .filter(move |(n, _)| !(edited && self.removes(n) || self.connection_left_out(n)))
     }
 
     /// The fields the edits add, in order.
