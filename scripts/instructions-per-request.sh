@@ -5,10 +5,11 @@
 # one client connection, 1000-byte bodies); (I(N2) - I(N1)) / (N2 - N1) removes start-up
 # and shutdown costs.
 #
+# LENGTH=N asks for N-byte bodies instead of 1000.
 # CHURN=1 opens a new connection per request (`Connection: close`): the user-space cost of a
 # connection's accept, set-up, one request and close.
 #
-# usage: [CHURN=1] scripts/instructions-per-request.sh [N1] [N2]
+# usage: [CHURN=1] [LENGTH=N] scripts/instructions-per-request.sh [N1] [N2]
 # needs: valgrind, python3, target/release/keymaster; nginx and haproxy optional
 set -euo pipefail
 N1=${1:-300}

@@ -1,18 +1,19 @@
-# Shared by the callgrind scripts (on top of common.sh: temp dir, cleanup, port wait): the 1000-byte
-# keep-alive (or, with CHURN=1, connection-per-request) driver, and one stub origin on $STUB_PORT. Source after setting KM and STUB_PORT.
+# Shared by the callgrind scripts (on top of common.sh: temp dir, cleanup, port wait): the
+# keep-alive (or, with CHURN=1, connection-per-request) driver of LENGTH-byte responses (1000
+# unless set), and one stub origin on $STUB_PORT. Source after setting KM and STUB_PORT.
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 drive() { # port count; CHURN=1: a new connection per request (`Connection: close`)
-  python3 - "$1" "$2" "${CHURN:-0}" <<'PY'
+  python3 - "$1" "$2" "${CHURN:-0}" "${LENGTH:-1000}" <<'PY'
 import http.client, sys
-port, n, churn = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+port, n, churn, length = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
 headers = {"Connection": "close"} if churn else {}
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 for _ in range(n):
-    c.request("GET", "/?length=1000", headers=headers)
+    c.request("GET", f"/?length={length}", headers=headers)
     r = c.getresponse()
     body = r.read()
-    assert r.status == 200 and len(body) == 1000, (r.status, len(body))
+    assert r.status == 200 and len(body) == length, (r.status, len(body))
     if churn:
         c.close()
 c.close()

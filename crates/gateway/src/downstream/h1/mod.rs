@@ -605,12 +605,26 @@ struct BodyPump {
 }
 
 impl BodyPump {
-    /// What the body has ready, into `out` while it has room; the last chunk once the body
-    /// ended (with its trailers, if allowed).
+    /// What the body has ready, into `out` while it has room (frames of a length- or
+    /// close-delimited body gather for one write); the last chunk once the body ended
+    /// (with its trailers, if allowed).
     #[inline]
     fn pull(&mut self, out: &mut Outbox, task: &mut Context<'_>) {
-        let Some(b) = self.body.as_mut().filter(|_| out.has_room()) else {
-            return;
+        while out.has_room() && self.pull_one(out, task) {}
+        if self.body.is_none()
+            && !self.failed
+            && self.framing == BodyFraming::Chunked
+            && !self.last_chunk_queued
+        {
+            response::encode_last_chunk(&mut out.head, None, None);
+            self.last_chunk_queued = true;
+        }
+    }
+
+    /// One frame of the body into `out`: whether the body may have another ready.
+    fn pull_one(&mut self, out: &mut Outbox, task: &mut Context<'_>) -> bool {
+        let Some(b) = self.body.as_mut() else {
+            return false;
         };
         match http_body::Body::poll_frame(Pin::new(&mut *b), task) {
             Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
@@ -620,7 +634,7 @@ impl BodyPump {
                     if matches!(self.framing, BodyFraming::Length(n) if self.sent > n) {
                         self.failed = true; // more than the head announced
                         self.body = None;
-                        return;
+                        return false;
                     }
                     if !data.is_empty() {
                         out.push_data(self.framing, data, end);
@@ -629,6 +643,7 @@ impl BodyPump {
                     if end {
                         self.body = None;
                     }
+                    !end
                 }
                 Err(frame) => {
                     if self.framing == BodyFraming::Chunked {
@@ -637,23 +652,20 @@ impl BodyPump {
                         self.last_chunk_queued = true;
                     }
                     self.body = None;
+                    false
                 }
             },
             Poll::Ready(Some(Err(e))) => {
                 tracing::debug!(error = %e, "response body failed");
                 self.failed = true;
                 self.body = None;
+                false
             }
-            Poll::Ready(None) => self.body = None,
-            Poll::Pending => {}
-        }
-        if self.body.is_none()
-            && !self.failed
-            && self.framing == BodyFraming::Chunked
-            && !self.last_chunk_queued
-        {
-            response::encode_last_chunk(&mut out.head, None, None);
-            self.last_chunk_queued = true;
+            Poll::Ready(None) => {
+                self.body = None;
+                false
+            }
+            Poll::Pending => false,
         }
     }
 

@@ -77,6 +77,10 @@ fn poll_read_unbudgeted(io: &mut Io) -> bool {
 /// The largest read while a body streams.
 const MAX_READ: usize = 64 * 1024;
 
+/// The room for the first read of a response: the head and, for a response of up to about
+/// this size, the whole body, so that it goes to the client in one write.
+const HEAD_READ: usize = 16 * 1024;
+
 /// An open HTTP/1.1 connection to an origin, idle or carrying one request. One pointer
 /// wide: it moves between the pool, the request in flight and the response body several
 /// times per request, and lives for many requests (one allocation per connection).
@@ -179,7 +183,7 @@ impl Connection {
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Err(Failure::new(e))),
             }
-            match ready!(self.poll_fill(cx, 2048)) {
+            match ready!(self.poll_fill(cx, HEAD_READ)) {
                 Ok(0) if !*received => {
                     let mut f = Failure::new(Error::new(
                         Kind::OriginReset,
