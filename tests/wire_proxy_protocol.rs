@@ -349,19 +349,20 @@ async fn untrusted_peers_are_refused() {
 }
 
 /// An origin that expects a PROXY header first on every connection: it answers each request
-/// with the client address the header named (`v1 <addr>` / `v2 <addr>`).
+/// with the client address the header named (`v1 <addr>` / `v2 <addr>`), and the destination
+/// it named in `x-destination`.
 async fn pp_origin() -> RawOrigin {
     raw_origin(|mut s, _| async move {
         use tokio::io::AsyncReadExt;
         let mut carry = Vec::new();
         let mut buf = [0u8; 4096];
-        let named = loop {
+        let (named, destination) = loop {
             if carry.starts_with(b"PROXY ") {
                 if let Some(i) = carry.windows(2).position(|w| w == b"\r\n") {
                     let line = String::from_utf8_lossy(&carry[..i]).into_owned();
                     carry.drain(..i + 2);
                     let f: Vec<&str> = line.split(' ').collect();
-                    break format!("v1 {}:{}", f[2], f[4]);
+                    break (format!("v1 {}:{}", f[2], f[4]), format!("{}:{}", f[3], f[5]));
                 }
             } else if carry.len() >= 16 && carry[..12] == b"\r\n\r\n\0\r\nQUIT\n"[..] {
                 let len = u16::from_be_bytes([carry[14], carry[15]]) as usize;
@@ -369,8 +370,10 @@ async fn pp_origin() -> RawOrigin {
                     let a = &carry[16..];
                     let ip = std::net::Ipv4Addr::new(a[0], a[1], a[2], a[3]);
                     let port = u16::from_be_bytes([a[8], a[9]]);
+                    let dst = std::net::Ipv4Addr::new(a[4], a[5], a[6], a[7]);
+                    let dst_port = u16::from_be_bytes([a[10], a[11]]);
                     carry.drain(..16 + len);
-                    break format!("v2 {ip}:{port}");
+                    break (format!("v2 {ip}:{port}"), format!("{dst}:{dst_port}"));
                 }
             } else if carry.len() >= 6 {
                 return; // no PROXY header: hang up
@@ -382,7 +385,7 @@ async fn pp_origin() -> RawOrigin {
         };
         while read_head(&mut s, &mut carry).await.is_some() {
             let resp = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{named}",
+                "HTTP/1.1 200 OK\r\nx-destination: {destination}\r\ncontent-length: {}\r\n\r\n{named}",
                 named.len()
             );
             if s.write_all(resp.as_bytes()).await.is_err() {
@@ -447,4 +450,21 @@ async fn clusters_send_the_client_address_and_reuse_per_client_connection() {
     let r = get(g1.addr, "/").await;
     assert_eq!(r.status, 200);
     assert!(String::from_utf8_lossy(&r.body).starts_with("v1 127.0.0.1:"));
+    // The destination is the address the client connected to.
+    assert_eq!(r.headers["x-destination"], g1.addr.to_string());
+}
+
+/// A listener on a wildcard address: each connection's destination is the address the client
+/// reached, not the wildcard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_destination_behind_a_wildcard_listener_is_the_address_reached() {
+    let o = pp_origin().await;
+    let config = pp_cluster_config(o.addr, "v1", "");
+    let (head, tail) = config.split_once("[[listeners]]").expect("a listener");
+    let listener = tail.replacen("127.0.0.1:0", "0.0.0.0:0", 1);
+    let g = start_gateway(&format!("{head}[[listeners]]{listener}"));
+    let reached = SocketAddr::from(([127, 0, 0, 1], g.addr.port()));
+    let r = get(reached, "/").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["x-destination"], reached.to_string());
 }

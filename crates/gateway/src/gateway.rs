@@ -408,12 +408,14 @@ impl Gateway {
                 }
                 None => None,
             };
-            let ctx = Arc::new(ListenerCtx::new(l, metrics.listener(&l.name), tls)?);
             let first = bind_reuseport(l.address)
                 .map_err(|e| format!("listener {}: bind {}: {e}", l.name, l.address))?;
             let addr = first
                 .local_addr()
                 .map_err(|e| format!("listener {}: {e}", l.name))?;
+            let mut ctx = ListenerCtx::new(l, metrics.listener(&l.name), tls)?;
+            ctx.bound = Some(addr).filter(|a| !a.ip().is_unspecified());
+            let ctx = Arc::new(ctx);
             listeners.push((l.name.clone(), addr));
             per_worker[0].sockets.push((ctx.clone(), first));
             for w in per_worker.iter_mut().skip(1) {

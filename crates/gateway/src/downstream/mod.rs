@@ -73,6 +73,9 @@ pub(crate) struct ListenerCtx {
     /// When a client connection is closed gracefully (`max_requests_per_connection`,
     /// `max_connection_age`).
     pub(crate) retire: RetirePolicy,
+    /// The address clients connect to, when the listener is bound to one (not a wildcard):
+    /// every connection's local address, known without a `getsockname` per connection.
+    pub(crate) bound: Option<SocketAddr>,
 }
 
 impl ListenerCtx {
@@ -121,11 +124,14 @@ impl ListenerCtx {
                 max_requests: cfg.max_requests_per_connection,
                 max_age: Some(cfg.max_connection_age.get()).filter(|a| !a.is_zero()),
             },
+            bound: None,
         })
     }
 }
 
-/// Bind one `SO_REUSEPORT` socket; several may share an address (one per worker).
+/// Bind one `SO_REUSEPORT` socket; several may share an address (one per worker). Its
+/// `TCP_NODELAY` is inherited by every connection it accepts (Linux copies the option to
+/// accepted sockets), which saves a system call per connection.
 pub(crate) fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -582,8 +588,13 @@ async fn serve_connection(
     peer: SocketAddr,
     guard: OpenGuard,
 ) {
-    let _ = stream.set_nodelay(true);
-    let local = stream.local_addr().unwrap_or(peer);
+    if cfg!(not(target_os = "linux")) {
+        let _ = stream.set_nodelay(true); // elsewhere not inherited from the listening socket
+    }
+    let local = match listener.bound {
+        Some(addr) => addr,
+        None => stream.local_addr().unwrap_or(peer),
+    };
     // Behind an L4 load balancer: the PROXY header names the client (or the peer is refused).
     // Boxed like TLS below, so connections without it do not carry its state.
     let peer = if listener.proxy.enabled() {
@@ -821,4 +832,18 @@ where
     }
     conn.as_mut().graceful_shutdown();
     let _ = conn.await;
+}
+
+#[cfg(test)]
+mod tests {
+    /// Connections accepted on a listening socket get its `TCP_NODELAY` without a system
+    /// call of their own (`serve_connection` relies on it).
+    #[test]
+    fn accepted_connections_inherit_nodelay() {
+        let listener = super::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        listener.set_nonblocking(false).unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert!(accepted.nodelay().unwrap());
+    }
 }
