@@ -62,12 +62,7 @@ pub(crate) fn run(
         for (ctx, std_socket) in sockets.sockets {
             match tokio::net::TcpListener::from_std(std_socket) {
                 Ok(socket) => {
-                    tokio::task::spawn_local(accept_loop(
-                        worker.clone(),
-                        ctx,
-                        socket,
-                        shutdown.clone(),
-                    ));
+                    tokio::task::spawn_local(accept_loop(worker.clone(), ctx, socket));
                 }
                 Err(e) => tracing::error!(worker = index, error = %e, "cannot register listener"),
             }

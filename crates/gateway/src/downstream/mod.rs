@@ -33,7 +33,6 @@ use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::descriptors::Descriptor;
@@ -278,10 +277,13 @@ pub(crate) async fn accept_loop(
     worker: Rc<Worker>,
     listener: Arc<ListenerCtx>,
     socket: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(5);
     let budget = crate::descriptors::budget();
+    // The worker's drain signal (set when shutdown begins), one wait for the loop's life:
+    // polled on every accept, it costs a flag read (a `watch` channel's wait would take
+    // its waiter list's lock each time).
+    let mut stop = std::pin::pin!(worker.drain.wait());
     loop {
         if !budget.client_room() {
             // Clients fill their share of the descriptors: the rest is their origin
@@ -289,13 +291,13 @@ pub(crate) async fn accept_loop(
             listener.metrics.descriptor_waits.inc();
             tokio::select! {
                 biased;
-                _ = shutdown.changed() => break,
+                _ = stop.as_mut() => break,
                 _ = budget.wait_client_room() => continue,
             }
         }
         let accepted = tokio::select! {
             biased;
-            _ = shutdown.changed() => break,
+            _ = stop.as_mut() => break,
             r = socket.accept() => r,
         };
         match accepted {
@@ -320,10 +322,15 @@ pub(crate) async fn accept_loop(
                     .set(worker.active_connections.get() + 1);
                 // Boxed: tokio moves a task's future by value when it spawns it and when
                 // it stores the task's output, and this one is the size of its largest
-                // state (a request in the proxy stage). One copy into the box instead of
-                // several of the whole future.
-                let conn = Box::pin(serve_connection(listener.clone(), stream, peer, guard));
-                tokio::task::spawn_local(conn);
+                // state (a request in the proxy stage). The box is made first and the future
+                // written into it, so that only its arguments are written, not a copy of
+                // the whole future's size from the stack.
+                let place = Box::new_uninit();
+                let conn = Box::write(
+                    place,
+                    serve_connection(listener.clone(), stream, peer, guard),
+                );
+                tokio::task::spawn_local(Box::into_pin(conn));
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning; the client waits in
@@ -533,10 +540,8 @@ fn client_facts(
     tls: Option<TlsFacts>,
 ) -> ClientFacts {
     let ip = peer.ip();
-    let (ip_value, forwarded_for) = keymaster_http::headers::client_address(ip);
     ClientFacts {
-        ip_value,
-        forwarded_for,
+        ip_value: keymaster_http::headers::client_address(ip),
         trusted: listener.trusted.iter().any(|n| n.contains(&ip)),
         proto,
         tls,

@@ -506,7 +506,6 @@ mod tests {
         let ip = HeaderValue::from_static("1.2.3.4");
         let facts = keymaster_http::headers::ClientFacts {
             ip_value: ip,
-            forwarded_for: String::new(),
             trusted: false,
             proto: "http",
             tls: None,
