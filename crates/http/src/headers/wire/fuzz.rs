@@ -1,6 +1,7 @@
 //! Fuzz properties of the wire-form field edits (proptest, bounded so they run with the unit
 //! tests): any sequence of sets, appends and removals (a filter's or a configured one) on
-//! any client field block gives what a plain model of the edits gives, the same whether it
+//! any client field block, with or without its Connection lines left out, gives what a
+//! plain model of the edits gives, the same whether it
 //! is written upstream, made a map or looked up; the name summary never hides a name; a
 //! repeated Content-Length is written as none of the client's lines (the gateway writes one).
 
@@ -47,8 +48,10 @@ fn edits() -> impl Strategy<Value = Vec<Edit>> {
 /// client may put around them.
 fn block() -> impl Strategy<Value = Vec<(String, String, String)>> {
     let name = prop_oneof![
-        proptest::sample::select(NAMES).prop_map(str::to_string),
-        Just("Host".to_string()),
+        4 => proptest::sample::select(NAMES).prop_map(str::to_string),
+        1 => Just("Host".to_string()),
+        1 => proptest::sample::select(&["Connection", "connection", "CONNECTION"][..])
+            .prop_map(str::to_string),
     ];
     let line = (name, value(), "[ \t]{0,2}", "[ \t]{0,2}");
     proptest::collection::vec(line, 0..8).prop_map(|lines| {
@@ -77,13 +80,21 @@ proptest! {
     /// sent (those of a set or removed name dropped), then each edit's field in order; the
     /// map and every lookup agree with what is written.
     #[test]
-    fn wire_form_edits_follow_the_model(lines in block(), edits in edits()) {
+    fn wire_form_edits_follow_the_model(
+        lines in block(),
+        edits in edits(),
+        leave_out_connection in any::<bool>(),
+    ) {
         let text: String = lines.iter().map(|(_, _, t)| t.as_str()).collect();
         let mut fields = RawRequestFields::from_block(bytes::Bytes::from(text), false);
         // The model: which client names are dropped, and the edits' fields in order.
         let mut dropped: Vec<String> = Vec::new();
         let mut added: Vec<(String, String)> = Vec::new();
         let sent = |n: &str| lines.iter().any(|(l, _, _)| l == n);
+        if leave_out_connection {
+            fields.leave_out_connection();
+            dropped.push("connection".to_string());
+        }
         for e in &edits {
             let lower = |i: usize| NAMES[i].to_ascii_lowercase();
             match e {
@@ -135,7 +146,7 @@ proptest! {
             .collect();
         let map = fields.to_map();
         prop_assert_eq!(map.len(), all.len());
-        for n in NAMES.iter().chain(&["host", "x-none"]) {
+        for n in NAMES.iter().chain(&["host", "x-none", "connection"]) {
             let lower = n.to_ascii_lowercase();
             let model: Vec<&[u8]> =
                 all.iter().filter(|(a, _)| *a == lower).map(|(_, v)| v.as_bytes()).collect();
