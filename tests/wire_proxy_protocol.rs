@@ -429,6 +429,8 @@ async fn clusters_send_the_client_address_and_reuse_per_client_connection() {
             .unwrap();
         let head = read_head(&mut a, &mut carry).await.expect("response");
         assert_eq!(status_of(head.as_bytes()), Some(200), "{head}");
+        // The destination the client's header carried, not the gateway's own address.
+        assert!(head.contains("x-destination: 10.0.0.1:443\r\n"), "{head}");
         let body = read_exact_body(&mut a, &mut carry, "v2 192.0.2.1:5555".len()).await;
         assert_eq!(String::from_utf8_lossy(&body), "v2 192.0.2.1:5555");
     }

@@ -69,11 +69,18 @@ pub(crate) enum Refused {
     Timeout,
 }
 
+/// The addresses a PROXY header carried: the client's, and the one it connected to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Carried {
+    pub(crate) client: SocketAddr,
+    pub(crate) destination: SocketAddr,
+}
+
 /// What a complete header parse found.
 #[derive(Debug, PartialEq, Eq)]
 enum Parsed {
-    /// A whole header of this many bytes; the client address if it carried one.
-    Header(usize, Option<SocketAddr>),
+    /// A whole header of this many bytes; the addresses if it carried them.
+    Header(usize, Option<Carried>),
     /// Not enough bytes yet; at least this many are needed in all.
     Incomplete(usize),
     Malformed,
@@ -85,12 +92,14 @@ fn parse(buf: &[u8], mode: ProxyProtocol) -> Parsed {
         match r {
             Ok(h) => {
                 let addr = match (h.command, h.addresses) {
-                    (v2::Command::Proxy, v2::Addresses::IPv4(a)) => {
-                        Some(SocketAddr::from((a.source_address, a.source_port)))
-                    }
-                    (v2::Command::Proxy, v2::Addresses::IPv6(a)) => {
-                        Some(SocketAddr::from((a.source_address, a.source_port)))
-                    }
+                    (v2::Command::Proxy, v2::Addresses::IPv4(a)) => Some(Carried {
+                        client: SocketAddr::from((a.source_address, a.source_port)),
+                        destination: SocketAddr::from((a.destination_address, a.destination_port)),
+                    }),
+                    (v2::Command::Proxy, v2::Addresses::IPv6(a)) => Some(Carried {
+                        client: SocketAddr::from((a.source_address, a.source_port)),
+                        destination: SocketAddr::from((a.destination_address, a.destination_port)),
+                    }),
                     _ => None, // LOCAL (health checks), UNIX, unspecified: the peer itself
                 };
                 Parsed::Header(h.len(), addr)
@@ -114,12 +123,14 @@ fn parse(buf: &[u8], mode: ProxyProtocol) -> Parsed {
         match r {
             Ok(h) => {
                 let addr = match h.addresses {
-                    v1::Addresses::Tcp4(a) => {
-                        Some(SocketAddr::from((a.source_address, a.source_port)))
-                    }
-                    v1::Addresses::Tcp6(a) => {
-                        Some(SocketAddr::from((a.source_address, a.source_port)))
-                    }
+                    v1::Addresses::Tcp4(a) => Some(Carried {
+                        client: SocketAddr::from((a.source_address, a.source_port)),
+                        destination: SocketAddr::from((a.destination_address, a.destination_port)),
+                    }),
+                    v1::Addresses::Tcp6(a) => Some(Carried {
+                        client: SocketAddr::from((a.source_address, a.source_port)),
+                        destination: SocketAddr::from((a.destination_address, a.destination_port)),
+                    }),
                     v1::Addresses::Unknown => None,
                 };
                 Parsed::Header(h.header.len(), addr)
@@ -139,20 +150,22 @@ fn parse(buf: &[u8], mode: ProxyProtocol) -> Parsed {
     }
 }
 
-/// Read the PROXY header from `stream` (whose socket peer is `peer`) and return the client
-/// address to use; `Err` means close the connection (counted in the listener's metrics).
+/// Read the PROXY header from `stream` (whose socket peer is `peer`) and return the
+/// addresses it carried (`None` for a header that names none, such as a load balancer's
+/// health check: the socket's own addresses stand); `Err` means close the connection
+/// (counted in the listener's metrics).
 pub(crate) async fn accept(
     settings: &Settings,
     stream: &mut TcpStream,
     peer: SocketAddr,
     timeout: Duration,
     metrics: &ListenerMetrics,
-) -> Result<SocketAddr, Refused> {
+) -> Result<Option<Carried>, Refused> {
     let r = if !settings.from.iter().any(|n| n.contains(&peer.ip())) {
         Err(Refused::Untrusted)
     } else {
         match tokio::time::timeout(timeout, read_header(stream, settings.mode)).await {
-            Ok(Ok(addr)) => Ok(addr.unwrap_or(peer)),
+            Ok(Ok(carried)) => Ok(carried),
             Ok(Err(())) => Err(Refused::Malformed),
             Err(_) => Err(Refused::Timeout),
         }
@@ -171,10 +184,7 @@ pub(crate) async fn accept(
 /// v1 runs to its line feed (at most 107 bytes), found by peeking and consuming only bytes
 /// before it. Blocking reads and peeks of an empty socket wait for data without spinning,
 /// and a peer that closes mid-header ends the read at once.
-async fn read_header(
-    stream: &mut TcpStream,
-    mode: ProxyProtocol,
-) -> Result<Option<SocketAddr>, ()> {
+async fn read_header(stream: &mut TcpStream, mode: ProxyProtocol) -> Result<Option<Carried>, ()> {
     let mut buf = vec![0u8; 6];
     stream.read_exact(&mut buf).await.map_err(drop)?;
     let is_v1 = buf == b"PROXY ";
@@ -293,17 +303,24 @@ mod tests {
         h
     }
 
+    fn carried(client: &str, destination: &str) -> Option<Carried> {
+        Some(Carried {
+            client: client.parse().unwrap(),
+            destination: destination.parse().unwrap(),
+        })
+    }
+
     #[test]
     fn v1_tcp4_tcp6_unknown() {
         let h = b"PROXY TCP4 192.0.2.1 198.51.100.2 5555 443\r\nGET";
         assert_eq!(
             parse(h, ProxyProtocol::V1),
-            Parsed::Header(h.len() - 3, Some("192.0.2.1:5555".parse().unwrap()))
+            Parsed::Header(h.len() - 3, carried("192.0.2.1:5555", "198.51.100.2:443"))
         );
         let h = b"PROXY TCP6 2001:db8::1 2001:db8::2 5555 443\r\n";
         assert_eq!(
             parse(h, ProxyProtocol::Any),
-            Parsed::Header(h.len(), Some("[2001:db8::1]:5555".parse().unwrap()))
+            Parsed::Header(h.len(), carried("[2001:db8::1]:5555", "[2001:db8::2]:443"))
         );
         let h = b"PROXY UNKNOWN\r\n";
         assert_eq!(parse(h, ProxyProtocol::V1), Parsed::Header(15, None));
@@ -369,7 +386,7 @@ mod tests {
             .await
             .unwrap();
         let r = accept(&settings, &mut s, peer, t, &metrics).await;
-        assert_eq!(r, Ok("192.0.2.1:1".parse().unwrap()));
+        assert_eq!(r, Ok(carried("192.0.2.1:1", "10.0.0.1:2")));
         let mut rest = [0u8; 3];
         s.read_exact(&mut rest).await.unwrap();
         assert_eq!(&rest, b"GET");
@@ -384,13 +401,16 @@ mod tests {
         let h = header_for(ProxyProtocol::V2, c, l).unwrap();
         assert_eq!(
             parse(&h, ProxyProtocol::V2),
-            Parsed::Header(h.len(), Some(c))
+            Parsed::Header(h.len(), carried("192.0.2.1:5555", "10.0.0.1:443"))
         );
         let l6: SocketAddr = "[2001:db8::1]:443".parse().unwrap();
         let h = header_for(ProxyProtocol::V1, c, l6).unwrap();
         assert_eq!(
             parse(&h, ProxyProtocol::V1),
-            Parsed::Header(h.len(), Some("[::ffff:192.0.2.1]:5555".parse().unwrap()))
+            Parsed::Header(
+                h.len(),
+                carried("[::ffff:192.0.2.1]:5555", "[2001:db8::1]:443")
+            )
         );
         assert!(header_for(ProxyProtocol::Off, c, l).is_none());
     }
@@ -413,11 +433,11 @@ mod tests {
         let h = v2(1, 0x11, &addrs, &tlv);
         assert_eq!(
             parse(&h, ProxyProtocol::V2),
-            Parsed::Header(h.len(), Some("192.0.2.1:5555".parse().unwrap()))
+            Parsed::Header(h.len(), carried("192.0.2.1:5555", "10.0.0.1:443"))
         );
         assert_eq!(
             parse(&h, ProxyProtocol::Any),
-            Parsed::Header(h.len(), Some("192.0.2.1:5555".parse().unwrap()))
+            Parsed::Header(h.len(), carried("192.0.2.1:5555", "10.0.0.1:443"))
         );
         let local = v2(0, 0x00, &[], &[]);
         assert_eq!(parse(&local, ProxyProtocol::V2), Parsed::Header(16, None));

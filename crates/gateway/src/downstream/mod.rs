@@ -440,9 +440,10 @@ async fn serve_connection(
         Some(addr) => addr,
         None => stream.local_addr().unwrap_or(peer),
     };
-    // Behind an L4 load balancer: the PROXY header names the client (or the peer is refused).
-    // Boxed like TLS below, so connections without it do not carry its state.
-    let peer = if listener.proxy.enabled() {
+    // Behind an L4 load balancer: the PROXY header names the client and the address it
+    // connected to (or the peer is refused). Boxed like TLS below, so connections without it
+    // do not carry its state.
+    let (peer, local) = if listener.proxy.enabled() {
         let read = Box::pin(crate::proxy_protocol::accept(
             &listener.proxy,
             &mut stream,
@@ -451,14 +452,15 @@ async fn serve_connection(
             &listener.metrics,
         ));
         match read.await {
-            Ok(client) => client,
+            Ok(Some(carried)) => (carried.client, carried.destination),
+            Ok(None) => (peer, local),
             Err(why) => {
                 tracing::debug!(listener = %listener.name, %peer, ?why, "PROXY header refused");
                 return;
             }
         }
     } else {
-        peer
+        (peer, local)
     };
     if listener.tls.is_some() {
         // Boxed, like HTTP/2 in `serve_io`: a task's size is its largest state, and a
