@@ -520,6 +520,23 @@ async fn h2c_prior_knowledge_on_h2c_listener() {
     h2_prior_knowledge("h2c").await;
 }
 
+/// An h2c listener refuses a connection that does not open with the HTTP/2 preface (RFC 9113
+/// §3.4) with a clean close: its FIN, after reading what the client sent (20 KB here, far
+/// more than the preface check looks at), never data or a reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_listener_closes_an_http1_client_cleanly() {
+    let (g, _s) = gateway("protocol = \"h2c\"");
+    let mut s = TcpStream::connect(g.addr).await.unwrap();
+    let mut req = b"GET / HTTP/1.1\r\nHost: a\r\nx-pad: ".to_vec();
+    req.extend(std::iter::repeat_n(b'x', 20_000));
+    s.write_all(&req).await.unwrap();
+    let mut buf = [0u8; 64];
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("the gateway closes the connection");
+    assert!(matches!(r, Ok(0)), "a FIN, not data or a reset: {r:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_still_works_on_auto_listener() {
     let (g, _s) = gateway("protocol = \"auto\"");

@@ -31,7 +31,7 @@ use std::pin::{pin, Pin};
 use std::rc::Rc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncWrite;
 use tokio::time::{Instant, Sleep};
 use tokio_util::io::poll_read_buf;
 
@@ -753,20 +753,7 @@ async fn lingering_close(mut conn: ConnIo, client_closes: bool) {
     if conn.read_closed || nothing_more {
         return;
     }
-    let drain = async {
-        // Not zeroed: writing 4 KiB of zeros was a tenth of a new connection's user-space
-        // instructions, for bytes that are only ever discarded.
-        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-        let mut left = 64 * 1024usize;
-        while left > 0 {
-            let mut rb = ReadBuf::uninit(&mut buf);
-            match poll_fn(|task| Pin::new(&mut conn.io).poll_read(task, &mut rb)).await {
-                Ok(()) if !rb.filled().is_empty() => left = left.saturating_sub(rb.filled().len()),
-                _ => break,
-            }
-        }
-    };
-    let _ = tokio::time::timeout(LINGER, drain).await;
+    let _ = tokio::time::timeout(LINGER, super::discard_unread(&mut conn.io)).await;
 }
 
 #[cfg(test)]
