@@ -705,7 +705,12 @@ pub fn new_request_id() -> HeaderValue {
     }
     // SAFETY: the value is 32 ASCII hex digits, valid UTF-8 as `from_maybe_shared_unchecked`
     // requires (and valid header value bytes).
-    unsafe { HeaderValue::from_maybe_shared_unchecked(bytes::Bytes::copy_from_slice(&buf)) }
+    let mut id =
+        unsafe { HeaderValue::from_maybe_shared_unchecked(bytes::Bytes::copy_from_slice(&buf)) };
+    // Never indexed by HPACK (RFC 7541 §7.1.3): a value seen once would only take room in
+    // the HTTP/2 dynamic table from fields that repeat, and cost an insertion per message.
+    id.set_sensitive(true);
+    id
 }
 
 /// Each byte's two lowercase hex digits, for [`new_request_id`].
@@ -960,6 +965,7 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.to_str().unwrap().bytes().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
+        assert!(a.is_sensitive(), "a value seen once is never indexed by HPACK");
     }
 
     #[test]

@@ -269,8 +269,6 @@ pub(crate) struct ConnCtx {
     pub(crate) _open: OpenGuard,
 }
 
-use std::future::Future;
-
 /// Accept clients on one socket until shutdown.
 pub(crate) async fn accept_loop(
     worker: Rc<Worker>,
@@ -423,19 +421,6 @@ pub(crate) async fn discard_unread<R: tokio::io::AsyncRead + Unpin>(io: &mut R) 
             Ok(()) if !rb.filled().is_empty() => left = left.saturating_sub(rb.filled().len()),
             _ => break,
         }
-    }
-}
-
-/// Runs futures on this worker's `LocalSet` (hyper's HTTP/2 spawns per-stream tasks).
-#[derive(Clone, Copy)]
-struct LocalExec;
-
-impl<F> hyper::rt::Executor<F> for LocalExec
-where
-    F: Future + 'static,
-{
-    fn execute(&self, fut: F) {
-        tokio::task::spawn_local(fut);
     }
 }
 
@@ -665,7 +650,7 @@ where
     S::ResBody: 'static,
     <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let conn = hyper::server::conn::http2::Builder::new(LocalExec)
+    let conn = hyper::server::conn::http2::Builder::new(crate::runtime_thread::LocalExec)
         .max_header_list_size((listener.limits.max_header_bytes as u32).max(1024))
         // RFC 8441: WebSocket over HTTP/2 (`upgrade.rs`).
         .enable_connect_protocol()

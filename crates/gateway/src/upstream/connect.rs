@@ -17,7 +17,8 @@ use tokio::net::TcpStream;
 
 use super::conn::Conn;
 use super::h1::{self, Io};
-use super::h2::{H2Conn, LocalExec, StreamLimit};
+use super::h2::{H2Conn, StreamLimit};
+use crate::runtime_thread::LocalExec;
 use super::{Cluster, OriginServer};
 use crate::body::RequestBody;
 use crate::descriptors::Descriptor;

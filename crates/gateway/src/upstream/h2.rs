@@ -32,19 +32,6 @@ use crate::body::RequestBody;
 use keymaster_config::UpstreamProtocol;
 use keymaster_http::error::{Error, Kind};
 
-/// Runs hyper's connection and stream tasks on the worker's `LocalSet` (bodies are `!Send`).
-#[derive(Clone, Copy)]
-pub(crate) struct LocalExec;
-
-impl<F> hyper::rt::Executor<F> for LocalExec
-where
-    F: std::future::Future + 'static,
-{
-    fn execute(&self, fut: F) {
-        tokio::task::spawn_local(fut);
-    }
-}
-
 /// Reads a connection's current SETTINGS_MAX_CONCURRENT_STREAMS from the origin; `None`
 /// once the connection is gone (or while its task is being polled).
 pub(crate) type StreamLimit = Box<dyn Fn() -> Option<usize>>;
