@@ -965,7 +965,10 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.to_str().unwrap().bytes().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
-        assert!(a.is_sensitive(), "a value seen once is never indexed by HPACK");
+        assert!(
+            a.is_sensitive(),
+            "a value seen once is never indexed by HPACK"
+        );
     }
 
     #[test]

@@ -18,10 +18,10 @@ use tokio::net::TcpStream;
 use super::conn::Conn;
 use super::h1::{self, Io};
 use super::h2::{H2Conn, StreamLimit};
-use crate::runtime_thread::LocalExec;
 use super::{Cluster, OriginServer};
 use crate::body::RequestBody;
 use crate::descriptors::Descriptor;
+use crate::runtime_thread::LocalExec;
 use keymaster_config::UpstreamProtocol;
 use keymaster_http::error::{Error, Kind};
 
