@@ -76,6 +76,16 @@ pub(crate) struct Carried {
     pub(crate) destination: SocketAddr,
 }
 
+impl Carried {
+    /// From a header's source and destination, either family.
+    fn new<A: Into<IpAddr>>(source: (A, u16), destination: (A, u16)) -> Carried {
+        Carried {
+            client: SocketAddr::new(source.0.into(), source.1),
+            destination: SocketAddr::new(destination.0.into(), destination.1),
+        }
+    }
+}
+
 /// What a complete header parse found.
 #[derive(Debug, PartialEq, Eq)]
 enum Parsed {
@@ -92,14 +102,14 @@ fn parse(buf: &[u8], mode: ProxyProtocol) -> Parsed {
         match r {
             Ok(h) => {
                 let addr = match (h.command, h.addresses) {
-                    (v2::Command::Proxy, v2::Addresses::IPv4(a)) => Some(Carried {
-                        client: SocketAddr::from((a.source_address, a.source_port)),
-                        destination: SocketAddr::from((a.destination_address, a.destination_port)),
-                    }),
-                    (v2::Command::Proxy, v2::Addresses::IPv6(a)) => Some(Carried {
-                        client: SocketAddr::from((a.source_address, a.source_port)),
-                        destination: SocketAddr::from((a.destination_address, a.destination_port)),
-                    }),
+                    (v2::Command::Proxy, v2::Addresses::IPv4(a)) => Some(Carried::new(
+                        (a.source_address, a.source_port),
+                        (a.destination_address, a.destination_port),
+                    )),
+                    (v2::Command::Proxy, v2::Addresses::IPv6(a)) => Some(Carried::new(
+                        (a.source_address, a.source_port),
+                        (a.destination_address, a.destination_port),
+                    )),
                     _ => None, // LOCAL (health checks), UNIX, unspecified: the peer itself
                 };
                 Parsed::Header(h.len(), addr)
@@ -123,14 +133,14 @@ fn parse(buf: &[u8], mode: ProxyProtocol) -> Parsed {
         match r {
             Ok(h) => {
                 let addr = match h.addresses {
-                    v1::Addresses::Tcp4(a) => Some(Carried {
-                        client: SocketAddr::from((a.source_address, a.source_port)),
-                        destination: SocketAddr::from((a.destination_address, a.destination_port)),
-                    }),
-                    v1::Addresses::Tcp6(a) => Some(Carried {
-                        client: SocketAddr::from((a.source_address, a.source_port)),
-                        destination: SocketAddr::from((a.destination_address, a.destination_port)),
-                    }),
+                    v1::Addresses::Tcp4(a) => Some(Carried::new(
+                        (a.source_address, a.source_port),
+                        (a.destination_address, a.destination_port),
+                    )),
+                    v1::Addresses::Tcp6(a) => Some(Carried::new(
+                        (a.source_address, a.source_port),
+                        (a.destination_address, a.destination_port),
+                    )),
                     v1::Addresses::Unknown => None,
                 };
                 Parsed::Header(h.header.len(), addr)

@@ -373,23 +373,29 @@ impl Drop for OpenGuard {
 
 pub(crate) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// Whether `buf` opens with the HTTP/2 preface: `Some(true)` whole, `Some(false)` not,
+/// `None` while what arrived is the start of it.
+pub(crate) fn h2_preface(buf: &[u8]) -> Option<bool> {
+    let n = buf.len().min(H2_PREFACE.len());
+    if buf[..n] != H2_PREFACE[..n] {
+        Some(false)
+    } else {
+        (n == H2_PREFACE.len()).then_some(true)
+    }
+}
+
 /// Is this an HTTP/2 prior-knowledge connection? Peeks without consuming.
 async fn starts_with_h2_preface(stream: &TcpStream) -> bool {
     let mut buf = [0u8; 24];
     loop {
         match stream.peek(&mut buf).await {
             Ok(0) | Err(_) => return false,
-            Ok(n) => {
-                if buf[..n] != H2_PREFACE[..n] {
-                    return false;
-                }
-                if n == H2_PREFACE.len() {
-                    return true;
-                }
+            Ok(n) => match h2_preface(&buf[..n]) {
+                Some(whole) => return whole,
                 // A partial match: wait for more bytes. Peeking leaves the socket readable,
                 // so `readable()` would return at once and spin; poll again shortly instead.
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+                None => tokio::time::sleep(Duration::from_millis(5)).await,
+            },
         }
     }
 }

@@ -319,17 +319,6 @@ async fn into_h2(cx: Rc<ConnCtx>, conn: Rc<RefCell<ConnIo>>) {
     super::serve_h2_conn(Rc::new(cx.into_h2()), stream).await;
 }
 
-/// Whether `buf` opens with the HTTP/2 preface: `Some(true)` whole, `Some(false)` not,
-/// `None` while what arrived is the start of it.
-fn h2_preface(buf: &[u8]) -> Option<bool> {
-    let n = buf.len().min(super::H2_PREFACE.len());
-    if buf[..n] != super::H2_PREFACE[..n] {
-        Some(false)
-    } else {
-        (n == super::H2_PREFACE.len()).then_some(true)
-    }
-}
-
 /// Read the next request head. `Ok(None)`: the connection ends without a response (the
 /// client closed, timed out, or the worker drains while it is idle). `Err`: a head that
 /// gets an error response (400, 414, 431) before the connection closes. `preface`: look
@@ -349,7 +338,7 @@ async fn read_head(
         let mut c = conn.borrow_mut();
         loop {
             if *preface && !c.rbuf.is_empty() {
-                match h2_preface(&c.rbuf) {
+                match super::h2_preface(&c.rbuf) {
                     Some(true) => return Poll::Ready(Ok(Some(Next::Http2))),
                     Some(false) => *preface = false,
                     None => {} // "PRI * HTTP/2.0\r\n\r\n" would parse as a whole head
