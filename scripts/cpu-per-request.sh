@@ -3,7 +3,8 @@
 #
 # The system under test (SUT) runs with one worker pinned to CPU 0; the stub origin and wrk
 # share CPU 1. Keep-alive both sides, 1000-byte bodies, access logs off, upstream keep-alive on.
-# CPU per request = (utime + stime of every SUT process and thread) / requests completed.
+# CPU per request = (utime + stime of every SUT process and thread) / requests completed,
+# shown split into user and system time.
 #
 # usage: scripts/cpu-per-request.sh [connections] [seconds] [path]
 # needs: target/release/keymaster, wrk, nginx and/or haproxy (apt-get install wrk nginx-light haproxy)
@@ -24,17 +25,19 @@ run_one() { # name port pid
   local name=$1 port=$2 pid=$3
   wait_port "$port"
   taskset -c 1 wrk -t1 -c"$CONNS" -d2s "http://127.0.0.1:$port$URLPATH" >/dev/null  # warm-up
-  local before; before=$(cpu_ticks "$pid")
+  local u0 s0 u1 s1
+  read -r u0 s0 < <(cpu_ticks_split "$pid")
   local out; out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "http://127.0.0.1:$port$URLPATH")
-  local after; after=$(cpu_ticks "$pid")
+  read -r u1 s1 < <(cpu_ticks_split "$pid")
   local reqs; reqs=$(echo "$out" | awk '/requests in/ {print $1}')
   local rps; rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
   local p50; p50=$(echo "$out" | awk '$1=="50%" {print $2}')
   local p99; p99=$(echo "$out" | awk '$1=="99%" {print $2}')
   local errs; errs=$(echo "$out" | grep -E "Non-2xx|Socket errors" | tr '\n' ' ' || true)
   local rss; rss=$(awk '/VmRSS/ {print $2}' /proc/"$pid"/status)
-  local us_per_req; us_per_req=$(awk -v t=$((after-before)) -v hz="$TICK" -v r="$reqs" 'BEGIN { printf "%.1f", t / hz * 1e6 / r }')
-  printf "%-10s %10s req/s  p50 %8s  p99 %8s  cpu/req %6s us  rss %6s KiB  %s\n" "$name" "$rps" "$p50" "$p99" "$us_per_req" "$rss" "$errs"
+  local per_req; per_req=$(awk -v u=$((u1-u0)) -v s=$((s1-s0)) -v hz="$TICK" -v r="$reqs" \
+    'BEGIN { k = 1e6 / hz / r; printf "%6.1f us (user %.2f, sys %.2f)", (u + s) * k, u * k, s * k }')
+  printf "%-10s %10s req/s  p50 %8s  p99 %8s  cpu/req %s  rss %6s KiB  %s\n" "$name" "$rps" "$p50" "$p99" "$per_req" "$rss" "$errs"
 }
 
 # keymaster: one worker on CPU 0.

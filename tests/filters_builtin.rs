@@ -7,22 +7,11 @@ use keymaster_config::FilterStage;
 use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec, Needs};
 use std::net::SocketAddr;
 use support::*;
-use tokio::io::AsyncWriteExt;
 
-async fn echo_origin(tag: &'static str) -> RawOrigin {
-    raw_origin(move |mut s, _| async move {
-        let mut carry = Vec::new();
-        while let Some(head) = read_head(&mut s, &mut carry).await {
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nX-Origin: {tag}\r\nx-internal: secret\r\n\r\n{head}",
-                head.len()
-            );
-            if s.write_all(resp.as_bytes()).await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
+/// Echoes each request head, with `X-Origin: {tag}` (as the origin wrote it: a head in
+/// wire form keeps the capitals) and a field the filters remove.
+async fn echo_origin(tag: &str) -> RawOrigin {
+    head_echo_origin_with(format!("X-Origin: {tag}\r\nx-internal: secret\r\n")).await
 }
 
 fn cfg(origin: SocketAddr, alt: SocketAddr, filters: &str) -> String {

@@ -10,28 +10,10 @@ use keymaster_config::{FilterMatch, FilterStage};
 use keymaster_gateway::filter::{done, Filter, FilterCtx, FilterFuture, FilterSpec, Needs};
 use std::net::SocketAddr;
 use support::*;
-use tokio::io::AsyncWriteExt;
 
-/// An origin that answers every request with its raw request head as the body, tagged
-/// `x-origin: <tag>`.
-async fn echo_origin(tag: &'static str) -> RawOrigin {
-    raw_origin(move |mut s, _| async move {
-        let mut carry = Vec::new();
-        while let Some(head) = read_head(&mut s, &mut carry).await {
-            let cl: usize = head_header(&head, "content-length")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let _ = read_exact_body(&mut s, &mut carry, cl).await;
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nx-origin: {tag}\r\nx-internal: secret\r\n\r\n{head}",
-                head.len()
-            );
-            if s.write_all(resp.as_bytes()).await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
+/// Echoes each request head, with `x-origin: {tag}` and a field the filters remove.
+async fn echo_origin(tag: &str) -> RawOrigin {
+    head_echo_origin_with(format!("x-origin: {tag}\r\nx-internal: secret\r\n")).await
 }
 
 fn cfg(origin: SocketAddr, alt: SocketAddr, extra: &str) -> String {

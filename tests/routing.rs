@@ -32,26 +32,8 @@ fn route(name: &str, keys: &str) -> String {
     )
 }
 
-/// An origin that answers every request with its raw request head as the body.
-async fn head_echo_origin() -> RawOrigin {
-    raw_origin(|mut s, _| async move {
-        let mut carry = Vec::new();
-        while let Some(head) = read_head(&mut s, &mut carry).await {
-            let cl: usize = head_header(&head, "content-length")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let _ = read_exact_body(&mut s, &mut carry, cl).await;
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nx-internal: secret\r\ncache-control: public\r\nx-multi: o\r\n\r\n{head}",
-                head.len()
-            );
-            if s.write_all(resp.as_bytes()).await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
-}
+/// What the head-echoing origin adds to each response: fields for the routes' header edits.
+const ORIGIN_FIELDS: &str = "x-internal: secret\r\ncache-control: public\r\nx-multi: o\r\n";
 
 /// Which route answered (the `x-route` response header), or the status when none did.
 async fn which(g: &TestGateway, method: &str, path: &str, headers: &[(&str, &str)]) -> String {
@@ -292,7 +274,7 @@ async fn header_match_needs_an_exact_value() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strip_prefix_rewrite() {
-    let o = head_echo_origin().await;
+    let o = head_echo_origin_with(ORIGIN_FIELDS).await;
     let g = start_gateway(&cfg(
         o.addr,
         &route(
@@ -320,7 +302,7 @@ async fn strip_prefix_rewrite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replace_prefix_rewrite() {
-    let o = head_echo_origin().await;
+    let o = head_echo_origin_with(ORIGIN_FIELDS).await;
     let g = start_gateway(&cfg(
         o.addr,
         &route(
@@ -345,7 +327,7 @@ async fn replace_prefix_rewrite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replace_path_rewrite_keeps_the_query() {
-    let o = head_echo_origin().await;
+    let o = head_echo_origin_with(ORIGIN_FIELDS).await;
     let g = start_gateway(&cfg(
         o.addr,
         &route(
@@ -369,7 +351,7 @@ async fn replace_path_rewrite_keeps_the_query() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_policy_preserve_origin_and_fixed() {
-    let o = head_echo_origin().await;
+    let o = head_echo_origin_with(ORIGIN_FIELDS).await;
     let routes = [
         route("keep", "match = { path_prefix = \"/keep\" }"),
         route(
@@ -411,7 +393,7 @@ async fn host_policy_preserve_origin_and_fixed() {
 async fn host_policy_preserve_sends_the_absolute_form_authority() {
     // RFC 9112 §3.2.2: with an absolute-form target the Host field is replaced by the
     // target's authority; the route was chosen by that authority, so the origin must see it.
-    let o = head_echo_origin().await;
+    let o = head_echo_origin_with(ORIGIN_FIELDS).await;
     let g = start_gateway(&cfg(
         o.addr,
         &route("api", "match = { host = \"api.example.com\" }"),
@@ -433,7 +415,7 @@ async fn host_policy_preserve_sends_the_absolute_form_authority() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_header_edits_remove_then_set_then_add() {
-    let o = head_echo_origin().await;
+    let o = head_echo_origin_with(ORIGIN_FIELDS).await;
     let g = start_gateway(&cfg(
         o.addr,
         &route(
@@ -455,7 +437,7 @@ async fn request_header_edits_remove_then_set_then_add() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_header_edits_remove_then_set_then_add() {
-    let o = head_echo_origin().await;
+    let o = head_echo_origin_with(ORIGIN_FIELDS).await;
     let g = start_gateway(&cfg(
         o.addr,
         "[[routes]]\nname = \"edit\"\ncluster = \"o\"\n[routes.response_headers]\nremove = [\"x-internal\"]\nset = { \"cache-control\" = \"no-store\" }\nadd = { \"x-multi\" = \"gw\", \"x-frame-options\" = \"DENY\" }\n",
@@ -481,7 +463,7 @@ fn capped(origin: SocketAddr) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declared_body_over_the_cap_gives_413_without_touching_the_origin() {
-    let o = head_echo_origin().await;
+    let o = head_echo_origin_with(ORIGIN_FIELDS).await;
     let g = start_gateway(&capped(o.addr));
     let mut c = Client::connect(g.addr).await;
     let r = c
@@ -509,7 +491,7 @@ async fn declared_body_over_the_cap_gives_413_without_touching_the_origin() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declared_body_over_the_cap_is_refused_before_100_continue() {
-    let o = head_echo_origin().await;
+    let o = head_echo_origin_with(ORIGIN_FIELDS).await;
     let g = start_gateway(&capped(o.addr));
     let mut s = TcpStream::connect(g.addr).await.unwrap();
     s.write_all(

@@ -299,25 +299,40 @@ where
     }
 }
 
-/// Read one request (or response) head up to and including the blank line, within 5 s.
-/// Returns the head as text plus any bytes read past it; `None` on EOF before a full head.
 /// An origin that answers each request with the request head it received as the body.
 pub async fn head_echo_origin() -> RawOrigin {
-    raw_origin(|mut s, _| async move {
-        let mut carry = Vec::new();
-        while let Some(head) = read_head(&mut s, &mut carry).await {
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{head}",
-                head.len()
-            );
-            if s.write_all(resp.as_bytes()).await.is_err() {
-                return;
+    head_echo_origin_with("").await
+}
+
+/// An origin that reads each request (and its `Content-Length` body) and answers it with
+/// the request head it received as the body; `fields` (lines ending in CRLF) go into every
+/// response head.
+pub async fn head_echo_origin_with(fields: impl Into<String>) -> RawOrigin {
+    let fields: std::sync::Arc<str> = fields.into().into();
+    raw_origin(move |mut s, _| {
+        let fields = fields.clone();
+        async move {
+            let mut carry = Vec::new();
+            while let Some(head) = read_head(&mut s, &mut carry).await {
+                let cl: usize = head_header(&head, "content-length")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                let _ = read_exact_body(&mut s, &mut carry, cl).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n{fields}\r\n{head}",
+                    head.len()
+                );
+                if s.write_all(resp.as_bytes()).await.is_err() {
+                    return;
+                }
             }
         }
     })
     .await
 }
 
+/// Read one request (or response) head up to and including the blank line, within 5 s.
+/// Returns the head as text plus any bytes read past it; `None` on EOF before a full head.
 pub async fn read_head(s: &mut TcpStream, carry: &mut Vec<u8>) -> Option<String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let mut buf = [0u8; 8192];

@@ -12,8 +12,9 @@ use http::header::{ACCEPT, AUTHORIZATION, HOST, USER_AGENT};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
+use keymaster_http::pem::client_roots;
 use rustls::pki_types::ServerName;
-use rustls::{ClientConfig, RootCertStore};
+use rustls::ClientConfig;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -298,17 +299,7 @@ fn basic_auth(uri: &Uri) -> Option<HeaderValue> {
 
 /// A TLS client for HTTP/1.1 trusting `ca` (a PEM file) or the Mozilla roots.
 fn connector(ca: Option<&str>, key: &str) -> Result<TlsConnector, String> {
-    let mut roots = RootCertStore::empty();
-    match ca {
-        Some(ca) => {
-            for cert in crate::tls::read_certs(ca).map_err(|e| format!("{key}.ca: {e}"))? {
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("{key}.ca: {ca}: unusable CA certificate: {e}"))?;
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
+    let roots = client_roots(ca, |_| {}).map_err(|e| format!("{key}.ca: {e}"))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -14,13 +14,13 @@ use http::header::HeaderName;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use rustls::{RootCertStore, ServerConfig};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConfig;
+use rustls_pki_types::CertificateDer;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use keymaster_config::{ListenerConfig, ListenerProtocol, TlsConfig, TlsVersion};
+use keymaster_http::pem::{ca_roots, read_certs, read_key};
 
 /// A listener's TLS state, swapped whole on reload.
 pub(crate) struct ListenerTls {
@@ -90,12 +90,7 @@ pub(crate) fn build(
         None => (builder.with_no_client_auth(), None),
         Some(ca) => {
             let cat = format!("{at}.client_auth");
-            let mut roots = RootCertStore::empty();
-            for cert in read_certs(&ca.ca).map_err(|e| format!("{cat}.ca: {e}"))? {
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("{cat}.ca: {}: unusable CA certificate: {e}", ca.ca))?;
-            }
+            let roots = ca_roots(&ca.ca, |_| {}).map_err(|e| format!("{cat}.ca: {e}"))?;
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
             let verifier = if ca.required {
                 verifier.build()
@@ -152,26 +147,6 @@ pub(crate) fn rebuild(
         }
     }
     Ok(out)
-}
-
-pub(crate) fn read_certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    let certs = CertificateDer::pem_slice_iter(&data)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{path}: bad PEM: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{path}: no certificate found; expected PEM \"-----BEGIN CERTIFICATE-----\" blocks"
-        ));
-    }
-    Ok(certs)
-}
-
-pub(crate) fn read_key(path: &str) -> Result<PrivateKeyDer<'static>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    PrivateKeyDer::from_pem_slice(&data).map_err(|e| {
-        format!("{path}: no usable private key ({e}); expected a PEM PKCS#8, PKCS#1 or SEC1 key")
-    })
 }
 
 /// Certificates by SNI name; index 0 is the default.
@@ -267,6 +242,7 @@ fn common_name(mut rdns: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls_pki_types::PrivateKeyDer;
 
     #[test]
     fn common_name_of_generated_cert() {

@@ -6,8 +6,8 @@
 //! body decoder, chunk sizes), the rules for heads and fields ([`headers`]: validation,
 //! hop-by-hop fields, `Via` and `X-Forwarded-*`, request ids, configured edits, and the
 //! wire form that keeps a head's fields as the bytes they arrived as), the canonical
-//! request path ([`path`]), gRPC recognition ([`grpc`]) and the stream under a connection
-//! ([`io`]). Nothing here turns an error into a response: the gateway's `respond` module
+//! request path ([`path`]), gRPC recognition ([`grpc`]), the stream under a connection
+//! ([`io`]) and the PEM files of TLS: certificates, keys and trust anchors ([`pem`]). Nothing here turns an error into a response: the gateway's `respond` module
 //! does that, in one place.
 
 pub mod error;
@@ -16,6 +16,7 @@ pub mod grpc;
 pub mod headers;
 pub mod io;
 pub mod path;
+pub mod pem;
 
 /// A fuzz property's settings: `cases` cases (or `KEYMASTER_FUZZ_CASES`, for the longer run
 /// in `.ci/run`), no failure files written (regressions live in each module's tables).

@@ -10,14 +10,14 @@
 
 use ring::digest;
 use rustls::pki_types::ServerName;
-use rustls::{ClientConfig, RootCertStore};
+use rustls::ClientConfig;
 use std::sync::Arc;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::tls::{read_certs, read_key};
 use keymaster_config::{TlsVersion, UpstreamProtocol, UpstreamTlsConfig};
+use keymaster_http::pem::{client_roots, read_certs, read_key};
 
 /// One cluster's compiled outbound TLS settings.
 pub(crate) struct UpstreamTls {
@@ -45,22 +45,11 @@ pub(crate) fn build(
     let at = format!("cluster {name}: tls");
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut id = digest::Context::new(&digest::SHA256);
-    let mut roots = RootCertStore::empty();
-    match &cfg.ca {
-        Some(ca) => {
-            for cert in read_certs(ca).map_err(|e| format!("{at}.ca: {e}"))? {
-                id.update(b"ca:");
-                id.update(&cert);
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("{at}.ca: {ca}: unusable CA certificate: {e}"))?;
-            }
-        }
-        None => {
-            id.update(b"webpki-roots");
-            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        }
-    }
+    let roots = client_roots(cfg.ca.as_deref(), |anchor| {
+        id.update(b"ca:");
+        id.update(anchor);
+    })
+    .map_err(|e| format!("{at}.ca: {e}"))?;
     let versions: &[&rustls::SupportedProtocolVersion] = match (cfg.min_version, cfg.max_version) {
         (TlsVersion::Tls12, TlsVersion::Tls13) => {
             &[&rustls::version::TLS13, &rustls::version::TLS12]

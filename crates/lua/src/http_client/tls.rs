@@ -4,9 +4,9 @@
 //! checked against the certificate's IP addresses and sent without SNI). ALPN offers
 //! `http/1.1`.
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
+use keymaster_http::pem::client_roots;
+use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use tokio::net::TcpStream;
@@ -26,21 +26,8 @@ impl Trust {
     /// Trust `ca_file`'s certificates, or the built-in roots. Errors name the key.
     pub(crate) fn new(ca_file: Option<&str>) -> Result<Trust, String> {
         let mut id = DefaultHasher::new();
-        let mut roots = RootCertStore::empty();
-        match ca_file {
-            Some(path) => {
-                for cert in read_certs(path).map_err(|e| format!("lua.http_ca_file: {e}"))? {
-                    cert.as_ref().hash(&mut id);
-                    roots.add(cert).map_err(|e| {
-                        format!("lua.http_ca_file: {path}: unusable CA certificate: {e}")
-                    })?;
-                }
-            }
-            None => {
-                "webpki-roots".hash(&mut id);
-                roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-            }
-        }
+        let roots = client_roots(ca_file, |anchor| anchor.hash(&mut id))
+            .map_err(|e| format!("lua.http_ca_file: {e}"))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -70,19 +57,6 @@ impl Trust {
                 None => e.to_string(),
             })
     }
-}
-
-fn read_certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    let certs = CertificateDer::pem_slice_iter(&data)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{path}: bad PEM: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{path}: no certificate found; expected PEM \"-----BEGIN CERTIFICATE-----\" blocks"
-        ));
-    }
-    Ok(certs)
 }
 
 #[cfg(test)]
