@@ -292,10 +292,13 @@ pub(crate) async fn accept_loop(
                 _ = budget.wait_client_room() => continue,
             }
         }
+        // `poll_accept`, not `accept()`: the latter's readiness future joins and leaves the
+        // socket's waiter list (under its lock) on every accept that has to wait; this one
+        // leaves the task's waker in the socket's reader slot.
         let accepted = tokio::select! {
             biased;
             _ = stop.as_mut() => break,
-            r = socket.accept() => r,
+            r = std::future::poll_fn(|task| socket.poll_accept(task)) => r,
         };
         match accepted {
             Ok((stream, peer)) => {
@@ -636,8 +639,11 @@ pub(crate) async fn serve_h2_conn(cx: Rc<ConnCtx>, stream: Upgraded) {
     let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         counted.add();
         let req = req.map(crate::body::ClientBody::H2);
-        let handled = crate::proxy::handle(cx.clone(), req, None);
-        async move { handled.await.map(|resp| *resp) }
+        // hyper wants the response, not its box. A map, not an `async` block: the block
+        // would copy the proxy stage's (large) future into its own state.
+        futures_util::FutureExt::map(crate::proxy::handle(cx.clone(), req, None), |r| {
+            r.map(|resp| *resp)
+        })
     });
     let retire = Retire {
         streams,

@@ -32,7 +32,9 @@ impl RetirePolicy {
     /// One connection's age limit: between 90% and 100% of the configured one, so that
     /// connections opened together (a client fleet after a deploy) do not all close together.
     pub(crate) fn age_limit(&self) -> Option<Duration> {
-        self.max_age.map(|a| a.mul_f64(0.9 + 0.1 * fastrand::f64()))
+        let nanos = |a: Duration| u64::try_from(a.as_nanos()).unwrap_or(u64::MAX);
+        self.max_age
+            .map(|a| a - Duration::from_nanos(fastrand::u64(..=nanos(a) / 10)))
     }
 
     /// Whether a connection that served `served` requests, the last of them `age` after it

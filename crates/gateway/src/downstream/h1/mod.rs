@@ -708,7 +708,17 @@ async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended, client_closes: bool) {
     // The rare endings are boxed: a task's size is its largest state, and every connection's
     // task would otherwise carry the lingering read's buffer and the tunnel's copy state.
     match ended {
-        Ended::KeepAlive | Ended::Close => Box::pin(lingering_close(conn, client_closes)).await,
+        Ended::KeepAlive | Ended::Close => {
+            // The client said its request was its last and all of it was read: it sends
+            // nothing more (RFC 9112 §9.6), so a plain close does (nginx's choice too),
+            // without the shutdown, the wait for the client's FIN and their timers.
+            let nothing_more =
+                client_closes && conn.rbuf.is_empty() && conn.body.is_done() && !conn.body_failed;
+            if nothing_more && matches!(conn.io, Io::Tcp(_)) {
+                return; // dropped: FIN after the response
+            }
+            Box::pin(lingering_close(conn, nothing_more)).await
+        }
         Ended::Http2 => {} // taken over before (`into_h2`)
         Ended::Abort => {
             // SO_LINGER 0: close with a reset.
@@ -728,16 +738,9 @@ async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended, client_closes: bool) {
 /// Close after a complete response: send FIN (TLS: close_notify first), then read and
 /// discard what the client still sends, for a bounded time, so that bytes it sent after
 /// the request (pipelined ones) do not make the kernel reset the connection under the
-/// response. Not when the client said its request was its last (`client_closes`) and all of
-/// it was read: it sends nothing more (RFC 9112 §9.6), so a plain close does (nginx's
-/// choice too), without the shutdown, the wait for the client's FIN and their timers.
-async fn lingering_close(mut conn: ConnIo, client_closes: bool) {
+/// response; not when the client sends `nothing_more`.
+async fn lingering_close(mut conn: ConnIo, nothing_more: bool) {
     use tokio::io::AsyncWriteExt;
-    let nothing_more =
-        client_closes && conn.rbuf.is_empty() && conn.body.is_done() && !conn.body_failed;
-    if nothing_more && matches!(conn.io, Io::Tcp(_)) {
-        return; // dropped: FIN after the response
-    }
     let _ = tokio::time::timeout(LINGER, conn.io.shutdown()).await;
     if conn.read_closed || nothing_more {
         return;
