@@ -5,37 +5,13 @@
 mod registry_support;
 mod support;
 mod tls_support;
+mod traffic_support;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::rt::TokioIo;
 use registry_support::{Consul, Eureka};
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::time::Duration;
 use support::*;
-use tokio::net::TcpListener;
-
-/// An origin answering its `name` on every request.
-async fn named(name: &'static str) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |_req: http::Request<_>| async move {
-                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                        Bytes::from_static(name.as_bytes()),
-                    )))
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
-    addr
-}
+use traffic_support::Named;
 
 fn config(discovery: &str) -> String {
     format!(
@@ -121,9 +97,13 @@ async fn load(g: &TestGateway, clients: usize, each: usize, names: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_blocking_queries_follow_health_and_membership() {
     let consul = Consul::start().await;
-    let (a, b, c) = (named("a").await, named("b").await, named("c").await);
-    consul.register("api", "a", a, 1).await;
-    consul.register("api", "b", b, 1).await;
+    let (a, b, c) = (
+        Named::start("a").await,
+        Named::start("b").await,
+        Named::start("c").await,
+    );
+    consul.register("api", "a", a.addr, 1).await;
+    consul.register("api", "b", b.addr, 1).await;
     // Interval and wait of a minute: a change can only arrive in time as the answer to a
     // blocking query that Consul held until the list changed.
     let g = start_gateway(&config(&format!(
@@ -136,7 +116,7 @@ async fn consul_blocking_queries_follow_health_and_membership() {
     consul.fail("b").await;
     let took = until_served_by(&g, &["a"], limit).await;
     eprintln!("a failing check reached the gateway within {took:?}");
-    consul.register("api", "c", c, 1).await;
+    consul.register("api", "c", c.addr, 1).await;
     until_served_by(&g, &["a", "c"], limit).await;
     consul.pass("b").await;
     until_served_by(&g, &["a", "b", "c"], limit).await;
@@ -158,9 +138,13 @@ async fn consul_blocking_queries_follow_health_and_membership() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_down_keeps_the_last_servers() {
     let mut consul = Consul::start().await;
-    let (a, b, c) = (named("a").await, named("b").await, named("c").await);
-    consul.register("api", "a", a, 1).await;
-    consul.register("api", "b", b, 1).await;
+    let (a, b, c) = (
+        Named::start("a").await,
+        Named::start("b").await,
+        Named::start("c").await,
+    );
+    consul.register("api", "a", a.addr, 1).await;
+    consul.register("api", "b", b.addr, 1).await;
     let g = start_gateway(&config(&format!(
         r#"{{ interval = "200ms", consul = {{ url = "http://{}", service = "api", wait = "30s", timeout = "1s" }} }}"#,
         consul.http
@@ -193,7 +177,7 @@ async fn consul_down_keeps_the_last_servers() {
     );
     assert_eq!(served_by(&g, 12).await, set(&["a", "b"]));
     // Then it lists a server again: that list is applied.
-    consul.register("api", "c", c, 1).await;
+    consul.register("api", "c", c.addr, 1).await;
     until_served_by(&g, &["c"], Duration::from_secs(15)).await;
     assert_eq!(metric_of(&g, "discovery_registry_servers", "consul"), 1.0);
 }
@@ -201,8 +185,8 @@ async fn consul_down_keeps_the_last_servers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_with_acls_needs_the_token() {
     let consul = Consul::start_acl(Some("s3cret-token")).await;
-    let a = named("a").await;
-    consul.register("api", "a", a, 1).await;
+    let a = Named::start("a").await;
+    consul.register("api", "a", a.addr, 1).await;
     // Without the token, a deny-by-default agent lists nothing: the config is refused.
     let text = |token: &str| {
         config(&format!(
@@ -241,9 +225,13 @@ async fn consul_unreachable_at_start_rejects_the_config() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eureka_follows_status_and_keeps_the_last_servers_when_down() {
     let mut eureka = Eureka::start().await;
-    let (a, b, c) = (named("a").await, named("b").await, named("c").await);
-    eureka.register("api", "a", a).await;
-    eureka.register("api", "b", b).await;
+    let (a, b, c) = (
+        Named::start("a").await,
+        Named::start("b").await,
+        Named::start("c").await,
+    );
+    eureka.register("api", "a", a.addr).await;
+    eureka.register("api", "b", b.addr).await;
     // The first service URL is dead: the second one answers.
     let (dead, _dead_held) = closed_addr();
     let g = start_gateway(&config(&format!(
@@ -255,7 +243,7 @@ async fn eureka_follows_status_and_keeps_the_last_servers_when_down() {
     let limit = Duration::from_secs(15);
     eureka.status("api", "b", "OUT_OF_SERVICE").await;
     until_served_by(&g, &["a"], limit).await;
-    eureka.register("api", "c", c).await;
+    eureka.register("api", "c", c.addr).await;
     until_served_by(&g, &["a", "c"], limit).await;
     eureka.status("api", "b", "UP").await;
     until_served_by(&g, &["a", "b", "c"], limit).await;
@@ -279,14 +267,18 @@ async fn eureka_follows_status_and_keeps_the_last_servers_when_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_endpointslices_follow_readiness_and_membership() {
     let mut kube = registry_support::kube::Kube::start().await;
-    let (a, b, c) = (named("a").await, named("b").await, named("c").await);
+    let (a, b, c) = (
+        Named::start("a").await,
+        Named::start("b").await,
+        Named::start("c").await,
+    );
     // FQDN endpoints (the API server refuses loopback addresses), which the gateway's
     // resolver turns into 127.0.0.1 through this DNS responder.
     let ips = std::sync::Arc::new(std::sync::Mutex::new(vec![std::net::Ipv4Addr::LOCALHOST]));
     let dns = support::dns::dns_server(ips).await;
-    kube.create_slice("api", "api-a", "a.api.test", a.port());
-    kube.create_slice("api", "api-b", "b.api.test", b.port());
-    kube.create_slice("other", "other-c", "c.api.test", c.port());
+    kube.create_slice("api", "api-a", "a.api.test", a.addr.port());
+    kube.create_slice("api", "api-b", "b.api.test", b.addr.port());
+    kube.create_slice("other", "other-c", "c.api.test", c.addr.port());
     // Interval and wait of a minute: a change arrives in time only through the watch.
     let text = config(&format!(
         r#"{{ interval = "60s", kubernetes = {{ url = "{}", service = "api", port = "http", token = "{}", ca = "{}", wait = "60s" }} }}
@@ -304,7 +296,7 @@ nameservers = ["{dns}"]"#,
     kube.set_ready("api-b", "b.api.test", false);
     let took = until_served_by(&g, &["a"], limit).await;
     eprintln!("an endpoint turning unready reached the gateway within {took:?}");
-    kube.create_slice("api", "api-c", "c.api.test", c.port());
+    kube.create_slice("api", "api-c", "c.api.test", c.addr.port());
     until_served_by(&g, &["a", "c"], limit).await;
     kube.set_ready("api-b", "b.api.test", true);
     until_served_by(&g, &["a", "b", "c"], limit).await;

@@ -1,6 +1,7 @@
-//! Origins for the traffic tests (weighted clusters, consistent hashing): each answers
-//! every request 200 with its name as the body, counts what it served, and can be killed
-//! (listener and connections closed: its port refuses) and restarted on the same port.
+//! Named origins, for the tests that tell servers apart by their answers (weighted
+//! clusters, consistent hashing, discovery from registries): each answers every request 200
+//! with its name as the body, counts what it served, and can be killed (listener and
+//! connections closed: its port refuses) and restarted on the same port.
 #![allow(dead_code)]
 
 use bytes::Bytes;
