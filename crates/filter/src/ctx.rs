@@ -22,59 +22,16 @@ use std::sync::Arc;
 use super::{Failure, FilterStage};
 use keymaster_http::headers::{RawHead, RawRequestFields, WireHead};
 
+mod state;
+mod test_request;
+pub use state::FilterState;
+pub use test_request::TestRequest;
+
 /// A response set by a filter (`pre`/`route` short-circuit, or an `error` filter).
 pub struct LocalResponse {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: bytes::Bytes,
-}
-
-/// What the filters of one request share across its stages ([`State`]), owned by the
-/// request from before the `pre` stage to after its `post` stage.
-///
-/// One pointer wide: the state lives in a box, so the request future that keeps it across
-/// the proxy stage stays small. The box is reused: a dropped state leaves its allocation
-/// (its value dropped) to the next one made on the same thread ([`SPARE`]), which writes a
-/// whole new value into it.
-pub struct FilterState(ManuallyDrop<Box<State>>);
-
-thread_local! {
-    /// The allocation of the last state dropped on this thread, without a value: a worker
-    /// makes one per request with filters, one at a time or a few at once, so this saves
-    /// an allocation and a free per request.
-    static SPARE: Cell<Option<Box<MaybeUninit<State>>>> = const { Cell::new(None) };
-}
-
-impl Drop for FilterState {
-    fn drop(&mut self) {
-        // SAFETY: the box is taken out of the `ManuallyDrop` once, here, and `self.0` is not
-        // used again.
-        let state = unsafe { ManuallyDrop::take(&mut self.0) };
-        let raw = Box::into_raw(state);
-        // SAFETY: `raw` comes from a `Box<State>` holding a valid value, dropped exactly
-        // once here. What is left is the box's allocation holding no value: a
-        // `Box<MaybeUninit<State>>` (same size and alignment) owns it from then on and frees
-        // it without dropping anything when it is dropped.
-        let spare = unsafe {
-            std::ptr::drop_in_place(raw);
-            Box::from_raw(raw.cast::<MaybeUninit<State>>())
-        };
-        // Past the thread's destructors the spare is simply freed.
-        let _ = SPARE.try_with(move |s| s.set(Some(spare)));
-    }
-}
-
-impl std::ops::Deref for FilterState {
-    type Target = State;
-    fn deref(&self) -> &State {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for FilterState {
-    fn deref_mut(&mut self) -> &mut State {
-        &mut self.0
-    }
 }
 
 /// What a [`FilterState`] holds.
@@ -225,44 +182,6 @@ static NO_META: std::sync::LazyLock<HashMap<String, String>> =
 /// What [`FilterCtx::request_headers`] reads once the headers went upstream without a copy.
 static NO_HEADERS: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
 
-impl FilterState {
-    /// The state of a request with filters, before its `pre` stage. `request_id`: the
-    /// listener's request id field name.
-    pub fn new(
-        method: &Method,
-        client: SocketAddr,
-        tls: Option<&keymaster_http::headers::TlsFacts>,
-        route: Arc<str>,
-        request_id: &HeaderName,
-    ) -> FilterState {
-        // Every value that takes a call is made first, so that the state is then written
-        // straight into its allocation (the spare, else a new one), not built on the stack
-        // and copied in.
-        let timed = crate::sample_timing();
-        let method = method.clone();
-        let tls = tls.map(|t| t.client_identity.clone());
-        let state = (SPARE.try_with(Cell::take).ok().flatten()).unwrap_or_else(Box::new_uninit);
-        FilterState(ManuallyDrop::new(Box::write(
-            state,
-            State {
-                stage: FilterStage::Pre,
-                head_touched: false,
-                may_set_request_id: false,
-                timed,
-                request_id_len: request_id.as_str().len(),
-                method,
-                client,
-                tls,
-                route,
-                cluster: None,
-                local: None,
-                kept: None,
-                extras: None,
-            },
-        )))
-    }
-}
-
 impl State {
     /// The rarely used parts, allocated on first use.
     pub fn extras(&mut self) -> &mut Extras {
@@ -318,102 +237,6 @@ impl State {
     ) -> Option<(Option<bytes::Bytes>, Option<String>, Option<HeaderValue>)> {
         let x = self.extras_mut()?;
         Some((x.request_body.take(), x.path.take(), x.host.take()))
-    }
-}
-
-/// A request for unit tests of filters: it owns what a [`FilterCtx`] borrows, and a
-/// response head for the `post` stage ([`TestRequest::with_response`]).
-pub struct TestRequest {
-    parts: http::request::Parts,
-    wire: Option<Box<WireHead>>,
-    state: FilterState,
-    status: StatusCode,
-    response: HeaderMap,
-    raw: Option<RawHead>,
-}
-
-impl TestRequest {
-    pub fn new(method: Method, uri: &str, headers: HeaderMap, client: SocketAddr) -> Self {
-        let mut req = http::Request::new(());
-        *req.method_mut() = method;
-        *req.uri_mut() = uri.parse().expect("valid uri");
-        let (mut parts, ()) = req.into_parts();
-        parts.headers = headers;
-        let request_id = HeaderName::from_static("x-request-id");
-        let state = FilterState::new(&parts.method, client, None, "test".into(), &request_id);
-        TestRequest {
-            parts,
-            wire: None,
-            state,
-            status: StatusCode::OK,
-            response: HeaderMap::new(),
-            raw: None,
-        }
-    }
-
-    /// The origin's response head that [`TestRequest::post_ctx`] shows (default: 200, no
-    /// fields).
-    pub fn with_response(mut self, status: StatusCode, headers: HeaderMap) -> Self {
-        (self.status, self.response) = (status, headers);
-        self
-    }
-
-    /// A context over the request, as the `pre` stage sees it.
-    pub fn ctx(&mut self) -> FilterCtx<'_> {
-        let p = &mut self.parts;
-        FilterCtx::lent(&mut self.state, &p.uri, &mut p.headers, &mut self.wire)
-    }
-
-    /// A context over the request and the response head, as the `post` stage sees it
-    /// (what `pre` filters put in `meta` or the extensions is there).
-    pub fn post_ctx(&mut self) -> FilterCtx<'_> {
-        self.state.stage = FilterStage::Post;
-        let p = &mut self.parts;
-        let mut ctx = FilterCtx::lent(&mut self.state, &p.uri, &mut p.headers, &mut self.wire);
-        ctx.show_response(&mut self.status, &mut self.response, &mut self.raw);
-        ctx
-    }
-
-    /// Run `filter` as the `pre` stage does: its `should_filter`, then `run` (`Ok(false)`:
-    /// it chose not to run). For filters whose run finishes at once; one that suspends
-    /// panics here: await `filter.run(&mut req.ctx())` on a runtime of your own instead.
-    pub fn run_pre(&mut self, filter: &dyn crate::Filter) -> Result<bool, crate::FilterError> {
-        run_at_once(filter, &mut self.ctx())
-    }
-
-    /// [`TestRequest::run_pre`] as the `post` stage does (over [`TestRequest::post_ctx`]).
-    pub fn run_post(&mut self, filter: &dyn crate::Filter) -> Result<bool, crate::FilterError> {
-        run_at_once(filter, &mut self.post_ctx())
-    }
-
-    /// The status of the response a filter answered with ([`FilterCtx::respond`]), if any.
-    pub fn answered(&self) -> Option<StatusCode> {
-        self.state.local.as_ref().map(|l| l.status)
-    }
-
-    /// The response head after `post` filters ran on [`TestRequest::post_ctx`].
-    pub fn response(&self) -> (StatusCode, HeaderMap) {
-        let map = match &self.raw {
-            Some(raw) => raw.to_map(),
-            None => self.response.clone(),
-        };
-        (self.status, map)
-    }
-}
-
-/// `should_filter`, then `run` polled once: it must be finished then.
-fn run_at_once(
-    filter: &dyn crate::Filter,
-    ctx: &mut FilterCtx<'_>,
-) -> Result<bool, crate::FilterError> {
-    if !filter.should_filter(ctx) {
-        return Ok(false);
-    }
-    let mut run = std::pin::pin!(filter.run(ctx));
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match std::future::Future::poll(run.as_mut(), &mut cx) {
-        std::task::Poll::Ready(r) => r.map(|()| true),
-        std::task::Poll::Pending => panic!("the filter's run suspended: await it on a runtime"),
     }
 }
 

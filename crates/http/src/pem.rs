@@ -77,7 +77,7 @@ mod tests {
         assert!(read_key(path)
             .unwrap_err()
             .contains("no usable private key"));
-        let e = client_roots(Some(path), |_| {}).err().expect("no anchors");
+        let e = client_roots(Some(path), |_| {}).expect_err("no anchors");
         assert!(e.contains("no certificate found"), "{e}");
     }
 
