@@ -6,7 +6,10 @@
 # CPU per request = (utime + stime of every SUT process and thread) / requests completed,
 # shown split into user and system time.
 #
-# usage: scripts/cpu-per-request.sh [connections] [seconds] [path]
+# RATE=N: an open loop at N requests/s (keymaster's own generator) instead of wrk's closed
+# loop, so that neither the system under test nor the rig is saturated.
+#
+# usage: [RATE=N] scripts/cpu-per-request.sh [connections] [seconds] [path]
 # needs: target/release/keymaster, wrk, nginx and/or haproxy (apt-get install wrk nginx-light haproxy)
 set -euo pipefail
 CONNS=${1:-50}
@@ -21,19 +24,31 @@ TICK=$(getconf CLK_TCK)
 taskset -c 1 "$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
 wait_port $STUB_PORT
 
+# One measured load on PORT: prints "requests req/s p50 p99 errors" (latencies with units).
+# Closed loop with wrk, or with RATE set an open loop at RATE req/s (keymaster's generator).
+load() { # port seconds
+  local url="http://127.0.0.1:$1$URLPATH"
+  if [ -z "${RATE:-}" ]; then
+    local out; out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"$2s" --latency "$url")
+    local errs; errs=$(echo "$out" | grep -E "Non-2xx|Socket errors" | tr '\n' ' ' || true)
+    echo "$(echo "$out" | awk '/requests in/ {r=$1} /Requests\/sec/ {s=$2} $1=="50%" {p=$2} $1=="99%" {q=$2} END {print r, s, p, q}') $errs"
+  else
+    taskset -c 1 "$KM" load --url "$url" -c "$CONNS" -R "$RATE" -t 1 -d "$2s" --warmup 0s --json 2>/dev/null |
+      python3 -c 'import json, sys
+d = json.load(sys.stdin); l = d["latency_ms"]
+bad = sum(d["errors"].values()) + d["status"]["s4xx"] + d["status"]["s5xx"] + d["unsent"]
+print(d["requests"], round(d["requests_per_sec"]), "%.2fms" % l["p50"], "%.2fms" % l["p99"], "failed: %d" % bad if bad else "")'
+  fi
+}
+
 run_one() { # name port pid
   local name=$1 port=$2 pid=$3
   wait_port "$port"
-  taskset -c 1 wrk -t1 -c"$CONNS" -d2s "http://127.0.0.1:$port$URLPATH" >/dev/null  # warm-up
-  local u0 s0 u1 s1
+  load "$port" 2 >/dev/null  # warm-up
+  local u0 s0 u1 s1 reqs rps p50 p99 errs
   read -r u0 s0 < <(cpu_ticks_split "$pid")
-  local out; out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "http://127.0.0.1:$port$URLPATH")
+  read -r reqs rps p50 p99 errs < <(load "$port" "$SECS")
   read -r u1 s1 < <(cpu_ticks_split "$pid")
-  local reqs; reqs=$(echo "$out" | awk '/requests in/ {print $1}')
-  local rps; rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
-  local p50; p50=$(echo "$out" | awk '$1=="50%" {print $2}')
-  local p99; p99=$(echo "$out" | awk '$1=="99%" {print $2}')
-  local errs; errs=$(echo "$out" | grep -E "Non-2xx|Socket errors" | tr '\n' ' ' || true)
   local rss; rss=$(awk '/VmRSS/ {print $2}' /proc/"$pid"/status)
   local per_req; per_req=$(awk -v u=$((u1-u0)) -v s=$((s1-s0)) -v hz="$TICK" -v r="$reqs" \
     'BEGIN { k = 1e6 / hz / r; printf "%6.1f us (user %.2f, sys %.2f)", (u + s) * k, u * k, s * k }')
