@@ -308,6 +308,36 @@ fn refused_connections_are_connect_errors() {
     let r = run(&cfg);
     assert_eq!((r.requests, r.errors.connect), (0, 10));
     assert_eq!(r.connections_opened, 0);
+    let why = r
+        .first_connect_error
+        .as_deref()
+        .expect("the first failure's reason");
+    assert!(why.contains("refused"), "{why}");
+    let verdict = check_report(&r, 1.0).unwrap_err();
+    assert!(verdict.contains(why), "{verdict}");
+}
+
+/// A TLS handshake that fails (here: the server does not speak TLS) is a connect error, and
+/// the report says why.
+#[test]
+fn failed_tls_handshakes_are_connect_errors_with_the_reason() {
+    let server = BadServer::start(|mut s| {
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let cert = keymaster_bench::load::tls::make_bench_cert(dir.path()).unwrap();
+    let mut cfg = config(server.addr, "");
+    cfg.url = format!("https://{}/", server.addr);
+    cfg.tls_ca = Some(cert.ca);
+    cfg.max_requests = Some(5);
+    let r = run(&cfg);
+    assert_eq!((r.requests, r.errors.connect), (0, 5));
+    let why = r
+        .first_connect_error
+        .as_deref()
+        .expect("the handshake's failure");
+    assert!(!why.is_empty() && !why.contains("refused"), "{why}");
+    assert!(format!("{r}").contains(why), "the text report shows it");
 }
 
 #[test]

@@ -251,6 +251,7 @@ impl WrkOutput {
             } else {
                 self.connections as u64
             },
+            first_connect_error: None,
             generator_cpu_secs: 0.0,
         }
     }

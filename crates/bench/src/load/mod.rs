@@ -393,9 +393,12 @@ async fn connection(plan: Arc<Plan>, index: usize, stats: Rc<RefCell<ThreadStats
                 Err(f) => {
                     conn = None;
                     if counted {
+                        if let (Failure::Connect(why), None) = (f, &s.first_connect_error) {
+                            s.first_connect_error = Some(why.clone());
+                        }
                         let e = &mut s.errors;
                         match f {
-                            Failure::Connect => e.connect += 1,
+                            Failure::Connect(_) => e.connect += 1,
                             Failure::Timeout => e.timeout += 1,
                             Failure::Client(ClientError::Write(_)) => e.write += 1,
                             Failure::Client(ClientError::Read(_)) => e.read += 1,
@@ -409,7 +412,7 @@ async fn connection(plan: Arc<Plan>, index: usize, stats: Rc<RefCell<ThreadStats
         if let Some(c) = closing {
             let _ = tokio::time::timeout(CLOSE_WAIT, c.await_close()).await;
         }
-        if matches!(outcome, Err(Failure::Connect)) && plan.schedule.is_none() {
+        if matches!(outcome, Err(Failure::Connect(_))) && plan.schedule.is_none() {
             // Don't spin on a refused port in closed loop.
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -419,7 +422,8 @@ async fn connection(plan: Arc<Plan>, index: usize, stats: Rc<RefCell<ThreadStats
 /// Why an exchange failed.
 #[derive(Debug)]
 enum Failure {
-    Connect,
+    /// The TCP connect or the TLS handshake failed: why.
+    Connect(String),
     Timeout,
     Client(ClientError),
 }
@@ -456,12 +460,12 @@ async fn exchange(
             Some(_) => AnyConn::H2(
                 h2::H2Conn::connect(plan.addr, tls)
                     .await
-                    .map_err(|_| Failure::Connect)?,
+                    .map_err(|e| Failure::Connect(e.to_string()))?,
             ),
             None => AnyConn::H1(
                 Conn::connect(plan.addr, tls)
                     .await
-                    .map_err(|_| Failure::Connect)?,
+                    .map_err(|e| Failure::Connect(e.to_string()))?,
             ),
         });
     }
@@ -471,7 +475,7 @@ async fn exchange(
             .await
             .map_err(Failure::Client),
         (Some(AnyConn::H2(c)), Some(r)) => c.request(r).await.map_err(Failure::Client),
-        _ => Err(Failure::Connect),
+        _ => Err(Failure::Connect("no connection".into())),
     }
 }
 
@@ -602,8 +606,10 @@ pub fn load_main(args: LoadArgs) -> Result<(), String> {
 /// `max_failed_pct` percent of the measured requests failed (non-2xx or socket errors).
 pub fn check_report(report: &LoadReport, max_failed_pct: f64) -> Result<(), String> {
     if report.errors.connect > 0 {
+        let why = report.first_connect_error.as_deref().unwrap_or("unknown");
         return Err(format!(
-            "{} connect error(s): the target refused or could not be reached",
+            "{} connect error(s): the target refused, could not be reached or failed the TLS \
+             handshake (the first: {why})",
             report.errors.connect
         ));
     }

@@ -55,7 +55,7 @@ impl StatusCounts {
 /// Requests that got no (valid) response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct ErrorCounts {
-    /// TCP connect failed.
+    /// The TCP connect or the TLS handshake failed.
     pub connect: u64,
     /// Writing the request failed.
     pub write: u64,
@@ -103,6 +103,8 @@ pub struct ThreadStats {
     pub unsent: u64,
     /// When the last counted request finished (for `--requests`: the real end of the window).
     pub last_counted: Option<std::time::Instant>,
+    /// Why the first failed connection failed (refused, a TLS certificate not trusted, ...).
+    pub first_connect_error: Option<String>,
 }
 
 impl ThreadStats {
@@ -117,6 +119,9 @@ impl ThreadStats {
         self.cpu_secs += o.cpu_secs;
         self.unsent += o.unsent;
         self.last_counted = self.last_counted.max(o.last_counted);
+        if self.first_connect_error.is_none() {
+            self.first_connect_error.clone_from(&o.first_connect_error);
+        }
     }
 }
 
@@ -164,6 +169,9 @@ pub struct LoadReport {
     pub unsent: u64,
     /// TCP connections opened.
     pub connections_opened: u64,
+    /// Why the first failed connection failed, when one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_connect_error: Option<String>,
     /// CPU seconds the generator's threads used over the whole run (warm-up included; 0 where
     /// unsupported). Compare with the wall time to check the generator is not the bottleneck.
     pub generator_cpu_secs: f64,
@@ -202,6 +210,7 @@ impl LoadReport {
             errors: stats.errors,
             unsent: stats.unsent,
             connections_opened: stats.connections_opened,
+            first_connect_error: stats.first_connect_error.clone(),
             generator_cpu_secs: stats.cpu_secs,
         }
     }
@@ -285,6 +294,9 @@ impl fmt::Display for LoadReport {
             "  Socket errors: connect {}, write {}, read {}, timeout {}, parse {}",
             e.connect, e.write, e.read, e.timeout, e.parse
         )?;
+        if let Some(why) = &self.first_connect_error {
+            writeln!(f, "  First failed connection: {why}")?;
+        }
         if self.unsent > 0 {
             writeln!(
                 f,
