@@ -145,7 +145,8 @@ fn print_banner(gateway: &Gateway, source: &ConfigSource, stub: Option<SocketAdd
     };
     println!("keymaster {} running ({what})", env!("CARGO_PKG_VERSION"));
     for (name, addr) in gateway.listeners() {
-        println!("  listener {name:<10} http://{addr}");
+        let scheme = gateway.listener_scheme(name);
+        println!("  listener {name:<10} {scheme}://{addr}");
     }
     if let Some(a) = gateway.admin_addr() {
         println!(

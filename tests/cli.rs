@@ -1,5 +1,6 @@
 //! The `keymaster` binary's command line: validate, --help/--version, and `proxy`.
 mod support;
+mod tls_support;
 use std::process::{Command, Output};
 use std::time::Duration;
 use support::*;
@@ -180,6 +181,12 @@ fn help_and_version() {
 async fn proxy_subcommand_serves_requests() {
     let s = stub();
     let to = s.local_addr().to_string();
+    let pki = tls_support::Pki::new();
+    let cert = pki.issue("gw", &["gw.test"], "gw", false);
+    let (cert_path, key_path) = (
+        cert.cert_path.to_str().unwrap(),
+        cert.key_path.to_str().unwrap(),
+    );
     let mut p = spawn_keymaster([
         "proxy",
         "--listen",
@@ -188,11 +195,42 @@ async fn proxy_subcommand_serves_requests() {
         &to,
         "--workers",
         "1",
+        "--tls-listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        cert_path,
+        "--tls-key",
+        key_path,
     ]);
     let r = get(p.addr(), "/?length=321").await;
     assert_eq!(r.status, 200);
     assert_eq!(r.body, stub_body(321));
     assert_eq!(r.headers["via"], "1.1 keymaster");
+    // The banner names each listener with its scheme, and the TLS one answers over TLS.
+    let line = |name: &str| {
+        p.banner
+            .iter()
+            .find(|l| l.contains(&format!("listener {name} ")))
+    };
+    assert!(
+        line("main").is_some_and(|l| l.contains(" http://")),
+        "{:?}",
+        p.banner
+    );
+    assert!(
+        line("tls").is_some_and(|l| l.contains(" https://")),
+        "{:?}",
+        p.banner
+    );
+    let tls_addr = p.listeners.iter().find(|(n, _)| n == "tls").unwrap().1;
+    let cfg = tls_support::client_config(&pki, &tls_support::ClientOpts::default());
+    let s = tls_support::connect(tls_addr, "gw.test", cfg)
+        .await
+        .expect("TLS handshake");
+    let mut h1 = tls_support::H1::handshake(s)
+        .await
+        .expect("HTTP/1.1 over TLS");
+    assert_eq!(h1.get("/?length=12", &[]).await.unwrap().status, 200);
     let pid = i32::try_from(p.child.id()).expect("pid fits");
     // SAFETY: kill(2) on our own child's pid with a valid signal number; no memory involved.
     unsafe { libc::kill(pid, libc::SIGTERM) };

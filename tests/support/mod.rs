@@ -501,6 +501,8 @@ pub struct Spawned {
     pub child: std::process::Child,
     /// `(listener name, address)` in banner order.
     pub listeners: Vec<(String, SocketAddr)>,
+    /// The banner's lines, as printed.
+    pub banner: Vec<String>,
     pub admin: Option<SocketAddr>,
     /// Kept open: a closed pipe would fail the child's later prints.
     _stdout: std::io::BufReader<std::process::ChildStdout>,
@@ -560,6 +562,7 @@ pub fn spawn_keymaster_command(mut cmd: std::process::Command) -> Spawned {
         .expect("keymaster printed its banner within 20 s");
     let addr_of = |word: &str| -> SocketAddr {
         word.trim_start_matches("http://")
+            .trim_start_matches("https://")
             .parse()
             .unwrap_or_else(|e| panic!("banner address {word:?}: {e}"))
     };
@@ -581,6 +584,7 @@ pub fn spawn_keymaster_command(mut cmd: std::process::Command) -> Spawned {
     Spawned {
         child,
         listeners,
+        banner: lines,
         admin,
         _stdout: reader,
     }

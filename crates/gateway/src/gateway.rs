@@ -517,6 +517,15 @@ impl Gateway {
         &self.listeners
     }
 
+    /// `"https"` for a TLS listener, else `"http"` (for URLs that name it).
+    pub fn listener_scheme(&self, name: &str) -> &'static str {
+        if self.shared.listener_tls.iter().any(|(n, _)| n == name) {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     /// The admin listener's bound address.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin
