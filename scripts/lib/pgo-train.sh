@@ -16,8 +16,10 @@ TLS_PORT=18993
 # shellcheck source=common.sh
 . "$(dirname "$0")/common.sh"
 
-quiet() { LLVM_PROFILE_FILE=/dev/null "$@"; }
-quiet "$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 & PIDS+=($!)
+# The stub's and the generator's profiles are not kept (the variable on the command itself,
+# so that `$!` is the stub's own pid for the cleanup).
+LLVM_PROFILE_FILE=/dev/null "$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 &
+PIDS+=($!)
 wait_port $STUB_PORT
 
 tls=()
@@ -38,7 +40,7 @@ wait_port $PORT
 load() { # what -- load arguments
   local what=$1; shift 2
   echo "   $what"
-  quiet "$KM" load -t 1 --warmup 0s "$@" >"$WORK/load.txt" 2>&1 || {
+  LLVM_PROFILE_FILE=/dev/null "$KM" load -t 1 --warmup 0s "$@" >"$WORK/load.txt" 2>&1 || {
     echo "training load failed ($what):" >&2
     cat "$WORK/load.txt" >&2
     exit 1
