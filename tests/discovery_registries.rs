@@ -13,6 +13,12 @@ use std::time::Duration;
 use support::*;
 use traffic_support::Named;
 
+/// Three origins answering `a`, `b` and `c`.
+async fn abc() -> (Named, Named, Named) {
+    let a = Named::start("a").await;
+    (a, Named::start("b").await, Named::start("c").await)
+}
+
 fn config(discovery: &str) -> String {
     format!(
         r#"{PREAMBLE}
@@ -97,11 +103,7 @@ async fn load(g: &TestGateway, clients: usize, each: usize, names: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_blocking_queries_follow_health_and_membership() {
     let consul = Consul::start().await;
-    let (a, b, c) = (
-        Named::start("a").await,
-        Named::start("b").await,
-        Named::start("c").await,
-    );
+    let (a, b, c) = abc().await;
     consul.register("api", "a", a.addr, 1).await;
     consul.register("api", "b", b.addr, 1).await;
     // Interval and wait of a minute: a change can only arrive in time as the answer to a
@@ -138,11 +140,7 @@ async fn consul_blocking_queries_follow_health_and_membership() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_down_keeps_the_last_servers() {
     let mut consul = Consul::start().await;
-    let (a, b, c) = (
-        Named::start("a").await,
-        Named::start("b").await,
-        Named::start("c").await,
-    );
+    let (a, b, c) = abc().await;
     consul.register("api", "a", a.addr, 1).await;
     consul.register("api", "b", b.addr, 1).await;
     let g = start_gateway(&config(&format!(
@@ -225,11 +223,7 @@ async fn consul_unreachable_at_start_rejects_the_config() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eureka_follows_status_and_keeps_the_last_servers_when_down() {
     let mut eureka = Eureka::start().await;
-    let (a, b, c) = (
-        Named::start("a").await,
-        Named::start("b").await,
-        Named::start("c").await,
-    );
+    let (a, b, c) = abc().await;
     eureka.register("api", "a", a.addr).await;
     eureka.register("api", "b", b.addr).await;
     // The first service URL is dead: the second one answers.
@@ -267,11 +261,7 @@ async fn eureka_follows_status_and_keeps_the_last_servers_when_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_endpointslices_follow_readiness_and_membership() {
     let mut kube = registry_support::kube::Kube::start().await;
-    let (a, b, c) = (
-        Named::start("a").await,
-        Named::start("b").await,
-        Named::start("c").await,
-    );
+    let (a, b, c) = abc().await;
     // FQDN endpoints (the API server refuses loopback addresses), which the gateway's
     // resolver turns into 127.0.0.1 through this DNS responder.
     let ips = std::sync::Arc::new(std::sync::Mutex::new(vec![std::net::Ipv4Addr::LOCALHOST]));
