@@ -84,6 +84,13 @@ pub struct BenchArgs {
     /// Connections of the saturation step(s).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub saturation_connections: Vec<usize>,
+    /// Connections of the churn step(s), overriding the default 16,64.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub churn_connections: Vec<usize>,
+    /// Response body of every scenario but gzip (10 KB): bytes, or with a `KB` or `MB` suffix
+    /// (powers of 1024), up to 64 MB.
+    #[arg(long, value_name = "SIZE", default_value = "1KB", value_parser = scenarios::parse_body)]
+    pub body: usize,
     /// Run only these systems (comma-separated): keymaster, nginx, haproxy, direct, peer names.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub only: Vec<String>,
@@ -324,7 +331,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
     stub.wait_ready(stub_addr, Duration::from_secs(10))?;
     progress(&format!("stub origin on {stub_addr} (pid {})", stub.pid()));
 
-    let max_conns = ((nofile.saturating_sub(200)) / 2).clamp(256, 8000) as usize;
+    let max_conns = ((nofile.saturating_sub(200)) / 2).clamp(256, 40_000) as usize;
     // One certificate for every system (TLS scenarios only).
     let cert = if scenarios.iter().any(|s| s.tls) {
         Some(crate::load::tls::make_bench_cert(
@@ -829,6 +836,42 @@ mod tests {
         assert!(scenarios(&parse(&["--preset", "1999"])).is_err());
         let custom = scenarios(&parse(&["--connections", "10,20"])).unwrap();
         assert_eq!(custom[0].connections, [10, 20]);
+    }
+
+    #[test]
+    fn body_size_and_churn_steps() {
+        let big = scenarios(&parse(&[
+            "--body",
+            "1MB",
+            "--churn-connections",
+            "256",
+            "--scenario",
+            "saturation,gzip,churn",
+        ]))
+        .unwrap();
+        assert_eq!(big[0].path, "/?length=1048576");
+        assert!(big[0].title.contains("1 MB body"), "{}", big[0].title);
+        assert_eq!(big[1].path, "/?length=10240&gzip=1&dither=50");
+        assert_eq!(
+            (big[2].path.as_str(), &big[2].connections[..]),
+            ("/?length=1048576", &[256][..])
+        );
+        for (text, bytes) in [
+            ("1500", 1500),
+            ("10KB", 10240),
+            ("100k", 102_400),
+            ("64 MB", 64 << 20),
+        ] {
+            assert_eq!(parse(&["--body", text]).body, bytes, "{text}");
+        }
+        for bad in ["0", "65MB", "1GB", "ten", "", "99999999999999999999"] {
+            assert!(
+                Cli::try_parse_from(["bench", "--body", bad]).is_err(),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(scenarios::size_label(1500), "1500 B");
+        assert_eq!(scenarios::size_label(100 << 10), "100 KB");
     }
 
     #[test]

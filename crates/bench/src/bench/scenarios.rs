@@ -37,6 +37,44 @@ pub struct Scenario {
 /// The seed's ramp (2013 report): 700 to 2000 connections.
 pub const PRESET_2013: [usize; 8] = [700, 900, 1100, 1300, 1500, 1700, 1900, 2000];
 
+/// The largest `--body`: a step's responses are held in memory only a buffer at a time, but
+/// a 64 MB response over hundreds of connections is a network benchmark, not a proxy's.
+const MAX_BODY: usize = 64 << 20;
+
+/// `--body`: bytes, or a number with a `KB` or `MB` suffix (powers of 1024; `k`, `m` too).
+pub fn parse_body(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1 << 10,
+        "m" | "mb" => 1 << 20,
+        _ => {
+            return Err(format!(
+                "{text:?}: a size is bytes or a number with KB or MB"
+            ))
+        }
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{text:?}: a size is bytes or a number with KB or MB"))?;
+    match n.checked_mul(scale) {
+        Some(0) => Err("--body must be at least 1 byte".into()),
+        Some(b) if b <= MAX_BODY => Ok(b),
+        _ => Err(format!("{text:?}: at most 64 MB")),
+    }
+}
+
+/// A body size as the reports write it: `1 KB`, `10 KB`, `1 MB`, `1500 B`.
+pub fn size_label(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
 /// The scenarios `args` asks for, with their steps.
 pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
     for s in &args.scenarios {
@@ -66,17 +104,21 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
     } else {
         args.saturation_connections.clone()
     };
-    let (gzip, churn) = if args.quick {
+    let (gzip, mut churn) = if args.quick {
         (vec![200], vec![32])
     } else {
         (vec![100, 200, 400], vec![16, 64])
     };
+    if !args.churn_connections.is_empty() {
+        churn = args.churn_connections.clone();
+    }
+    let (body, size) = (args.body, size_label(args.body));
     let tls_steps = if args.quick { vec![64] } else { vec![16, 64] };
     let all = vec![
         Scenario {
             name: "ramp",
-            title: "the seed ramp: 1 KB body, 50 ms stub delay".into(),
-            path: "/?length=1024&delay=50".into(),
+            title: format!("the seed ramp: {size} body, 50 ms stub delay"),
+            path: format!("/?length={body}&delay=50"),
             churn: false,
             tls: false,
             h2: false,
@@ -84,8 +126,8 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
         },
         Scenario {
             name: "saturation",
-            title: "no delay, 1 KB body: maximum throughput and CPU per request".into(),
-            path: "/?length=1024".into(),
+            title: format!("no delay, {size} body: maximum throughput and CPU per request"),
+            path: format!("/?length={body}"),
             churn: false,
             tls: false,
             h2: false,
@@ -102,8 +144,10 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
         },
         Scenario {
             name: "churn",
-            title: "connection churn: a new client connection per request, 1 KB, no delay".into(),
-            path: "/?length=1024".into(),
+            title: format!(
+                "connection churn: a new client connection per request, {size}, no delay"
+            ),
+            path: format!("/?length={body}"),
             churn: true,
             tls: false,
             h2: false,
@@ -112,10 +156,10 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
         Scenario {
             name: "tls-handshake",
             title: format!(
-                "TLS handshakes: a new connection and full handshake per request, 1 KB, no delay ({})",
+                "TLS handshakes: a new connection and full handshake per request, {size}, no delay ({})",
                 crate::load::tls::TLS_PARITY
             ),
-            path: "/?length=1024".into(),
+            path: format!("/?length={body}"),
             churn: true,
             tls: true,
             h2: false,
@@ -124,10 +168,10 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
         Scenario {
             name: "tls",
             title: format!(
-                "keep-alive over TLS, 1 KB, no delay: CPU per TLS request ({})",
+                "keep-alive over TLS, {size}, no delay: CPU per TLS request ({})",
                 crate::load::tls::TLS_PARITY
             ),
-            path: "/?length=1024".into(),
+            path: format!("/?length={body}"),
             churn: false,
             tls: true,
             h2: false,
@@ -135,8 +179,8 @@ pub fn scenarios(args: &BenchArgs) -> Result<Vec<Scenario>, String> {
         },
         Scenario {
             name: "h2",
-            title: "HTTP/2 from the client (prior knowledge, one stream at a time per connection), 1 KB, no delay: CPU per request over h2".into(),
-            path: "/?length=1024".into(),
+            title: format!("HTTP/2 from the client (prior knowledge, one stream at a time per connection), {size}, no delay: CPU per request over h2"),
+            path: format!("/?length={body}"),
             churn: false,
             tls: false,
             h2: true,
