@@ -13,7 +13,8 @@
 # end. Everything is tarred into $OUT/bench16.tar.gz after every phase; at the end
 # bench-scale-report.py writes $OUT/report/ (tables.md, results.csv, workers-scaling.svg).
 # Knobs (for a short local check): SCALE, WORKERS, PERWORKER, SATCONNS, BODIES, BODYCONNS,
-# CHURNCONNS, CONNS, DUR, WARM, SETTLE, BUDGET.
+# CHURNCONNS, CONNS, RAMPONLY (systems), RAMPLIMIT (seconds), DUR, WARM, SETTLE, BUDGET; a
+# phase list set to " " skips it (SCALE=" " BODIES=" ": the ramp alone).
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export PATH="$D/bin:$PATH"
@@ -36,6 +37,8 @@ BODIES=${BODIES:-"10KB 100KB 1MB"}
 BODYCONNS=${BODYCONNS:-64}
 CHURNCONNS=${CHURNCONNS:-256}
 CONNS=${CONNS:-700,2000,8000,16000}
+RAMPONLY=${RAMPONLY:-keymaster,nginx,haproxy}
+RAMPLIMIT=${RAMPLIMIT:-170}
 DUR=${DUR:-4s}
 WARM=${WARM:-2s}
 SETTLE=${SETTLE:-1s}
@@ -82,7 +85,7 @@ for b in $BODIES; do
   step "body-$b-w$WORKERS" 40 "$WORKERS" --only keymaster,nginx \
     --scenario saturation --saturation-connections "$BODYCONNS" --body "$b"
 done
-step "ramp-w$WORKERS" 170 "$WORKERS" --only keymaster,nginx,haproxy --scenario ramp --connections "$CONNS"
+step "ramp-w$WORKERS" "$RAMPLIMIT" "$WORKERS" --only "$RAMPONLY" --scenario ramp --connections "$CONNS"
 kill "$SAMPLER" 2>/dev/null
 tar -C /tmp -czf "$OUT/bench16.tar.gz" km-bench
 cp "$R/machine.txt" "$OUT/machine.txt"

@@ -160,6 +160,116 @@ async fn past_the_budget_clients_and_requests_wait_and_every_one_is_served() {
     assert!(metric(&m, "process_open_fds") < LIMIT as f64, "{m}");
 }
 
+/// Keep-alive clients, which never leave to make room: the first ones ask without pause,
+/// so that their origin connections take what the clients leave free and are never idle;
+/// clients that come later, still under the clients' share, are let in all the same (the
+/// origin connections past their share are closed between requests). Then every client
+/// asks at once and all are served through the origin connections' share, queued first
+/// come, first served, within the connect timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_keep_alive_clients_get_in_while_origin_connections_are_busy() {
+    const LIMIT: libc::rlim_t = 160;
+    let (budget, clients_max) = budget_of(LIMIT as usize);
+    let first = clients_max * 3 / 4;
+    let origin = stub();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keymaster.toml");
+    std::fs::write(&path, config_text(origin.local_addr(), "", "")).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"));
+    cmd.arg("run").arg("--config").arg(&path);
+    limit(&mut cmd, LIMIT, LIMIT);
+    let p = spawn_keymaster_command(cmd);
+    let (addr, admin) = (p.addr(), p.admin.expect("admin listener"));
+    let origins = || async move {
+        let m = String::from_utf8_lossy(&get(admin, "/metrics").await.body).into_owned();
+        metric(&m, r#"keymaster_upstream_connections{cluster="origin"}"#) as usize
+    };
+    // The first clients ask in a loop until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for _ in 0..first {
+        let mut c = Client::connect(addr).await;
+        let stop = stop.clone();
+        busy.push(tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                statuses.push(c.get("/?delay=20").await.status);
+            }
+            (c, statuses)
+        }));
+    }
+    let mut seen = 0;
+    for _ in 0..100 {
+        seen = origins().await;
+        if seen > budget - clients_max {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        seen > budget - clients_max,
+        "origin connections took more than their share ({seen}): what the test is about"
+    );
+    // Later clients up to the clients' share, while the first keep asking.
+    let late = (first..clients_max).map(|_| {
+        tokio::spawn(async move {
+            let mut c = Client::connect(addr).await;
+            let status = tokio::time::timeout(Duration::from_secs(5), c.get("/?delay=20"))
+                .await
+                .map_or(0, |r| r.status);
+            (c, status)
+        })
+    });
+    let mut clients = Vec::new();
+    let mut late_statuses = Vec::new();
+    for l in late.collect::<Vec<_>>() {
+        let (c, status) = l.await.unwrap();
+        clients.push(c);
+        late_statuses.push(status);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in busy {
+        let (c, statuses) = b.await.unwrap();
+        assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+        clients.push(c);
+    }
+    assert!(
+        late_statuses.iter().all(|s| *s == 200),
+        "late clients let in and served while the others kept asking: {late_statuses:?}"
+    );
+    // Every client asks at once: the origin connections' share serves them all in turn.
+    let asks = clients.into_iter().map(|mut c| {
+        tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_secs(10), c.get("/?delay=50"))
+                .await
+                .map_or(0, |r| r.status)
+        })
+    });
+    let mut statuses = Vec::new();
+    for a in asks.collect::<Vec<_>>() {
+        statuses.push(a.await.unwrap());
+    }
+    assert_eq!(statuses.len(), clients_max);
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "all served: {statuses:?}"
+    );
+    let m = String::from_utf8_lossy(&get(admin, "/metrics").await.body).into_owned();
+    for name in [
+        r#"keymaster_descriptor_waits_total{op="accept"}"#,
+        r#"keymaster_descriptor_waits_total{op="connect"}"#,
+    ] {
+        assert!(metric(&m, name) >= 1.0, "{name}: {m}");
+    }
+    for name in [
+        r#"keymaster_descriptors_exhausted_total{op="connect"}"#,
+        r#"keymaster_descriptors_exhausted_total{op="accept"}"#,
+    ] {
+        assert_eq!(metric(&m, name), 0.0, "{name}: {m}");
+    }
+    assert!(metric(&m, "process_open_fds") < LIMIT as f64, "{m}");
+}
+
 /// Descriptors run out all the same (here: admin connections, which the budget does not
 /// count, take the last ones): a request on an accepted connection that cannot get an
 /// origin connection is a 503 `local_descriptors_exhausted`, not a 502; the healthy origin

@@ -9,16 +9,22 @@
 //! **The budget** ([`Budget`], one per process, as the descriptor table is) counts the
 //! client and origin connections open against the limit less a reserve (listening sockets,
 //! the runtimes' event queues, logs, health checks, control-plane fetches). Client
-//! connections may fill it only up to [`CLIENT_SHARE`]; the rest is kept for their origin
-//! connections. So an accepted client is not failed for want of a descriptor:
-//! - past the clients' share, accepting pauses and new clients wait in the backlog until a
-//!   connection closes (`downstream::accept_loop`);
-//! - past the whole budget, a request that needs a new origin connection waits (within its
-//!   connect timeout) for one to be freed: an idle connection of its server that another
-//!   request gives back, a descriptor another connection releases, or one taken from an idle
-//!   connection of this worker's pools, closed for it (`upstream::pool`). While requests
-//!   wait, connections given back are closed rather than kept idle, unless a request on the
-//!   same worker waits for them.
+//! connections may take up to [`CLIENT_SHARE`] of it; the rest is kept for their origin
+//! connections, which may also use what the clients leave free. So an accepted client is
+//! not failed for want of a descriptor:
+//! - past the clients' share, or with the budget spent, accepting pauses and new clients
+//!   wait in the backlog until a connection closes (`downstream::accept_loop`). While they
+//!   wait, origin connections get no more than their share: those given back past it are
+//!   closed, so that clients under their share get in (keep-alive clients never leave to
+//!   make room; origin connections do, between requests);
+//! - past the whole budget, a request that needs a new origin connection queues in its
+//!   worker (`upstream::waiters`, first come, first served) within its connect timeout: a
+//!   connection another request gives back goes to the oldest request for its server, and
+//!   the oldest of all waits for a descriptor another connection releases, or takes one
+//!   from an idle connection of this worker's pools, closed for it (`upstream::pool`).
+//!   While requests wait, connections given back are closed rather than kept idle, unless
+//!   a request of the same worker takes them. A freed descriptor wakes the head of each
+//!   worker's queue, not every waiting request.
 //!
 //! When descriptors run out all the same (another process, the system-wide limit),
 //! accepting backs off, a connect to an origin is a 503 of its own category
@@ -161,36 +167,47 @@ pub(crate) struct Budget {
     limit: usize,
     /// Client connections are accepted while fewer than this are open.
     clients_max: usize,
+    /// Client and origin connections open.
     open: AtomicUsize,
+    /// Client connections open.
+    clients: AtomicUsize,
     /// Accept loops and requests waiting for room.
     waiting: AtomicUsize,
     /// Requests waiting for an origin connection.
     origin_waiting: AtomicUsize,
+    /// Accept loops waiting for room.
+    accept_waiting: AtomicUsize,
     /// Wakes the waiting when a connection closes.
     freed: Notify,
 }
 
 /// One connection's place in a [`Budget`], given back on drop.
-pub(crate) struct Descriptor(&'static Budget);
+pub(crate) struct Descriptor {
+    budget: &'static Budget,
+    client: bool,
+}
 
 impl Drop for Descriptor {
     fn drop(&mut self) {
-        self.0.release();
+        self.budget.release(self.client);
     }
 }
 
 /// A waiter counted in a [`Budget`] while it waits.
 pub(crate) struct Waiting {
     budget: &'static Budget,
+    /// A request waiting for an origin connection, or else an accept loop.
     origin: bool,
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
         self.budget.waiting.fetch_sub(1, SeqCst);
-        if self.origin {
-            self.budget.origin_waiting.fetch_sub(1, SeqCst);
-        }
+        let count = match self.origin {
+            true => &self.budget.origin_waiting,
+            false => &self.budget.accept_waiting,
+        };
+        count.fetch_sub(1, SeqCst);
     }
 }
 
@@ -201,8 +218,10 @@ impl Budget {
             limit,
             clients_max: limit / 8 * CLIENT_SHARE,
             open: AtomicUsize::new(0),
+            clients: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
             origin_waiting: AtomicUsize::new(0),
+            accept_waiting: AtomicUsize::new(0),
             freed: Notify::new(),
         }
     }
@@ -210,29 +229,57 @@ impl Budget {
     /// A client connection was accepted: its place (taken even past the clients' share,
     /// which a few concurrent accepts may overshoot; the origin share absorbs them).
     pub(crate) fn client(&'static self) -> Descriptor {
+        self.clients.fetch_add(1, SeqCst);
         self.open.fetch_add(1, SeqCst);
-        Descriptor(self)
+        Descriptor {
+            budget: self,
+            client: true,
+        }
     }
 
-    /// Whether a client may be accepted now.
+    /// Whether a client may be accepted now: the clients are under their share and the
+    /// budget is not spent.
     pub(crate) fn client_room(&self) -> bool {
-        self.open.load(SeqCst) < self.clients_max
+        self.clients.load(SeqCst) < self.clients_max && self.open.load(SeqCst) < self.limit
     }
 
-    /// A place for a new origin connection, if the budget has one.
+    /// A place for a new origin connection, if the budget has one. While clients wait to
+    /// be accepted, origin connections get no more than their share.
     pub(crate) fn origin(&'static self) -> Option<Descriptor> {
+        let share = self.limit - self.clients_max;
+        let crowded = self.accept_waiting.load(SeqCst) > 0;
         // A compare-and-swap, not an add undone on failure: undoing would count as a
         // release and wake every waiter, each of whom would fail and wake the others.
         self.open
-            .fetch_update(SeqCst, SeqCst, |n| (n < self.limit).then_some(n + 1))
+            .fetch_update(SeqCst, SeqCst, |n| {
+                let origins = n.saturating_sub(self.clients.load(SeqCst));
+                (n < self.limit && !(crowded && origins >= share)).then_some(n + 1)
+            })
             .ok()
-            .map(|_| Descriptor(self))
+            .map(|_| Descriptor {
+                budget: self,
+                client: false,
+            })
     }
 
     /// Requests are waiting for origin connections: connections given back are closed
     /// rather than kept idle (unless a request on the same worker waits for them).
     pub(crate) fn pressed(&self) -> bool {
         self.origin_waiting.load(SeqCst) > 0
+    }
+
+    /// Clients wait to be accepted while origin connections hold more than their share:
+    /// origin connections given back are closed, not kept or handed on, until the clients
+    /// have their room.
+    pub(crate) fn clients_crowded(&self) -> bool {
+        if self.accept_waiting.load(SeqCst) == 0 {
+            return false;
+        }
+        let origins = self
+            .open
+            .load(SeqCst)
+            .saturating_sub(self.clients.load(SeqCst));
+        origins > self.limit - self.clients_max
     }
 
     /// Wait until a client may be accepted (checked at least once a second).
@@ -261,16 +308,21 @@ impl Budget {
 
     fn waiting(&'static self, origin: bool) -> Waiting {
         self.waiting.fetch_add(1, SeqCst);
-        if origin {
-            self.origin_waiting.fetch_add(1, SeqCst);
-        }
+        let count = match origin {
+            true => &self.origin_waiting,
+            false => &self.accept_waiting,
+        };
+        count.fetch_add(1, SeqCst);
         Waiting {
             budget: self,
             origin,
         }
     }
 
-    fn release(&self) {
+    fn release(&self, client: bool) {
+        if client {
+            self.clients.fetch_sub(1, SeqCst);
+        }
         self.open.fetch_sub(1, SeqCst);
         if self.waiting.load(SeqCst) > 0 {
             self.freed.notify_waiters();
@@ -335,6 +387,28 @@ mod tests {
         assert!(b.origin().is_some());
         drop(clients);
         assert!(b.client_room());
+    }
+
+    /// Origin connections may use what clients leave free; while clients wait to be
+    /// accepted, they get no more than their share, and those past it are to be closed.
+    #[test]
+    fn waiting_clients_push_origin_connections_back_to_their_share() {
+        let b = leaked(16); // 14 for clients, 2 kept for origin connections
+        let clients: Vec<_> = (0..4).map(|_| b.client()).collect();
+        let mut origins: Vec<_> = std::iter::from_fn(|| b.origin()).collect();
+        assert_eq!(origins.len(), 12, "what the clients leave free");
+        assert!(!b.client_room() && !b.clients_crowded());
+        let accept = b.waiting(false);
+        assert!(b.clients_crowded());
+        origins.truncate(3);
+        assert!(b.client_room(), "closed origin connections made room");
+        assert!(b.clients_crowded(), "3 is past the share of 2");
+        origins.pop();
+        assert!(!b.clients_crowded());
+        assert!(b.origin().is_none(), "at their share while clients wait");
+        drop(accept);
+        assert!(b.origin().is_some());
+        drop(clients);
     }
 
     /// A waiting accept loop is woken by the connection that closes; a request waiting for

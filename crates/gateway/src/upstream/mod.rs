@@ -31,6 +31,7 @@ pub(crate) mod pool;
 pub(crate) mod probe;
 pub(crate) mod ring;
 pub(crate) mod tls;
+pub(crate) mod waiters;
 
 use http::HeaderValue;
 use std::collections::HashMap;

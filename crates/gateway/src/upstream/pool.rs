@@ -6,17 +6,17 @@
 //! HTTP/2 connections are shared rather than checked out: see [`super::h2`], whose pools
 //! live here too so the worker sweeps and clears both.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::conn::Conn;
 use super::connect::{connect, Connected};
 use super::h2::H2Pools;
+use super::waiters::Waiters;
 use super::{Cluster, OriginServer};
 use crate::descriptors::{self, Descriptor};
 use keymaster_http::error::{Error, Kind};
@@ -98,8 +98,8 @@ enum Got {
 }
 
 /// A place in the descriptor budget for a new connection to `server`, waiting for one
-/// within `timeout` when the budget is spent. The wait is boxed: its state is needed only
-/// when descriptors run short.
+/// within `timeout` when the budget is spent or requests of this worker already wait
+/// (behind them). The wait is boxed: its state is needed only when descriptors run short.
 async fn descriptor(
     pools: &Pools,
     cluster: &Cluster,
@@ -107,8 +107,10 @@ async fn descriptor(
     reuse: bool,
     timeout: Duration,
 ) -> Result<Got, Error> {
-    if let Some(d) = descriptors::budget().origin() {
-        return Ok(Got::Descriptor(d, timeout));
+    if pools.waiters.is_empty() {
+        if let Some(d) = descriptors::budget().origin() {
+            return Ok(Got::Descriptor(d, timeout));
+        }
     }
     cluster.metrics.descriptor_waits.inc();
     Box::pin(pools.wait_for_descriptor(server, reuse, Instant::now() + timeout)).await
@@ -180,10 +182,8 @@ pub(crate) struct Pools {
     by_origin: RefCell<Vec<ServerPool>>,
     /// HTTP/2 connections, shared by concurrent requests.
     pub(crate) h2: H2Pools,
-    /// Requests of this worker waiting for the descriptor budget.
-    waiting: Cell<usize>,
-    /// Wakes them when a connection is given back to these pools.
-    given_back: Notify,
+    /// Requests of this worker waiting for the descriptor budget, in arrival order.
+    waiters: Waiters<Conn>,
 }
 
 impl Pools {
@@ -212,17 +212,24 @@ impl Pools {
         None
     }
 
-    /// Return a connection after a clean exchange; dropped if the pool is full, or while
-    /// requests wait for descriptors and none of them is on this worker (closing it frees
-    /// one for them).
+    /// Return a connection after a clean exchange: to the oldest request of this worker
+    /// waiting for its server, or to the pool. Closed instead (which frees a descriptor)
+    /// when the pool is full, when other requests wait for descriptors, on this worker or
+    /// another, or when clients wait to be accepted for want of the descriptors origin
+    /// connections hold past their share.
     pub(crate) fn put(&self, conn: Conn, max_idle: usize, idle_timeout: Duration, now: Instant) {
         // An HTTP/1.1 connection in hand (given back by its response body).
         if !conn.is_h1() || !conn.is_ready() || max_idle == 0 {
             return;
         }
-        if self.waiting.get() > 0 {
-            self.given_back.notify_waiters();
-        } else if descriptors::budget().pressed() {
+        let budget = descriptors::budget();
+        if budget.clients_crowded() {
+            return;
+        }
+        let Err(conn) = self.waiters.hand(conn.server.state.id, conn) else {
+            return;
+        };
+        if !self.waiters.is_empty() || budget.pressed() {
             return;
         }
         let id = conn.server.state.id;
@@ -241,11 +248,13 @@ impl Pools {
     /// Close idle connections past their idle timeout, already closed by the origin, to a
     /// server the running config no longer has (`live(origin id)` is false: removed by
     /// service discovery or a reload), or all of them while other workers' requests wait
-    /// for descriptors. HTTP/2 connections too (their streams in flight finish).
+    /// for descriptors or clients wait to be accepted for want of them. HTTP/2
+    /// connections too (their streams in flight finish).
     pub(crate) fn sweep(&self, now: Instant, live: impl Fn(usize) -> bool) {
         self.h2.sweep(now, &live);
-        // Requests of other workers wait for descriptors: idle connections here free them.
-        let pressed = self.waiting.get() == 0 && descriptors::budget().pressed();
+        // Idle connections here free descriptors for those who wait for them elsewhere.
+        let budget = descriptors::budget();
+        let pressed = budget.clients_crowded() || (self.waiters.is_empty() && budget.pressed());
         let mut pools = self.by_origin.borrow_mut();
         for (id, pool) in pools.iter_mut().enumerate() {
             if !live(id) || pressed {
@@ -258,9 +267,10 @@ impl Pools {
         }
     }
 
-    /// Wait, until `deadline`, for a descriptor to open a connection to `server` with: one
-    /// the budget gets back, or one of this worker's idle connections closed for it; or,
-    /// with `reuse`, for an idle connection to `server` given back meanwhile.
+    /// Wait in this worker's queue, until `deadline`, for a connection to `server`: with
+    /// `reuse`, one given back by another request; or, at the head of the queue, a
+    /// descriptor to open one with (one the budget gets back, or one of this worker's idle
+    /// connections closed for it).
     async fn wait_for_descriptor(
         &self,
         server: &OriginServer,
@@ -269,32 +279,28 @@ impl Pools {
     ) -> Result<Got, Error> {
         let budget = descriptors::budget();
         let _counted = budget.origin_waiter();
-        self.waiting.set(self.waiting.get() + 1);
-        let _uncount = Uncount(&self.waiting);
+        let ticket = self.waiters.join(server.state.id, reuse);
         loop {
-            // Registered before looking, so that nothing freed in between is missed.
-            let (freed, given_back) = (budget.freed(), self.given_back.notified());
-            tokio::pin!(freed, given_back);
-            freed.as_mut().enable();
-            given_back.as_mut().enable();
-            if let Some(c) = reuse
-                .then(|| self.checkout(server.state.id, Instant::now()))
-                .flatten()
-            {
+            if let Some(c) = ticket.take() {
                 return Ok(Got::Pooled(c));
             }
-            if let Some(d) = budget.origin() {
-                return Ok(Got::Descriptor(
-                    d,
-                    deadline.saturating_duration_since(Instant::now()),
-                ));
-            }
-            if self.close_oldest_idle() {
-                continue;
+            let head = ticket.is_head();
+            // Registered before looking, so that nothing freed in between is missed.
+            let freed = budget.freed();
+            tokio::pin!(freed);
+            if head {
+                freed.as_mut().enable();
+                if let Some(d) = budget.origin() {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    return Ok(Got::Descriptor(d, left));
+                }
+                if self.close_oldest_idle() {
+                    continue;
+                }
             }
             tokio::select! {
-                _ = freed => {}
-                _ = given_back => {}
+                _ = freed, if head => {}
+                _ = ticket.woken() => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(Error::new(
                         Kind::NoDescriptors,
@@ -324,14 +330,5 @@ impl Pools {
     pub(crate) fn clear(&self) {
         self.h2.clear();
         self.by_origin.borrow_mut().clear();
-    }
-}
-
-/// Takes one off a count when dropped.
-struct Uncount<'a>(&'a Cell<usize>);
-
-impl Drop for Uncount<'_> {
-    fn drop(&mut self) {
-        self.0.set(self.0.get() - 1);
     }
 }
