@@ -203,9 +203,10 @@ pub(crate) struct Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         self.budget.waiting.fetch_sub(1, SeqCst);
-        let count = match self.origin {
-            true => &self.budget.origin_waiting,
-            false => &self.budget.accept_waiting,
+        let count = if self.origin {
+            &self.budget.origin_waiting
+        } else {
+            &self.budget.accept_waiting
         };
         count.fetch_sub(1, SeqCst);
     }
@@ -308,9 +309,10 @@ impl Budget {
 
     fn waiting(&'static self, origin: bool) -> Waiting {
         self.waiting.fetch_add(1, SeqCst);
-        let count = match origin {
-            true => &self.origin_waiting,
-            false => &self.accept_waiting,
+        let count = if origin {
+            &self.origin_waiting
+        } else {
+            &self.accept_waiting
         };
         count.fetch_add(1, SeqCst);
         Waiting {

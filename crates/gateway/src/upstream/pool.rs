@@ -213,10 +213,10 @@ impl Pools {
     }
 
     /// Return a connection after a clean exchange: to the oldest request of this worker
-    /// waiting for its server, or to the pool. Closed instead (which frees a descriptor)
-    /// when the pool is full, when other requests wait for descriptors, on this worker or
-    /// another, or when clients wait to be accepted for want of the descriptors origin
-    /// connections hold past their share.
+    /// waiting for its server, or to the pool (a full one closes its oldest). Closed
+    /// instead, which frees a descriptor, while other requests wait for descriptors (on
+    /// this worker or another), or while clients wait to be accepted for want of the
+    /// descriptors origin connections hold past their share.
     pub(crate) fn put(&self, conn: Conn, max_idle: usize, idle_timeout: Duration, now: Instant) {
         // An HTTP/1.1 connection in hand (given back by its response body).
         if !conn.is_h1() || !conn.is_ready() || max_idle == 0 {
