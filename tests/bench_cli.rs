@@ -19,6 +19,8 @@ fn quick_bench_with_keymaster_and_the_stub() {
             "saturation",
             "--saturation-connections",
             "4,8",
+            "--body",
+            "3KB",
             "--duration",
             "1s",
             "--settle",
@@ -60,11 +62,20 @@ fn quick_bench_with_keymaster_and_the_stub() {
 
     // --json: the run on stdout, with CPU figures for keymaster and none for direct.
     let json: serde_json::Value = serde_json::from_slice(&run.stdout).expect("JSON on stdout");
-    let steps = json["scenarios"][0]["steps"].as_array().unwrap();
+    let scenario = &json["scenarios"][0];
+    assert_eq!(scenario["path"], "/?length=3072", "--body 3KB");
+    assert!(scenario["title"].as_str().unwrap().contains("3 KB body"));
+    let steps = scenario["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 4);
     for s in steps {
         let m = &s["median"];
         assert!(m["requests"].as_u64().unwrap() > 0, "{s}");
+        // Bytes read per response: the 3 KB body and a head of a few hundred bytes.
+        let per_response = m["mbps"].as_f64().unwrap() * 1e6 / 8.0 / m["rps"].as_f64().unwrap();
+        assert!(
+            (3072.0..3700.0).contains(&per_response),
+            "{per_response} bytes: {s}"
+        );
         assert_eq!(s["errors"], false);
         if s["system"] == "keymaster" {
             assert!(m["cpu_ms_per_1k"].as_f64().unwrap() > 0.0, "{s}");

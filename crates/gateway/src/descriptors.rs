@@ -32,7 +32,7 @@
 //! open its socket gives no verdict.
 
 use keymaster_config::Config;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -167,10 +167,11 @@ pub(crate) struct Budget {
     limit: usize,
     /// Client connections are accepted while fewer than this are open.
     clients_max: usize,
-    /// Client and origin connections open.
-    open: AtomicUsize,
-    /// Client connections open.
-    clients: AtomicUsize,
+    /// The connections open (client and origin) in the low 32 bits, the client
+    /// connections among them in the high 32: one atomic operation per connection opened
+    /// or closed. On a cache line of its own, apart from the waiter counts that every
+    /// connection given back to a pool reads.
+    counts: CacheLine<AtomicU64>,
     /// Accept loops and requests waiting for room.
     waiting: AtomicUsize,
     /// Requests waiting for an origin connection.
@@ -179,6 +180,20 @@ pub(crate) struct Budget {
     accept_waiting: AtomicUsize,
     /// Wakes the waiting when a connection closes.
     freed: Notify,
+}
+
+/// A value alone on its 64-byte cache line.
+#[repr(align(64))]
+struct CacheLine<T>(T);
+
+/// One client connection in [`Budget::counts`] (it counts among the open ones too).
+const CLIENT: u64 = (1 << 32) | 1;
+/// One origin connection in [`Budget::counts`].
+const ORIGIN: u64 = 1;
+
+/// `(open, clients)` from [`Budget::counts`].
+fn split(counts: u64) -> (usize, usize) {
+    ((counts & 0xffff_ffff) as usize, (counts >> 32) as usize)
 }
 
 /// One connection's place in a [`Budget`], given back on drop.
@@ -214,12 +229,15 @@ impl Drop for Waiting {
 
 impl Budget {
     fn new(limit: u64) -> Budget {
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX).max(8);
+        // At most 2^31, so that the open count never reaches the clients' half of `counts`
+        // (no descriptor table is that large; an unlimited limit means this one).
+        let limit = usize::try_from(limit.min(1 << 31))
+            .unwrap_or(1 << 31)
+            .max(8);
         Budget {
             limit,
             clients_max: limit / 8 * CLIENT_SHARE,
-            open: AtomicUsize::new(0),
-            clients: AtomicUsize::new(0),
+            counts: CacheLine(AtomicU64::new(0)),
             waiting: AtomicUsize::new(0),
             origin_waiting: AtomicUsize::new(0),
             accept_waiting: AtomicUsize::new(0),
@@ -230,8 +248,7 @@ impl Budget {
     /// A client connection was accepted: its place (taken even past the clients' share,
     /// which a few concurrent accepts may overshoot; the origin share absorbs them).
     pub(crate) fn client(&'static self) -> Descriptor {
-        self.clients.fetch_add(1, SeqCst);
-        self.open.fetch_add(1, SeqCst);
+        self.counts.0.fetch_add(CLIENT, SeqCst);
         Descriptor {
             budget: self,
             client: true,
@@ -241,7 +258,8 @@ impl Budget {
     /// Whether a client may be accepted now: the clients are under their share and the
     /// budget is not spent.
     pub(crate) fn client_room(&self) -> bool {
-        self.clients.load(SeqCst) < self.clients_max && self.open.load(SeqCst) < self.limit
+        let (open, clients) = split(self.counts.0.load(SeqCst));
+        clients < self.clients_max && open < self.limit
     }
 
     /// A place for a new origin connection, if the budget has one. While clients wait to
@@ -251,10 +269,12 @@ impl Budget {
         let crowded = self.accept_waiting.load(SeqCst) > 0;
         // A compare-and-swap, not an add undone on failure: undoing would count as a
         // release and wake every waiter, each of whom would fail and wake the others.
-        self.open
+        self.counts
+            .0
             .fetch_update(SeqCst, SeqCst, |n| {
-                let origins = n.saturating_sub(self.clients.load(SeqCst));
-                (n < self.limit && !(crowded && origins >= share)).then_some(n + 1)
+                let (open, clients) = split(n);
+                let origins = open - clients;
+                (open < self.limit && !(crowded && origins >= share)).then_some(n + ORIGIN)
             })
             .ok()
             .map(|_| Descriptor {
@@ -276,11 +296,8 @@ impl Budget {
         if self.accept_waiting.load(SeqCst) == 0 {
             return false;
         }
-        let origins = self
-            .open
-            .load(SeqCst)
-            .saturating_sub(self.clients.load(SeqCst));
-        origins > self.limit - self.clients_max
+        let (open, clients) = split(self.counts.0.load(SeqCst));
+        open - clients > self.limit - self.clients_max
     }
 
     /// Wait until a client may be accepted (checked at least once a second).
@@ -322,10 +339,9 @@ impl Budget {
     }
 
     fn release(&self, client: bool) {
-        if client {
-            self.clients.fetch_sub(1, SeqCst);
-        }
-        self.open.fetch_sub(1, SeqCst);
+        self.counts
+            .0
+            .fetch_sub(if client { CLIENT } else { ORIGIN }, SeqCst);
         if self.waiting.load(SeqCst) > 0 {
             self.freed.notify_waiters();
         }

@@ -5,13 +5,21 @@
 //! generator ([`crate::load`]), reads the system under test's CPU, context switches and RSS from
 //! `/proc` ([`procfs`]) around every measured window, and writes `report.md`, SVG charts and
 //! `results.json` ([`report`]). See `docs/benchmarking.md` for the method.
+//!
+//! A run, in order ([`run_bench`]): `plan` (check the arguments, make the results
+//! directory, pin the generator, raise the open-files limit) → `start_stub` → `measure`
+//! (for each repeat and system: its `parity` settings, `start_system`, `warm_up`,
+//! `run_steps`, each step a `step::run_step`) → `assemble` → [`report::write_results`] →
+//! `finish`. The command line is [`BenchArgs`].
 
+mod args;
 mod compare;
 mod machine;
 pub mod model;
 pub mod procfs;
 pub mod report;
 mod scenarios;
+mod step;
 pub mod svg;
 pub mod systems;
 pub mod wrk;
@@ -20,143 +28,18 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use crate::load::{parse_duration, run_load, LoadConfig, LoadReport};
-use model::{BenchRun, ProcFigures, Sample, ScenarioResult, Settings, StepResult, SystemInfo};
+use crate::load::LoadConfig;
+use model::{BenchRun, Sample, ScenarioResult, Settings, StepResult, SystemInfo};
+use step::{drive, run_step, Step};
 use systems::{CpuSet, Parity, Proc, SystemKind, SystemSpec};
 
+pub use args::{BenchArgs, Driver, PeerHeaders};
 pub use compare::{comparison_markdown, DriverComparison, AGREEMENT};
 use machine::machine;
 pub use machine::timestamp;
 pub use scenarios::{scenarios, Scenario, PRESET_2013, SCENARIOS};
-
-/// What the peers (nginx, HAProxy) do to headers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum PeerHeaders {
-    /// keymaster's default header duties.
-    #[default]
-    Duties,
-    /// Plain proxying.
-    Minimal,
-}
-
-/// Which program drives the load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Driver {
-    /// The in-process generator ([`crate::load`]).
-    #[default]
-    Builtin,
-    /// wrk as a child process ([`wrk`]); closed loop only.
-    Wrk,
-}
-
-impl Driver {
-    /// Name in the report.
-    pub fn name(self) -> &'static str {
-        match self {
-            Driver::Builtin => "builtin",
-            Driver::Wrk => "wrk",
-        }
-    }
-
-    /// The other driver.
-    pub fn other(self) -> Driver {
-        match self {
-            Driver::Builtin => Driver::Wrk,
-            Driver::Wrk => Driver::Builtin,
-        }
-    }
-}
-
-/// Arguments of `keymaster bench`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct BenchArgs {
-    /// Scenarios to run (repeatable or comma-separated): ramp, saturation, gzip, churn.
-    #[arg(long = "scenario", value_name = "NAME", value_delimiter = ',')]
-    pub scenarios: Vec<String>,
-    /// Ramp steps: `2013` = the seed's 700, 900, ... 1900, 2000 connections (1 KB, 50 ms).
-    #[arg(long, value_name = "NAME")]
-    pub preset: Option<String>,
-    /// Ramp connection steps (comma-separated), overriding the default 100,200,400,800,1600.
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
-    pub connections: Vec<usize>,
-    /// Connections of the saturation step(s).
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
-    pub saturation_connections: Vec<usize>,
-    /// Connections of the churn step(s), overriding the default 16,64.
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
-    pub churn_connections: Vec<usize>,
-    /// Response body of every scenario but gzip (10 KB): bytes, or with a `KB` or `MB` suffix
-    /// (powers of 1024), up to 64 MB.
-    #[arg(long, value_name = "SIZE", default_value = "1KB", value_parser = scenarios::parse_body)]
-    pub body: usize,
-    /// Run only these systems (comma-separated): keymaster, nginx, haproxy, direct, peer names.
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
-    pub only: Vec<String>,
-    /// Peers to look for: `auto` (nginx and HAProxy if installed) or `none`.
-    #[arg(long, value_name = "auto|none", default_value = "auto")]
-    pub peers: String,
-    /// What nginx and HAProxy do to headers: `duties` = keymaster's default header duties
-    /// (Host kept, X-Forwarded-For/-Proto/-Host, Via both ways, a request id to the origin
-    /// and back), so that every system does the same work and sends the stub and the
-    /// generator the same bytes; `minimal` = plain proxying (the runs before 2026-11-25).
-    #[arg(long, value_enum, value_name = "duties|minimal", default_value_t = PeerHeaders::Duties)]
-    pub peer_headers: PeerHeaders,
-    /// Another system: `NAME='command with {listen} {port} {origin} {workers}'` (repeatable).
-    #[arg(long = "peer", value_name = "NAME=CMD")]
-    pub extra_peers: Vec<String>,
-    /// keymaster binary to test (default: this one).
-    #[arg(long, value_name = "PATH")]
-    pub keymaster: Option<PathBuf>,
-    /// Workers of every system under test (threads for keymaster and HAProxy, processes for nginx).
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub workers: usize,
-    /// Pin the system under test to the first `workers` CPUs, the stub and generator to the rest.
-    #[arg(long)]
-    pub pin: bool,
-    /// Measured time per step (default 10s; 2s with --quick).
-    #[arg(short = 'd', long, value_name = "TIME", value_parser = parse_duration)]
-    pub duration: Option<Duration>,
-    /// Unmeasured time at the start of each step, at least 1 ms per connection (default 2s;
-    /// 500ms with --quick).
-    #[arg(long, value_name = "TIME", value_parser = parse_duration)]
-    pub settle: Option<Duration>,
-    /// Warm-up per system start (default 10s; 1s with --quick).
-    #[arg(long, value_name = "TIME", value_parser = parse_duration)]
-    pub warmup: Option<Duration>,
-    /// Repeat every step N times (each repeat a full pass over the systems); report min/median/max.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub repeats: usize,
-    /// Short steps and fewer of them: everything in under 3 minutes.
-    #[arg(long)]
-    pub quick: bool,
-    /// Open loop at this rate (requests/s) instead of closed loop.
-    #[arg(short = 'R', long, value_name = "REQ_PER_SEC")]
-    pub rate: Option<u64>,
-    /// Load generator threads (0 = the CPUs it may use).
-    #[arg(short = 't', long, value_name = "T", default_value_t = 0)]
-    pub threads: usize,
-    /// Per-request timeout.
-    #[arg(long, value_name = "TIME", default_value = "5s", value_parser = parse_duration)]
-    pub timeout: Duration,
-    /// Results directory (default bench-results/<UTC timestamp>).
-    #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
-    /// Note for the report header (e.g. "shared 2-core VM").
-    #[arg(long, value_name = "TEXT")]
-    pub note: Option<String>,
-    /// Print results.json to stdout (progress still goes to stderr).
-    #[arg(long)]
-    pub json: bool,
-    /// Load driver for every step: the built-in generator or wrk (must be on PATH).
-    #[arg(long, value_enum, value_name = "builtin|wrk", default_value_t = Driver::Builtin)]
-    pub driver: Driver,
-    /// Also run every step with the other driver, right after, and compare requests/s and p50
-    /// (flagged when they differ by more than 10%); writes drivers.md. Needs wrk.
-    #[arg(long)]
-    pub compare_drivers: bool,
-}
 
 /// The systems to run and the ones skipped (with why).
 pub fn discover_systems(args: &BenchArgs) -> Result<(Vec<SystemSpec>, Vec<SystemInfo>), String> {
@@ -239,6 +122,27 @@ struct Timings {
     warmup: Duration,
 }
 
+impl Timings {
+    fn of(args: &BenchArgs) -> Timings {
+        let pick = |set: Option<Duration>, quick: Duration, full: Duration| {
+            set.unwrap_or(if args.quick { quick } else { full })
+        };
+        Timings {
+            step: pick(
+                args.duration,
+                Duration::from_secs(2),
+                Duration::from_secs(10),
+            ),
+            settle: pick(
+                args.settle,
+                Duration::from_millis(500),
+                Duration::from_secs(2),
+            ),
+            warmup: pick(args.warmup, Duration::from_secs(1), Duration::from_secs(10)),
+        }
+    }
+}
+
 /// `keymaster bench`.
 pub fn bench_main(args: BenchArgs) -> Result<(), String> {
     let run = run_bench(&args)?;
@@ -249,8 +153,55 @@ pub fn bench_main(args: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Everything a run settles before it starts anything.
+struct Plan {
+    scenarios: Vec<Scenario>,
+    timings: Timings,
+    driver_note: String,
+    started: SystemTime,
+    /// The results directory, absolute (peers run with their work directory as cwd and get
+    /// these paths in their generated configs).
+    out: PathBuf,
+    logs: PathBuf,
+    cpus: usize,
+    /// With `--pin`: the system under test's CPUs, and the stub's and generator's.
+    sut_cpus: Option<CpuSet>,
+    load_cpus: Option<CpuSet>,
+    gen_threads: usize,
+    /// The open-files limit in force (raised to the hard limit).
+    nofile: u64,
+}
+
+/// What the systems' steps measured.
+#[derive(Default)]
+struct Measured {
+    /// Per (scenario index, system, connections): one sample per repeat.
+    samples: BTreeMap<(usize, String, usize), Vec<Sample>>,
+    /// Per system: whether it ran, and its config.
+    status: BTreeMap<String, SystemInfo>,
+    comparisons: Vec<DriverComparison>,
+}
+
 /// Runs the bench and writes the results directory; returns the run.
 pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
+    let plan = plan(args)?;
+    let (specs, infos) = discover_systems(args)?;
+    for info in &infos {
+        progress(&format!("{}: {}", info.name, info.status));
+    }
+    let (stub, stub_addr) = start_stub(&plan)?;
+    let mut measured = measure(args, &plan, &specs, stub_addr)?;
+    drop(stub);
+    let comparisons = std::mem::take(&mut measured.comparisons);
+    let run = assemble(args, &plan, &specs, infos, measured);
+    report::write_results(&run, &plan.out)?;
+    finish(args, &run, &plan.out, &comparisons)?;
+    Ok(run)
+}
+
+/// Checks the arguments, makes the results directory, pins this process (the generator) and
+/// raises its open-files limit.
+fn plan(args: &BenchArgs) -> Result<Plan, String> {
     let scenarios = scenarios(args)?;
     if args.repeats == 0 {
         return Err("--repeats must be at least 1".into());
@@ -258,23 +209,6 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
     if args.workers == 0 {
         return Err("--workers must be at least 1".into());
     }
-    let t = Timings {
-        step: args.duration.unwrap_or(if args.quick {
-            Duration::from_secs(2)
-        } else {
-            Duration::from_secs(10)
-        }),
-        settle: args.settle.unwrap_or(if args.quick {
-            Duration::from_millis(500)
-        } else {
-            Duration::from_secs(2)
-        }),
-        warmup: args.warmup.unwrap_or(if args.quick {
-            Duration::from_secs(1)
-        } else {
-            Duration::from_secs(10)
-        }),
-    };
     let driver_note = driver_note(args)?;
     let started = SystemTime::now();
     let out = args
@@ -282,10 +216,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("bench-results").join(timestamp(started, true)));
     std::fs::create_dir_all(out.join("logs")).map_err(|e| format!("{}: {e}", out.display()))?;
-    // Absolute from here on: peers run with their work directory as cwd and get these paths
-    // in their generated configs.
     let out = std::fs::canonicalize(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let logs = out.join("logs");
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (sut_cpus, load_cpus) = if args.pin {
         if args.workers >= cpus {
@@ -301,192 +232,255 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
     } else {
         (None, None)
     };
-    let load_cpu_count = load_cpus.as_ref().map_or(cpus, |c| c.0.len());
-    let gen_threads = if args.threads > 0 {
-        args.threads
-    } else {
-        load_cpu_count
+    let gen_threads = match args.threads {
+        0 => load_cpus.as_ref().map_or(cpus, |c| c.0.len()),
+        n => n,
     };
     let nofile = systems::raise_nofile_limit();
     if let Some(set) = &load_cpus {
         // Before any thread exists: every generator thread inherits this affinity.
         systems::pin_current_thread(set).map_err(|e| format!("pinning the generator: {e}"))?;
     }
-    let (specs, mut infos) = discover_systems(args)?;
-    for info in &infos {
-        progress(&format!("{}: {}", info.name, info.status));
-    }
+    Ok(Plan {
+        scenarios,
+        timings: Timings::of(args),
+        driver_note,
+        started,
+        logs: out.join("logs"),
+        out,
+        cpus,
+        sut_cpus,
+        load_cpus,
+        gen_threads,
+        nofile,
+    })
+}
 
-    // The stub origin.
+/// The stub origin, on the generator's CPUs with a worker for each.
+fn start_stub(plan: &Plan) -> Result<(Proc, SocketAddr), String> {
     let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
-    let stub_addr = systems::free_addr().map_err(|e| format!("stub port: {e}"))?;
-    let mut stub_cmd = Command::new(&exe);
-    stub_cmd
-        .arg("stub")
+    let addr = systems::free_addr().map_err(|e| format!("stub port: {e}"))?;
+    let workers = plan.load_cpus.as_ref().map_or(plan.cpus, |c| c.0.len());
+    let mut cmd = Command::new(&exe);
+    cmd.arg("stub")
         .arg("--listen")
-        .arg(stub_addr.to_string())
+        .arg(addr.to_string())
         .arg("--workers")
-        .arg(load_cpu_count.to_string());
-    let mut stub = Proc::spawn("stub", stub_cmd, &logs.join("stub.log"), load_cpus.as_ref())?;
-    stub.wait_ready(stub_addr, Duration::from_secs(10))?;
-    progress(&format!("stub origin on {stub_addr} (pid {})", stub.pid()));
+        .arg(workers.to_string());
+    let log = plan.logs.join("stub.log");
+    let mut stub = Proc::spawn("stub", cmd, &log, plan.load_cpus.as_ref())?;
+    stub.wait_ready(addr, Duration::from_secs(10))?;
+    progress(&format!("stub origin on {addr} (pid {})", stub.pid()));
+    Ok((stub, addr))
+}
 
-    let max_conns = ((nofile.saturating_sub(200)) / 2).clamp(256, 40_000) as usize;
+/// Every repeat: each system started in turn, warmed up, and run through every step.
+fn measure(
+    args: &BenchArgs,
+    plan: &Plan,
+    specs: &[SystemSpec],
+    stub_addr: SocketAddr,
+) -> Result<Measured, String> {
     // One certificate for every system (TLS scenarios only).
-    let cert = if scenarios.iter().any(|s| s.tls) {
-        Some(crate::load::tls::make_bench_cert(
-            &out.join("work").join("tls"),
-        )?)
+    let cert = if plan.scenarios.iter().any(|s| s.tls) {
+        let dir = plan.out.join("work").join("tls");
+        Some(crate::load::tls::make_bench_cert(&dir)?)
     } else {
         None
     };
-    let mut samples: BTreeMap<(usize, String, usize), Vec<Sample>> = BTreeMap::new();
-    let mut status: BTreeMap<String, SystemInfo> = BTreeMap::new();
-    for spec in &specs {
-        status.insert(
-            spec.name.clone(),
-            SystemInfo {
-                name: spec.name.clone(),
-                version: systems::version_of(&spec.kind),
-                status: "ran".into(),
-                config: None,
-            },
-        );
+    let mut m = Measured::default();
+    for spec in specs {
+        let info = SystemInfo {
+            name: spec.name.clone(),
+            version: systems::version_of(&spec.kind),
+            status: "ran".into(),
+            config: None,
+        };
+        m.status.insert(spec.name.clone(), info);
     }
-    let total_steps: usize = scenarios.iter().map(|s| s.connections.len()).sum();
-    let mut comparisons: Vec<DriverComparison> = Vec::new();
     for repeat in 0..args.repeats {
-        for spec in &specs {
-            if status[&spec.name].status != "ran" {
+        for spec in specs {
+            if m.status[&spec.name].status != "ran" {
                 continue;
             }
-            let work_dir = out.join("work").join(&spec.name);
-            let listen = systems::free_addr().map_err(|e| format!("port: {e}"))?;
-            let parity = Parity {
-                header_duties: args.peer_headers == PeerHeaders::Duties,
-                listen,
-                origin: stub_addr,
-                workers: args.workers,
-                work_dir: work_dir.clone(),
-                max_conns,
-                h2: if scenarios.iter().any(|s| s.h2) {
-                    Some(systems::free_addr().map_err(|e| format!("port: {e}"))?)
-                } else {
-                    None
-                },
-                tls: match &cert {
-                    Some(c) => Some((
-                        systems::free_addr().map_err(|e| format!("port: {e}"))?,
-                        c.clone(),
-                    )),
-                    None => None,
-                },
-            };
-            let tls_target = parity.tls_listen(&spec.kind);
-            let h2_target = parity.h2_listen(&spec.kind);
-            let started_system = start_system(spec, &parity, &logs, sut_cpus.as_ref());
-            let (target, proc) = match started_system {
-                Ok(x) => x,
-                Err(e) => {
-                    progress(&format!("{}: failed: {e}", spec.name));
-                    if let Some(i) = status.get_mut(&spec.name) {
-                        i.status = format!("failed: {e}");
+            let parity = parity(args, plan, spec, stub_addr, cert.as_ref())?;
+            let (target, proc) =
+                match start_system(spec, &parity, &plan.logs, plan.sut_cpus.as_ref()) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        progress(&format!("{}: failed: {e}", spec.name));
+                        if let Some(i) = m.status.get_mut(&spec.name) {
+                            i.status = format!("failed: {e}");
+                        }
+                        continue;
                     }
-                    continue;
-                }
-            };
+                };
             if repeat == 0 {
-                if let Some(i) = status.get_mut(&spec.name) {
+                if let Some(i) = m.status.get_mut(&spec.name) {
                     i.config = config_text(&spec.kind, &parity);
                 }
             }
-            let target = target.unwrap_or(stub_addr);
-            // Warm-up: keep-alive, no delay, enough connections to open pools and touch pages.
-            let warm = drive(
-                args.driver,
-                load_cpus.as_ref(),
-                &LoadConfig {
-                    url: format!("http://{target}/?length=1024"),
-                    connections: 64,
-                    duration: t.warmup,
-                    threads: gen_threads,
-                    timeout: args.timeout,
-                    ..LoadConfig::default()
-                },
-            )?;
-            progress(&format!(
-                "[repeat {}/{}] {} on {target}: warm-up {:.0} req/s{}",
-                repeat + 1,
-                args.repeats,
-                spec.name,
-                warm.requests_per_sec,
-                if warm.all_ok() { "" } else { " (with errors!)" }
-            ));
-            let mut done = 0;
-            for (si, sc) in scenarios.iter().enumerate() {
-                for &conns in &sc.connections {
-                    done += 1;
-                    let target = match (sc.tls, tls_target, sc.h2, h2_target) {
-                        (true, Some(t), ..) => t,
-                        (true, None, ..) => continue, // direct and --peer systems have no TLS
-                        (false, _, true, Some(t)) => t,
-                        (false, _, true, None) => continue, // --peer: no known h2c listener
-                        (false, _, false, _) => target,
-                    };
-                    let step = Step {
-                        tls_ca: cert.as_ref().map(|c| c.ca.clone()),
-                        target,
-                        pid: proc.as_ref().map(Proc::pid),
-                        timings: t,
-                        threads: gen_threads,
-                        load_cpus: load_cpus.as_ref(),
-                    };
-                    let (load, figures) = run_step(sc, conns, args, args.driver, &step)?;
-                    let sample = Sample::new(&load, figures);
-                    progress(&progress_line(
-                        &format!("{}/{}", done, total_steps),
-                        sc.name,
-                        &spec.name,
-                        conns,
-                        &sample,
-                    ));
-                    if args.compare_drivers && !sc.tls && !sc.h2 {
-                        let other = args.driver.other();
-                        let (second, _) = run_step(sc, conns, args, other, &step)?;
-                        let (builtin, wrk) = match args.driver {
-                            Driver::Builtin => (&load, &second),
-                            Driver::Wrk => (&second, &load),
-                        };
-                        let row = DriverComparison::new(sc.name, &spec.name, conns, builtin, wrk);
-                        progress(&row.line());
-                        comparisons.push(row);
-                    }
-                    samples
-                        .entry((si, spec.name.clone(), conns))
-                        .or_default()
-                        .push(sample);
-                }
-            }
+            let system = System {
+                spec,
+                target: target.unwrap_or(stub_addr),
+                tls_target: parity.tls_listen(&spec.kind),
+                h2_target: parity.h2_listen(&spec.kind),
+                pid: proc.as_ref().map(Proc::pid),
+                tls_ca: cert.as_ref().map(|c| c.ca.clone()),
+            };
+            warm_up(args, plan, &system, repeat)?;
+            run_steps(args, plan, &system, &mut m)?;
             drop(proc);
         }
     }
-    drop(stub);
+    Ok(m)
+}
 
-    // Systems in run order, then the skipped ones.
-    let mut system_infos: Vec<SystemInfo> = specs
+/// The settings every system under test gets alike, with fresh ports.
+fn parity(
+    args: &BenchArgs,
+    plan: &Plan,
+    spec: &SystemSpec,
+    stub_addr: SocketAddr,
+    cert: Option<&crate::load::tls::BenchCert>,
+) -> Result<Parity, String> {
+    let port = || systems::free_addr().map_err(|e| format!("port: {e}"));
+    Ok(Parity {
+        header_duties: args.peer_headers == PeerHeaders::Duties,
+        listen: port()?,
+        origin: stub_addr,
+        workers: args.workers,
+        work_dir: plan.out.join("work").join(&spec.name),
+        max_conns: ((plan.nofile.saturating_sub(200)) / 2).clamp(256, 40_000) as usize,
+        h2: if plan.scenarios.iter().any(|s| s.h2) {
+            Some(port()?)
+        } else {
+            None
+        },
+        tls: match cert {
+            Some(c) => Some((port()?, c.clone())),
+            None => None,
+        },
+    })
+}
+
+/// A started system under test: where each scenario's load goes.
+struct System<'a> {
+    spec: &'a SystemSpec,
+    /// Its cleartext listener (the stub's address for `direct`).
+    target: SocketAddr,
+    tls_target: Option<SocketAddr>,
+    h2_target: Option<SocketAddr>,
+    /// Its process, whose `/proc` figures are read (none for `direct`).
+    pid: Option<u32>,
+    tls_ca: Option<PathBuf>,
+}
+
+/// Keep-alive, no delay, enough connections to open pools and touch pages.
+fn warm_up(
+    args: &BenchArgs,
+    plan: &Plan,
+    system: &System<'_>,
+    repeat: usize,
+) -> Result<(), String> {
+    let warm = drive(
+        args.driver,
+        plan.load_cpus.as_ref(),
+        &LoadConfig {
+            url: format!("http://{}/?length=1024", system.target),
+            connections: 64,
+            duration: plan.timings.warmup,
+            threads: plan.gen_threads,
+            timeout: args.timeout,
+            ..LoadConfig::default()
+        },
+    )?;
+    progress(&format!(
+        "[repeat {}/{}] {} on {}: warm-up {:.0} req/s{}",
+        repeat + 1,
+        args.repeats,
+        system.spec.name,
+        system.target,
+        warm.requests_per_sec,
+        if warm.all_ok() { "" } else { " (with errors!)" }
+    ));
+    Ok(())
+}
+
+/// Every scenario's steps against one started system (with `--compare-drivers`, each again
+/// with the other driver).
+fn run_steps(
+    args: &BenchArgs,
+    plan: &Plan,
+    system: &System<'_>,
+    m: &mut Measured,
+) -> Result<(), String> {
+    let total: usize = plan.scenarios.iter().map(|s| s.connections.len()).sum();
+    let name = &system.spec.name;
+    let mut done = 0;
+    for (si, sc) in plan.scenarios.iter().enumerate() {
+        for &conns in &sc.connections {
+            done += 1;
+            let target = match (sc.tls, system.tls_target, sc.h2, system.h2_target) {
+                (true, Some(t), ..) => t,
+                (true, None, ..) => continue, // direct and --peer systems have no TLS
+                (false, _, true, Some(t)) => t,
+                (false, _, true, None) => continue, // --peer: no known h2c listener
+                (false, _, false, _) => system.target,
+            };
+            let step = Step {
+                tls_ca: system.tls_ca.clone(),
+                target,
+                pid: system.pid,
+                timings: plan.timings,
+                threads: plan.gen_threads,
+                load_cpus: plan.load_cpus.as_ref(),
+            };
+            let (load, figures) = run_step(sc, conns, args, args.driver, &step)?;
+            let sample = Sample::new(&load, figures);
+            let n = format!("{done}/{total}");
+            progress(&progress_line(&n, sc.name, name, conns, &sample));
+            if args.compare_drivers && !sc.tls && !sc.h2 {
+                let (second, _) = run_step(sc, conns, args, args.driver.other(), &step)?;
+                let (builtin, wrk) = match args.driver {
+                    Driver::Builtin => (&load, &second),
+                    Driver::Wrk => (&second, &load),
+                };
+                let row = DriverComparison::new(sc.name, name, conns, builtin, wrk);
+                progress(&row.line());
+                m.comparisons.push(row);
+            }
+            let key = (si, name.clone(), conns);
+            m.samples.entry(key).or_default().push(sample);
+        }
+    }
+    Ok(())
+}
+
+/// The run as `results.json` has it: systems in run order, then the skipped ones; each
+/// scenario's steps by connections, then systems in run order.
+fn assemble(
+    args: &BenchArgs,
+    plan: &Plan,
+    specs: &[SystemSpec],
+    mut skipped: Vec<SystemInfo>,
+    mut m: Measured,
+) -> BenchRun {
+    let mut systems: Vec<SystemInfo> = specs
         .iter()
-        .filter_map(|s| status.remove(&s.name))
+        .filter_map(|s| m.status.remove(&s.name))
         .collect();
-    system_infos.append(&mut infos);
+    systems.append(&mut skipped);
     let order: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-    let scenario_results = scenarios
+    let scenarios = plan
+        .scenarios
         .iter()
         .enumerate()
         .map(|(si, sc)| {
             let mut steps = Vec::new();
             for &conns in &sc.connections {
                 for name in &order {
-                    if let Some(v) = samples.remove(&(si, (*name).to_owned(), conns)) {
+                    if let Some(v) = m.samples.remove(&(si, (*name).to_owned(), conns)) {
                         steps.push(StepResult::from_samples(name, conns, v));
                     }
                 }
@@ -500,10 +494,11 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
             }
         })
         .collect();
-    let run = BenchRun {
+    let t = plan.timings;
+    BenchRun {
         version: env!("CARGO_PKG_VERSION").to_owned(),
-        started_utc: timestamp(started, false),
-        machine: machine(cpus),
+        started_utc: timestamp(plan.started, false),
+        machine: machine(plan.cpus),
         note: args.note.clone(),
         settings: Settings {
             quick: args.quick,
@@ -512,24 +507,32 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
             settle_secs: t.settle.as_secs_f64(),
             warmup_secs: t.warmup.as_secs_f64(),
             workers: args.workers,
-            sut_cpus: sut_cpus.map(|c| c.describe()),
-            load_cpus: load_cpus.map(|c| c.describe()),
-            generator_threads: gen_threads,
+            sut_cpus: plan.sut_cpus.as_ref().map(CpuSet::describe),
+            load_cpus: plan.load_cpus.as_ref().map(CpuSet::describe),
+            generator_threads: plan.gen_threads,
             rate: args.rate,
-            nofile,
-            driver: driver_note,
+            nofile: plan.nofile,
+            driver: plan.driver_note.clone(),
             peer_headers: match args.peer_headers {
                 PeerHeaders::Duties => "duties: as keymaster's defaults (Host kept, X-Forwarded-For/-Proto/-Host, Via both ways, a request id to the origin and back)",
                 PeerHeaders::Minimal => "minimal: plain proxying (keymaster still does its header duties)",
             }
             .to_owned(),
         },
-        systems: system_infos,
-        scenarios: scenario_results,
-    };
-    report::write_results(&run, &out)?;
+        systems,
+        scenarios,
+    }
+}
+
+/// After the results are written: the driver comparison (`drivers.md`), and where it all is.
+fn finish(
+    args: &BenchArgs,
+    run: &BenchRun,
+    out: &std::path::Path,
+    comparisons: &[DriverComparison],
+) -> Result<(), String> {
     if args.compare_drivers {
-        let md = comparison_markdown(&comparisons);
+        let md = comparison_markdown(comparisons);
         let path = out.join("drivers.md");
         std::fs::write(&path, &md).map_err(|e| format!("{}: {e}", path.display()))?;
         eprint!("{md}");
@@ -560,7 +563,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<BenchRun, String> {
     if !args.json {
         println!("{}", out.join("report.md").display());
     }
-    Ok(run)
+    Ok(())
 }
 
 /// Starts a system; returns its listen address (None for direct) and its process.
@@ -607,26 +610,6 @@ fn config_text(kind: &SystemKind, p: &Parity) -> Option<String> {
     }
 }
 
-/// Where and how one step runs.
-struct Step<'a> {
-    target: SocketAddr,
-    /// The CA to trust for TLS scenarios.
-    tls_ca: Option<PathBuf>,
-    pid: Option<u32>,
-    timings: Timings,
-    threads: usize,
-    load_cpus: Option<&'a CpuSet>,
-}
-
-/// One load run with `driver` (`cpus`: where wrk is pinned; the built-in generator's threads
-/// inherit the bench's own pinning).
-fn drive(driver: Driver, cpus: Option<&CpuSet>, cfg: &LoadConfig) -> Result<LoadReport, String> {
-    match driver {
-        Driver::Builtin => run_load(cfg),
-        Driver::Wrk => wrk::run_wrk(cfg, cpus),
-    }
-}
-
 /// The report header's driver line; checks that wrk is there when it is needed.
 fn driver_note(args: &BenchArgs) -> Result<String, String> {
     let needs_wrk = args.driver == Driver::Wrk || args.compare_drivers;
@@ -655,122 +638,6 @@ fn driver_note(args: &BenchArgs) -> Result<String, String> {
         ));
     }
     Ok(note)
-}
-
-/// Runs one step: the load, with `/proc` read at the start and the end of the measured window.
-fn run_step(
-    sc: &Scenario,
-    connections: usize,
-    args: &BenchArgs,
-    driver: Driver,
-    step: &Step<'_>,
-) -> Result<(LoadReport, Option<ProcFigures>), String> {
-    let t = step.timings;
-    // Opening N connections at once overflows listen queues (SYN cookies, retransmits after
-    // 1 s and more) and would bill the set-up to the step: settle at least 1 ms per connection.
-    let settle = t.settle.max(Duration::from_millis(connections as u64));
-    // TLS and h2 steps always use the built-in generator: it fixes the cipher suite, the group and
-    // no resumption for every system (wrk's OpenSSL would negotiate its own).
-    let driver = if sc.tls || sc.h2 {
-        Driver::Builtin
-    } else {
-        driver
-    };
-    let scheme = if sc.tls { "https" } else { "http" };
-    let cfg = LoadConfig {
-        url: format!("{scheme}://{}{}", step.target, sc.path),
-        tls_ca: if sc.tls { step.tls_ca.clone() } else { None },
-        h2: sc.h2,
-        connections,
-        duration: t.step,
-        rate: args.rate,
-        churn: sc.churn,
-        threads: step.threads,
-        warmup: settle,
-        timeout: args.timeout,
-        ..LoadConfig::default()
-    };
-    // The stub and generator's CPUs (pinned runs), read beside the system at both ends.
-    let rig: Option<Vec<usize>> = step.load_cpus.map(|c| c.0.clone());
-    if driver == Driver::Wrk {
-        // A separate unmeasured wrk run settles the step (rounded up to whole seconds), then
-        // /proc is read right before the measured wrk starts and right after it exits.
-        let cpu_before = wrk::children_cpu_secs();
-        let warm = wrk::warm_up(&cfg, step.load_cpus)?;
-        let start = step
-            .pid
-            .map(|pid| (pid, Window::start(pid, rig.as_deref())));
-        let mut load = wrk::measure(&cfg, step.load_cpus)?;
-        let procs = start.map(|(pid, a)| a.end(pid, rig.as_deref()));
-        load.warmup_secs = warm;
-        load.generator_cpu_secs = wrk::children_cpu_secs() - cpu_before;
-        return Ok((load, procs));
-    }
-    // run_load starts its schedule 20 ms after it is called, then settles for `warmup`; the
-    // sampler reads /proc at the start and the end of the measured window from its own thread.
-    let origin = Instant::now() + Duration::from_millis(20);
-    let sampler = step.pid.map(|pid| {
-        let (from, to) = (origin + settle, origin + settle + t.step);
-        std::thread::spawn(move || {
-            sleep_until(from);
-            let a = Window::start(pid, rig.as_deref());
-            sleep_until(to);
-            a.end(pid, rig.as_deref())
-        })
-    });
-    let load = run_load(&cfg)?;
-    let figures = match sampler {
-        Some(h) => Some(
-            h.join()
-                .map_err(|_| "the /proc sampler panicked".to_owned())?,
-        ),
-        None => None,
-    };
-    Ok((load, figures))
-}
-
-/// The start of a measured window: the system's `/proc` reading and, on pinned runs, the
-/// rig CPUs' ticks.
-struct Window {
-    tree: procfs::TreeSample,
-    at: Instant,
-    rig: Option<(u64, u64)>,
-}
-
-impl Window {
-    fn start(pid: u32, rig: Option<&[usize]>) -> Window {
-        let (tree, at) = procfs::sample_tree(pid);
-        Window {
-            tree,
-            at,
-            rig: rig.and_then(procfs::cpu_ticks),
-        }
-    }
-
-    /// The figures of the window from its start to now.
-    fn end(self, pid: u32, rig: Option<&[usize]>) -> ProcFigures {
-        let (b, at_b) = procfs::sample_tree(pid);
-        let d = procfs::delta(&self.tree, &b, procfs::ticks_per_sec());
-        let rig_b = rig.and_then(procfs::cpu_ticks);
-        ProcFigures {
-            cpu_secs: d.cpu_secs,
-            switches: d.switches,
-            wall_secs: (at_b - self.at).as_secs_f64(),
-            rss_kib: b.rss_kib,
-            rig_busy_pct: self
-                .rig
-                .zip(rig_b)
-                .and_then(|(a, b)| procfs::busy_pct(a, b)),
-            load_avg: procfs::load_avg(),
-        }
-    }
-}
-
-fn sleep_until(t: Instant) {
-    let now = Instant::now();
-    if t > now {
-        std::thread::sleep(t - now);
-    }
 }
 
 /// One live progress line.
