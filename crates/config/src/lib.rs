@@ -5,6 +5,7 @@
 //! The gateway crate compiles a validated [`Config`] into its runtime snapshot; nothing here
 //! touches the network (origin addresses are checked for form, never resolved).
 
+mod cluster;
 mod compression;
 pub mod error;
 mod filters;
