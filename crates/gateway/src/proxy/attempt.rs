@@ -39,6 +39,7 @@ use crate::upstream::conn::{Conn, HeadTimedOut, HeadWait, OriginResponse, SendWi
 use crate::upstream::limits::RetryToken;
 use crate::upstream::pool::checkout;
 use crate::upstream::{Cluster, OriginServer};
+use keymaster_config::Balance;
 use keymaster_http::error::{Error, Kind};
 
 /// The Host header each attempt sends.
@@ -265,7 +266,7 @@ pub(super) async fn send(
         if let Some(l) = log.as_deref_mut() {
             l.origin = server.label.to_string();
         }
-        let outstanding = Outstanding::new(server.clone());
+        let outstanding = Outstanding::new(cluster, &server);
         // Timed for the access log's `tries`, else one attempt in 16 for the server's latency
         // histogram (two clock reads and a histogram update cost 1% of a request).
         let timed = log.is_some() || crate::metrics::sample_attempt_timing();
@@ -634,19 +635,27 @@ async fn checkout_within(
     .await
 }
 
-/// Counts a request as outstanding on its server until dropped (least-outstanding balancing).
-pub(crate) struct Outstanding(Arc<OriginServer>);
+/// Counts a request as outstanding on its server until dropped, in a cluster that balances
+/// by least outstanding requests, the count's only reader. Elsewhere it counts nothing: the
+/// count is written by every worker, and two writes a request to a cache line that all
+/// workers share are measurable on many cores (decision record 0024).
+pub(crate) struct Outstanding(Option<Arc<OriginServer>>);
 
 impl Outstanding {
-    fn new(server: Arc<OriginServer>) -> Self {
+    fn new(cluster: &Cluster, server: &Arc<OriginServer>) -> Self {
+        if cluster.config.balance != Balance::LeastOutstanding {
+            return Outstanding(None);
+        }
         server.state.outstanding.fetch_add(1, Ordering::Relaxed);
-        Outstanding(server)
+        Outstanding(Some(server.clone()))
     }
 }
 
 impl Drop for Outstanding {
     fn drop(&mut self) {
-        self.0.state.outstanding.fetch_sub(1, Ordering::Relaxed);
+        if let Some(server) = &self.0 {
+            server.state.outstanding.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
