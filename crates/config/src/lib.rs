@@ -21,6 +21,7 @@ mod traces;
 mod traffic;
 pub mod units;
 mod validate;
+mod validate_cluster;
 mod validate_compression;
 mod validate_filters;
 mod validate_jwt;
