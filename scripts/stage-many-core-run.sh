@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Stage what scripts/bench-16core-run.sh needs on a bare machine (the lent many-core machine
 # has Python and nothing else) in one folder:
-#   DIR/keymaster                 this build (target/release/keymaster)
-#   DIR/bench-16core-run.sh       the run, and bench-scale-report.py that makes its tables
+#   DIR/keymaster                 this build (target/release/keymaster, or KM=...)
+#   DIR/keymaster-b               with KM_B=...: a second build, for bench-ab-run.sh
+#   DIR/bench-16core-run.sh       the run, and bench-scale-report.py that makes its tables;
+#                                 bench-ab-run.sh, an A/B of two builds
 #   DIR/bin/nginx, DIR/bin/haproxy, DIR/bin/wrk (if installed)
 #                                 wrappers that start the copied binaries through the copied
 #                                 dynamic loader, with DIR/lib as the only library path
@@ -20,7 +22,12 @@ KM=${KM:-$HERE/../target/release/keymaster}
 rm -rf "$DIR"
 mkdir -p "$DIR/bin" "$DIR/lib/exec"
 cp "$KM" "$DIR/keymaster"
-cp "$HERE/bench-16core-run.sh" "$HERE/bench-scale-report.py" "$DIR/"
+if [ -n "${KM_B:-}" ]; then
+  cp "$KM_B" "$DIR/keymaster-b"
+  # Two builds and the peers come near the 64 MiB a device run may carry: no symbols.
+  strip "$DIR/keymaster" "$DIR/keymaster-b" 2>/dev/null || true
+fi
+cp "$HERE/bench-16core-run.sh" "$HERE/bench-scale-report.py" "$HERE/bench-ab-run.sh" "$DIR/"
 
 # The program's shared libraries (ldd's resolved paths) and its loader, into DIR/lib.
 copy_libs() {

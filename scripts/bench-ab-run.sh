@@ -1,0 +1,27 @@
+#!/bin/bash
+# A/B of two keymaster builds on many cores, beside nginx: `keymaster` (A, also the bench)
+# and `keymaster-b` (B, run as a --peer with the same `proxy` command line), from a folder
+# made by `KM=A KM_B=B scripts/stage-many-core-run.sh DIR`. Every system pinned to the same
+# W workers, saturation (1 KB keep-alive, CONNS connections), REP repeats (each a full pass
+# over the three), so that the two builds' samples interleave. The bench's folder is tarred
+# into $OUT/ab.tar.gz.
+# Knobs: W (8), REP (3), DUR (4s), CONNS (256), LIMIT (seconds, 150).
+set -u
+D=$(cd "$(dirname "$0")" && pwd)
+export PATH="$D/bin:$PATH"
+OUT=${OUT:-/tmp/ab-out}
+mkdir -p "$OUT" /var/lib/nginx /var/log/nginx 2>/dev/null
+W=${W:-8}
+REP=${REP:-3}
+DUR=${DUR:-4s}
+CONNS=${CONNS:-256}
+[ -x "$D/keymaster-b" ] || { echo "no $D/keymaster-b: stage with KM_B=..." >&2; exit 1; }
+echo "cpus $(nproc); $(grep -m1 'model name' /proc/cpuinfo)"
+rm -rf /tmp/ab-run
+timeout "${LIMIT:-150}" "$D/keymaster" bench --pin --workers "$W" --only keymaster,nginx,b \
+  --peer "b=$D/keymaster-b proxy --listen {listen} --to {origin} --workers {workers}" \
+  --scenario saturation --saturation-connections "$CONNS" -d "$DUR" --settle 1s --warmup 2s \
+  --repeats "$REP" --out /tmp/ab-run > /tmp/ab-run.log 2>&1
+echo "exit $?"
+grep -E "saturation|failed" /tmp/ab-run.log
+tar -C /tmp -czf "$OUT/ab.tar.gz" ab-run ab-run.log
