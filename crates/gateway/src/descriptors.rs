@@ -31,6 +31,7 @@
 //! (`local_descriptors_exhausted`) that blames no origin, and a health check that cannot
 //! open its socket gives no verdict.
 
+use crossbeam_utils::CachePadded;
 use keymaster_config::Config;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::OnceLock;
@@ -171,9 +172,7 @@ pub(crate) struct Budget {
     /// connections among them in the high 32: one atomic operation per connection opened
     /// or closed. On a cache line of its own, apart from the waiter counts that every
     /// connection given back to a pool reads.
-    counts: CacheLine<AtomicU64>,
-    /// Accept loops and requests waiting for room.
-    waiting: AtomicUsize,
+    counts: CachePadded<AtomicU64>,
     /// Requests waiting for an origin connection.
     origin_waiting: AtomicUsize,
     /// Accept loops waiting for room.
@@ -181,10 +180,6 @@ pub(crate) struct Budget {
     /// Wakes the waiting when a connection closes.
     freed: Notify,
 }
-
-/// A value alone on its 64-byte cache line.
-#[repr(align(64))]
-struct CacheLine<T>(T);
 
 /// One client connection in [`Budget::counts`] (it counts among the open ones too).
 const CLIENT: u64 = (1 << 32) | 1;
@@ -208,22 +203,12 @@ impl Drop for Descriptor {
     }
 }
 
-/// A waiter counted in a [`Budget`] while it waits.
-pub(crate) struct Waiting {
-    budget: &'static Budget,
-    /// A request waiting for an origin connection, or else an accept loop.
-    origin: bool,
-}
+/// A waiter counted in a [`Budget`] (among the requests or the accept loops) while it waits.
+pub(crate) struct Waiting(&'static AtomicUsize);
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.budget.waiting.fetch_sub(1, SeqCst);
-        let count = if self.origin {
-            &self.budget.origin_waiting
-        } else {
-            &self.budget.accept_waiting
-        };
-        count.fetch_sub(1, SeqCst);
+        self.0.fetch_sub(1, SeqCst);
     }
 }
 
@@ -237,8 +222,7 @@ impl Budget {
         Budget {
             limit,
             clients_max: limit / 8 * CLIENT_SHARE,
-            counts: CacheLine(AtomicU64::new(0)),
-            waiting: AtomicUsize::new(0),
+            counts: CachePadded::new(AtomicU64::new(0)),
             origin_waiting: AtomicUsize::new(0),
             accept_waiting: AtomicUsize::new(0),
             freed: Notify::new(),
@@ -248,7 +232,7 @@ impl Budget {
     /// A client connection was accepted: its place (taken even past the clients' share,
     /// which a few concurrent accepts may overshoot; the origin share absorbs them).
     pub(crate) fn client(&'static self) -> Descriptor {
-        self.counts.0.fetch_add(CLIENT, SeqCst);
+        self.counts.fetch_add(CLIENT, SeqCst);
         Descriptor {
             budget: self,
             client: true,
@@ -258,7 +242,7 @@ impl Budget {
     /// Whether a client may be accepted now: the clients are under their share and the
     /// budget is not spent.
     pub(crate) fn client_room(&self) -> bool {
-        let (open, clients) = split(self.counts.0.load(SeqCst));
+        let (open, clients) = split(self.counts.load(SeqCst));
         clients < self.clients_max && open < self.limit
     }
 
@@ -270,7 +254,6 @@ impl Budget {
         // A compare-and-swap, not an add undone on failure: undoing would count as a
         // release and wake every waiter, each of whom would fail and wake the others.
         self.counts
-            .0
             .fetch_update(SeqCst, SeqCst, |n| {
                 let (open, clients) = split(n);
                 let origins = open - clients;
@@ -296,7 +279,7 @@ impl Budget {
         if self.accept_waiting.load(SeqCst) == 0 {
             return false;
         }
-        let (open, clients) = split(self.counts.0.load(SeqCst));
+        let (open, clients) = split(self.counts.load(SeqCst));
         open - clients > self.limit - self.clients_max
     }
 
@@ -325,24 +308,19 @@ impl Budget {
     }
 
     fn waiting(&'static self, origin: bool) -> Waiting {
-        self.waiting.fetch_add(1, SeqCst);
         let count = if origin {
             &self.origin_waiting
         } else {
             &self.accept_waiting
         };
         count.fetch_add(1, SeqCst);
-        Waiting {
-            budget: self,
-            origin,
-        }
+        Waiting(count)
     }
 
     fn release(&self, client: bool) {
         self.counts
-            .0
             .fetch_sub(if client { CLIENT } else { ORIGIN }, SeqCst);
-        if self.waiting.load(SeqCst) > 0 {
+        if self.origin_waiting.load(SeqCst) > 0 || self.accept_waiting.load(SeqCst) > 0 {
             self.freed.notify_waiters();
         }
     }
