@@ -164,3 +164,69 @@ match = { path_prefix = "/limited" }
     assert_eq!(rejected(&m, "keys", "401"), Some(3.0), "{m}");
     assert_eq!(rejected(&m, "limit", "429"), Some(3.0), "{m}");
 }
+
+/// Each worker counts in memory of its own, and a scrape adds the workers up: with four
+/// workers serving 32 connections at once, every request is in each count exactly once,
+/// and the gauges that go up and down per request or connection come back level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counts_of_every_worker_add_up() {
+    const CONNS: usize = 32;
+    const EACH: usize = 60;
+    let o = head_echo_origin().await;
+    let g = start_gateway(&config_text(o.addr, "", "").replace("workers = 1", "workers = 4"));
+    let clients: Vec<_> = (0..CONNS)
+        .map(|_| {
+            let addr = g.addr;
+            tokio::spawn(async move {
+                let mut c = Client::connect(addr).await;
+                for _ in 0..EACH {
+                    assert_eq!(c.get("/n").await.status, 200);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.unwrap();
+    }
+    let n = Some((CONNS * EACH) as f64);
+    let ok = [("route", "default"), ("status_class", "2xx")];
+    let m = metrics_text(&g).await;
+    assert_eq!(series(&m, "keymaster_requests_total", &ok), n, "{m}");
+    let count = series(&m, "keymaster_request_duration_seconds_count", &ok);
+    assert_eq!(count, n, "{m}");
+    let inf = [ok[0], ok[1], ("le", "+Inf")];
+    let all = series(&m, "keymaster_request_duration_seconds_bucket", &inf);
+    assert_eq!(all, n, "{m}");
+    let cluster = [("cluster", "origin")];
+    assert_eq!(series(&m, "keymaster_upstream_requests_total", &cluster), n);
+    let attempts = [("cluster", "origin"), ("outcome", "2xx")];
+    let by_server = series(&m, "keymaster_upstream_server_attempts_total", &attempts);
+    assert_eq!(by_server, n);
+    let accepted = series(
+        &m,
+        "keymaster_downstream_accepted_total",
+        &[("listener", "main")],
+    );
+    assert_eq!(accepted, Some(CONNS as f64));
+    // Level again once the clients are gone: no client connection open, and every origin
+    // connection idle in a pool, in the cluster's gauges and the server's alike.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = metrics_text(&g).await;
+        let open = series(
+            &m,
+            "keymaster_downstream_connections",
+            &[("listener", "main")],
+        );
+        let origin_open = series(&m, "keymaster_upstream_connections", &cluster);
+        let idle = series(&m, "keymaster_upstream_idle_connections", &cluster);
+        let server_idle = [("cluster", "origin"), ("state", "idle")];
+        let server_idle = series(&m, "keymaster_upstream_server_connections", &server_idle);
+        if open == Some(0.0) && idle == origin_open && server_idle == idle {
+            assert!(idle.unwrap() >= 1.0, "{m}");
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "gauges not level:\n{m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

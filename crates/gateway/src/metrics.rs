@@ -1,9 +1,12 @@
 //! Prometheus metrics. Label lookups happen when a config version is built; the request
-//! path only touches pre-resolved counter and histogram handles (atomics, no locks).
+//! path only touches pre-resolved counter and histogram handles (atomics, no locks). The
+//! series it writes per request or connection keep one cell per worker (`sharded`), summed
+//! when metrics are rendered; the rest are plain Prometheus metrics.
 
 mod handles;
 mod jwks;
 mod server;
+pub(crate) mod sharded;
 
 pub(crate) use handles::{
     ClusterMetrics, CompressionMetrics, FilterMetrics, HashMetrics, ListenerMetrics, PickMetrics,
@@ -13,28 +16,27 @@ pub(crate) use jwks::{JwksFamilies, JwksMetrics};
 pub(crate) use server::{sample_attempt_timing, ServerFamilies, ServerMetrics};
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Every metric family keymaster exports.
 pub struct Metrics {
     registry: Registry,
-    requests: IntCounterVec,
-    latency: HistogramVec,
+    requests: sharded::CounterVec,
+    latency: sharded::HistogramVec,
     errors: IntCounterVec,
     upstream_connects: IntCounterVec,
     upstream_connect_failures: IntCounterVec,
-    upstream_requests: IntCounterVec,
-    upstream_reused: IntCounterVec,
+    upstream_requests: sharded::CounterVec,
+    upstream_reused: sharded::CounterVec,
     upstream_retries: IntCounterVec,
     upstream_unsent_retries: IntCounterVec,
-    upstream_open: IntGaugeVec,
-    upstream_idle: IntGaugeVec,
-    upstream_streams: IntGaugeVec,
+    upstream_open: sharded::GaugeVec,
+    upstream_idle: sharded::GaugeVec,
+    upstream_streams: sharded::GaugeVec,
     upstream_tls_failures: IntCounterVec,
-    downstream_open: IntGaugeVec,
-    downstream_accepted: IntCounterVec,
+    downstream_open: sharded::GaugeVec,
+    downstream_accepted: sharded::CounterVec,
     downstream_rejected: IntCounterVec,
     downstream_send_timeouts: IntCounterVec,
     downstream_body_timeouts: IntCounterVec,
@@ -63,16 +65,16 @@ pub struct Metrics {
     pub(crate) admin_rejected: IntCounter,
     /// Admin requests refused by the admin guard, by reason.
     pub(crate) admin_refused: IntCounterVec,
-    filter_invocations: IntCounterVec,
-    filter_skips: IntCounterVec,
-    filter_errors: IntCounterVec,
-    filter_duration: HistogramVec,
+    filter_invocations: sharded::CounterVec,
+    filter_skips: sharded::CounterVec,
+    filter_errors: sharded::CounterVec,
+    filter_duration: sharded::HistogramVec,
     tunnels_active: IntGaugeVec,
     tunnels: IntCounterVec,
-    tunnel_bytes: IntCounterVec,
+    tunnel_bytes: sharded::CounterVec,
     tunnel_idle_timeouts: IntCounterVec,
-    compressed_responses: IntCounterVec,
-    compression_bytes: IntCounterVec,
+    compressed_responses: sharded::CounterVec,
+    compression_bytes: sharded::CounterVec,
     upstream_ejections: IntCounterVec,
     upstream_fast_ejections: IntCounterVec,
     upstream_budget_exhausted: IntCounterVec,
@@ -150,33 +152,25 @@ impl Metrics {
         .expect("valid metric definition");
         r.register(Box::new(reload_time.clone()))
             .expect("metric registered once");
-        let latency = HistogramVec::new(
-            HistogramOpts::new(
-                "request_duration_seconds",
-                "Time from request head received to the response's last byte sent (or the request's failure), by route and status class",
-            )
-            .buckets(vec![
+        let latency = sharded::HistogramVec::register(
+            &r,
+            "request_duration_seconds",
+            "Time from request head received to the response's last byte sent (or the request's failure), by route and status class",
+            &["route", "status_class"],
+            &[
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                 10.0, 30.0,
-            ]),
-            &["route", "status_class"],
-        )
-        .expect("valid histogram");
-        r.register(Box::new(latency.clone()))
-            .expect("registered once");
-        let filter_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "filter_duration_seconds",
-                "Time spent in each filter's run (awaits included), by filter",
-            )
-            .buckets(vec![
-                0.000_001, 0.000_005, 0.000_025, 0.0001, 0.0005, 0.001, 0.005, 0.025, 0.1, 0.5, 2.5,
-            ]),
+            ],
+        );
+        let filter_duration = sharded::HistogramVec::register(
+            &r,
+            "filter_duration_seconds",
+            "Time spent in each filter's run (awaits included), by filter",
             &["filter"],
-        )
-        .expect("valid histogram");
-        r.register(Box::new(filter_duration.clone()))
-            .expect("registered once");
+            &[
+                0.000_001, 0.000_005, 0.000_025, 0.0001, 0.0005, 0.001, 0.005, 0.025, 0.1, 0.5, 2.5,
+            ],
+        );
         let config_version = IntGauge::new("config_version", "Active config version").expect("ok");
         r.register(Box::new(config_version.clone()))
             .expect("registered once");
@@ -195,7 +189,7 @@ impl Metrics {
         r.register(Box::new(admin_rejected.clone()))
             .expect("registered once");
         Metrics {
-            requests: counter_vec(
+            requests: sharded::CounterVec::register(
                 &r,
                 "requests_total",
                 "Requests by route and status class",
@@ -219,13 +213,13 @@ impl Metrics {
                 "Failed connection attempts to origins",
                 &["cluster"],
             ),
-            upstream_requests: counter_vec(
+            upstream_requests: sharded::CounterVec::register(
                 &r,
                 "upstream_requests_total",
                 "Requests sent to origins",
                 &["cluster"],
             ),
-            upstream_reused: counter_vec(
+            upstream_reused: sharded::CounterVec::register(
                 &r,
                 "upstream_reused_total",
                 "Requests sent on a reused pooled connection",
@@ -243,19 +237,19 @@ impl Metrics {
                 "Requests tried on another server because the last try never sent them (connection refused or failed, pooled connection closed before the write); outside the retry budget and the route's attempts",
                 &["cluster"],
             ),
-            upstream_open: gauge_vec(
+            upstream_open: sharded::GaugeVec::register(
                 &r,
                 "upstream_connections",
                 "Open connections to origins",
                 &["cluster"],
             ),
-            upstream_idle: gauge_vec(
+            upstream_idle: sharded::GaugeVec::register(
                 &r,
                 "upstream_idle_connections",
                 "Idle pooled connections to origins",
                 &["cluster"],
             ),
-            upstream_streams: gauge_vec(
+            upstream_streams: sharded::GaugeVec::register(
                 &r,
                 "upstream_h2_streams",
                 "HTTP/2 streams in flight to origins",
@@ -267,13 +261,13 @@ impl Metrics {
                 "Failed TLS handshakes with origins (verification, protocol)",
                 &["cluster"],
             ),
-            downstream_open: gauge_vec(
+            downstream_open: sharded::GaugeVec::register(
                 &r,
                 "downstream_connections",
                 "Open client connections",
                 &["listener"],
             ),
-            downstream_accepted: counter_vec(
+            downstream_accepted: sharded::CounterVec::register(
                 &r,
                 "downstream_accepted_total",
                 "Accepted client connections",
@@ -379,19 +373,19 @@ impl Metrics {
                 "Admin requests refused by the admin guard, by reason (cross_origin, simple_request, unauthorized)",
                 &["reason"],
             ),
-            filter_invocations: counter_vec(
+            filter_invocations: sharded::CounterVec::register(
                 &r,
                 "filter_invocations_total",
                 "Filter runs (should_filter/match said yes)",
                 &["filter"],
             ),
-            filter_skips: counter_vec(
+            filter_skips: sharded::CounterVec::register(
                 &r,
                 "filter_skips_total",
                 "Filter skips (match or should_filter said no)",
                 &["filter"],
             ),
-            filter_errors: counter_vec(
+            filter_errors: sharded::CounterVec::register(
                 &r,
                 "filter_errors_total",
                 "Filter failures (error or panic)",
@@ -519,19 +513,19 @@ impl Metrics {
                 "Upgrade tunnels opened (origin answered 101), by route",
                 &["route"],
             ),
-            compressed_responses: counter_vec(
+            compressed_responses: sharded::CounterVec::register(
                 &r,
                 "compressed_responses_total",
                 "Responses compressed, by route and algorithm (zstd, br, gzip)",
                 &["route", "algorithm"],
             ),
-            compression_bytes: counter_vec(
+            compression_bytes: sharded::CounterVec::register(
                 &r,
                 "compression_bytes_total",
                 "Body bytes of compressed responses, by route, algorithm and direction (in: from the origin, out: compressed, to the client)",
                 &["route", "algorithm", "direction"],
             ),
-            tunnel_bytes: counter_vec(
+            tunnel_bytes: sharded::CounterVec::register(
                 &r,
                 "tunnel_bytes_total",
                 "Bytes carried by upgrade tunnels, by route and direction (upstream = client to origin)",

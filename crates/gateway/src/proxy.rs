@@ -25,7 +25,7 @@ use crate::downstream::ConnCtx;
 use crate::filter::FilterState;
 use crate::respond::{error_response, grpc_error_response};
 use crate::route::Route;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{ClusterRef, RouteRef, Snapshot, SnapshotRef};
 use crate::upgrade;
 use crate::upstream::{conn::Conn, limits::Slot, Cluster};
 use keymaster_config::ProxyProtocol;
@@ -79,7 +79,7 @@ async fn handle_in(
     let start = Instant::now();
     cx.state.request_started(start);
     let mut inflight = InFlight(Some(cx.state.clone()));
-    let snapshot = cx.worker.shared.snapshot.load_full();
+    let snapshot = cx.worker.snapshot();
     // Counted only while load shedding is on (a reload turning it on mid-flight misses the
     // requests already running, briefly).
     let shedding = &snapshot.config.load_shedding;
@@ -166,7 +166,7 @@ impl Drop for InFlight {
 #[derive(Default)]
 struct RequestInfo {
     request_id: Option<HeaderValue>,
-    route: Option<Arc<Route>>,
+    route: Option<RouteRef>,
     log: Option<Box<LogRecord>>,
     /// The filter chain answered: `"filter_response"`, or `"local_filter_error"`.
     local: Option<&'static str>,
@@ -249,7 +249,7 @@ fn filter_failed(
 /// The request's phases in order (each one in `request`, the response's in `response`).
 async fn proxy(
     cx: &Rc<ConnCtx>,
-    snapshot: &Snapshot,
+    snapshot: &SnapshotRef,
     incoming: &mut Option<Request<ClientBody>>,
     mut wire: Option<Box<WireHead>>,
     start: Instant,
@@ -269,15 +269,17 @@ async fn proxy(
         }
     }
     // The parts of `req` move out one by one where they are used.
-    let (route, scan, chosen) = (req.route, req.scan, req.chosen);
+    let (held_route, scan, chosen) = (req.route, req.scan, req.chosen);
     // The cluster (weighted clusters may read a field) and a hash cluster's key, from the
     // head as the client sent it (the path before any rewrite).
     let fields = pick::Fields::new(&parts.headers, wire.as_deref());
-    let cluster = pick::cluster(&route, chosen.cluster, fields);
-    let (key, affinity) = pick::hash_key(&cluster, fields, &parts.uri, &cx.peer);
-    let (upstream_body, body_state) = request::upstream_body(&route, chosen.body, body)?;
+    let held_cluster = pick::cluster(&held_route, chosen.cluster, fields);
+    // Reached once, used below by reference.
+    let (route, cluster): (&Route, &Cluster) = (&held_route, &held_cluster);
+    let (key, affinity) = pick::hash_key(cluster, fields, &parts.uri, &cx.peer);
+    let (upstream_body, body_state) = request::upstream_body(route, chosen.body, body)?;
     let filter_host = chosen.upstream_host.is_some();
-    if wire.is_some() && request::route_needs_map(&route, filter_host, &parts.uri, &scan) {
+    if wire.is_some() && request::route_needs_map(route, filter_host, &parts.uri, &scan) {
         to_map(&mut parts.headers, &mut wire);
     }
     // An upgrade the route allows (WebSocket): keep the client's handle for the tunnel.
@@ -286,7 +288,7 @@ async fn proxy(
     // Read before the route's request edits: what the client itself accepts.
     let skip = upgrade.is_some() || info.grpc;
     let compress = (route.compression.is_some())
-        .then(|| compressed::offer(&route, &parts, wire.as_deref(), skip))
+        .then(|| compressed::offer(route, &parts, wire.as_deref(), skip))
         .flatten();
     let kept = request::Kept {
         host: req.host_value.as_ref(),
@@ -295,30 +297,30 @@ async fn proxy(
     };
     let via = snapshot.stamps.via(parts.version);
     let up_ = upgrade.as_ref();
-    let added = request::header_duties(cx, via, &route, &mut parts, &scan, kept, up_);
+    let added = request::header_duties(cx, via, route, &mut parts, &scan, kept, up_);
     let authority_form = parts.uri.authority().is_some();
-    request::upstream_target(&route, &mut parts.uri, chosen.upstream_path, req.raw_target)?;
+    request::upstream_target(route, &mut parts.uri, chosen.upstream_path, req.raw_target)?;
     let client_version = parts.version;
     parts.version = Version::HTTP_11;
     let routed_by = req.host_value.as_ref();
     let host = request::upstream_host(
-        &route,
+        route,
         chosen.upstream_host,
         authority_form,
         &scan,
         routed_by,
     );
-    let deadline = request::deadline(&route, start, info.grpc, &parts.headers);
+    let deadline = request::deadline(route, start, info.grpc, &parts.headers);
     // A generated affinity cookie is added to the response's map.
     let raw_head = affinity.is_none()
         && response::passes_raw(
-            &route,
+            route,
             up_.is_some(),
             info.grpc,
             client_version,
             &parts.method,
         );
-    let mut up = Upstream::new(cx, &route, &cluster, deadline, host, raw_head, added);
+    let mut up = Upstream::new(cx, route, cluster, deadline, host, raw_head, added);
     up.key = key;
     // A body the route buffers or the replay buffer takes is read whole first, before the
     // request takes a place under the cluster's cap: a slow client holds none.
@@ -339,8 +341,8 @@ async fn proxy(
     };
     let sent = attempt::send(&up, &mut request, body_state.as_deref(), notes).await?;
     let forwarded = Forwarded {
-        route,
-        cluster,
+        route: held_route,
+        cluster: held_cluster,
         rid: req.rid,
         client_version,
         deadline,
@@ -364,9 +366,9 @@ fn to_map(headers: &mut http::HeaderMap, wire: &mut Option<Box<WireHead>>) {
 pub(crate) struct Exchange {
     conn: Option<Conn>,
     /// The cluster the request went to (the route's, or one a route filter chose).
-    cluster: Arc<Cluster>,
+    cluster: ClusterRef,
     cx: Rc<ConnCtx>,
-    route: Arc<Route>,
+    route: RouteRef,
     reusable: bool,
     /// `None`: the request had no body.
     body_state: Option<Rc<RequestBodyState>>,

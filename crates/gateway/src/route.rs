@@ -272,17 +272,22 @@ impl Router {
         self.reads_fields
     }
 
-    /// The first matching route. `host` must already have its port removed.
+    /// The place of the first matching route. `host` must already have its port removed.
     pub(crate) fn find(
         &self,
         host: &str,
         path: &str,
         method: &Method,
         headers: &HeaderMap,
-    ) -> Option<&Arc<Route>> {
+    ) -> Option<usize> {
         self.routes
             .iter()
-            .find(|r| r.matches(host, path, method, headers))
+            .position(|r| r.matches(host, path, method, headers))
+    }
+
+    /// The route at `index` (from [`Router::find`]).
+    pub(crate) fn get(&self, index: usize) -> &Route {
+        &self.routes[index]
     }
 }
 

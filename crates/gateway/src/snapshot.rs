@@ -3,6 +3,7 @@
 //! path (at start and on reload) and swapped in atomically with `arc-swap`, so each request
 //! sees exactly one version from its first byte to its last.
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use crate::filter::{FilterChain, FilterSpec};
@@ -97,8 +98,65 @@ impl Snapshot {
         })
     }
 
+    /// The first route of `this` version that matches the request (see [`Router::find`]).
+    pub(crate) fn find_route(
+        this: &SnapshotRef,
+        host: &str,
+        path: &str,
+        method: &http::Method,
+        headers: &http::HeaderMap,
+    ) -> Option<RouteRef> {
+        let index = this.router.find(host, path, method, headers)?;
+        Some(RouteRef {
+            snapshot: this.clone(),
+            index,
+        })
+    }
+
     /// Whether a cluster of this version has the origin server `id`.
     pub(crate) fn serves(&self, origin_id: usize) -> bool {
         self.live_origins.get(origin_id).copied().unwrap_or(false)
+    }
+}
+
+/// A worker's handle on a config version: what a request holds from its first byte to its
+/// last. Cloning it counts in the worker's own memory (see `Worker::snapshot`): the `Rc`
+/// around the shared `Arc` is the point, not a redundant allocation.
+#[allow(clippy::redundant_allocation)]
+pub(crate) type SnapshotRef = Rc<Arc<Snapshot>>;
+
+/// A request's route: the version it was found in and its place there. Where each request
+/// holding the route's `Arc` would write one reference count from every worker, this one
+/// clones the worker's handle on the version.
+#[derive(Clone)]
+pub(crate) struct RouteRef {
+    snapshot: SnapshotRef,
+    index: usize,
+}
+
+impl std::ops::Deref for RouteRef {
+    type Target = Route;
+
+    fn deref(&self) -> &Route {
+        self.snapshot.router.get(self.index)
+    }
+}
+
+/// A request's cluster: its route's own, reached through the route (no count of its own),
+/// or another one a split or a filter chose.
+#[derive(Clone)]
+pub(crate) enum ClusterRef {
+    OfRoute(RouteRef),
+    Other(Arc<Cluster>),
+}
+
+impl std::ops::Deref for ClusterRef {
+    type Target = Cluster;
+
+    fn deref(&self) -> &Cluster {
+        match self {
+            ClusterRef::OfRoute(r) => &r.cluster,
+            ClusterRef::Other(c) => c,
+        }
     }
 }

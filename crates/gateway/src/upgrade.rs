@@ -359,7 +359,7 @@ impl Drop for Active {
 /// One side of a tunnel: counts the bytes read from it and notes activity either way.
 struct Counted<S> {
     io: S,
-    bytes: prometheus::IntCounter,
+    bytes: crate::metrics::sharded::Counter,
     last: Rc<Cell<Instant>>,
 }
 

@@ -2,7 +2,9 @@
 //! `SO_REUSEPORT` sockets, and its own upstream pools. Nothing on a worker's request path
 //! takes a lock or wakes another thread; per-worker state lives in `Rc`/`Cell`.
 
-use std::cell::Cell;
+use arc_swap::cache::Cache;
+use arc_swap::ArcSwap;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +12,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::downstream::{accept_loop, ListenerCtx};
 use crate::gateway::Shared;
+use crate::snapshot::{Snapshot, SnapshotRef};
 use crate::upstream::pool::Pools;
 
 /// One worker thread's state.
@@ -22,6 +25,48 @@ pub(crate) struct Worker {
     pub(crate) drain: crate::drain::DrainSignal,
     /// This worker's event-loop lag (load shedding).
     pub(crate) lag: std::rc::Rc<crate::overload::LoopLag>,
+    /// The config version this worker last saw.
+    seen: SeenSnapshot,
+}
+
+impl Worker {
+    /// The running config version, for a request to hold from its first byte to its last.
+    ///
+    /// Every request holding the process-wide `Arc` would make each worker write its one
+    /// reference count twice a request; the worker holds it once instead, and requests
+    /// share the worker's `Rc`. Looking for a new version is one read of the shared pointer.
+    pub(crate) fn snapshot(&self) -> SnapshotRef {
+        let mut seen = self.seen.0.borrow_mut();
+        let (cache, rc) = &mut *seen;
+        let current = cache.load();
+        if !Arc::ptr_eq(current, rc) {
+            *rc = Rc::new(current.clone());
+        }
+        rc.clone()
+    }
+}
+
+/// A worker's copy of the running config version: `arc-swap`'s cache of the shared pointer,
+/// and the `Rc` requests clone.
+struct SeenSnapshot(RefCell<(Cache<Versions, Arc<Snapshot>>, SnapshotRef)>);
+
+impl SeenSnapshot {
+    fn new(shared: &Arc<Shared>) -> SeenSnapshot {
+        let mut cache = Cache::new(Versions(shared.clone()));
+        let rc = Rc::new(cache.load().clone());
+        SeenSnapshot(RefCell::new((cache, rc)))
+    }
+}
+
+/// Where config versions are swapped in.
+struct Versions(Arc<Shared>);
+
+impl std::ops::Deref for Versions {
+    type Target = ArcSwap<Snapshot>;
+
+    fn deref(&self) -> &ArcSwap<Snapshot> {
+        &self.0.snapshot
+    }
 }
 
 /// Sockets handed to a worker: one per listener.
@@ -49,9 +94,11 @@ pub(crate) fn run(
             return;
         }
     };
+    crate::metrics::sharded::enter_worker(index);
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         let worker = Rc::new(Worker {
+            seen: SeenSnapshot::new(&shared),
             shared,
             pools: Pools::default(),
             active_connections: Cell::new(0),
@@ -62,7 +109,7 @@ pub(crate) fn run(
         for (ctx, std_socket) in sockets.sockets {
             match tokio::net::TcpListener::from_std(std_socket) {
                 Ok(socket) => {
-                    tokio::task::spawn_local(accept_loop(worker.clone(), ctx, socket));
+                    tokio::task::spawn_local(accept_loop(worker.clone(), Rc::new(ctx), socket));
                 }
                 Err(e) => tracing::error!(worker = index, error = %e, "cannot register listener"),
             }
@@ -74,7 +121,8 @@ pub(crate) fn run(
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tick.tick().await;
-                    let snapshot = worker.shared.snapshot.load();
+                    // Also lets go of a version a reload replaced while no request came.
+                    let snapshot = worker.snapshot();
                     worker
                         .pools
                         .sweep(tokio::time::Instant::now(), |id| snapshot.serves(id));

@@ -20,6 +20,7 @@ pub(crate) use retire::RetirePolicy;
 use retire::{Retire, Retired, StreamCount};
 pub(crate) use timed::{SendClock, TimedIo};
 
+use crossbeam_utils::CachePadded;
 use http::header::HeaderName;
 use hyper::rt::{Read, Write};
 use hyper::service::service_fn;
@@ -43,6 +44,31 @@ use keymaster_http::headers::TlsFacts;
 use keymaster_http::headers::{ClientFacts, HeadLimits};
 use keymaster_http::io::{Io, Upgraded};
 
+/// `name` as a header name with a `'static` spelling: the request path clones the
+/// request-id name into each request sent, and a clone of a name parsed at run time counts
+/// a reference that every worker shares, where a `'static` one copies a pointer. Each
+/// distinct name is leaked once (a process has a handful).
+fn static_header_name(name: &str) -> Result<HeaderName, http::header::InvalidHeaderName> {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let parsed = HeaderName::from_bytes(name.as_bytes())?;
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    let spelled = match names.iter().find(|n| **n == parsed.as_str()) {
+        Some(n) => *n,
+        None => {
+            let leaked: &'static str = Box::leak(parsed.as_str().into());
+            names.push(leaked);
+            leaked
+        }
+    };
+    // `from_bytes` gave the lowercase spelling `from_static` requires.
+    Ok(HeaderName::from_static(spelled))
+}
+
+/// A worker's handle on a listener's settings: each connection and request holds one (a
+/// count in the worker's own memory), where holding the shared `Arc` would write its one
+/// reference count from every worker.
+pub(crate) type WorkerListener = Rc<Arc<ListenerCtx>>;
+
 /// A listener's settings, shared by its sockets on every worker.
 pub(crate) struct ListenerCtx {
     pub(crate) name: String,
@@ -53,7 +79,9 @@ pub(crate) struct ListenerCtx {
     /// How long a response write may make no progress before the connection is reset.
     pub(crate) send_timeout: Duration,
     pub(crate) max_connections: usize,
-    pub(crate) open: AtomicUsize,
+    /// Connections open on every worker (for `max_connections`): on a line of its own,
+    /// since each connection writes it and each request reads the fields around it.
+    pub(crate) open: CachePadded<AtomicUsize>,
     pub(crate) trusted: Vec<ipnet::IpNet>,
     pub(crate) forwarded_header: bool,
     pub(crate) request_id_header: HeaderName,
@@ -104,12 +132,12 @@ impl ListenerCtx {
             idle_timeout: cfg.idle_timeout.get(),
             send_timeout: cfg.send_timeout.get(),
             max_connections: cfg.max_connections,
-            open: AtomicUsize::new(0),
+            open: CachePadded::new(AtomicUsize::new(0)),
             trusted,
             forwarded_header: cfg.forwarded_header,
             request_id_from_any: cfg.request_id_from == keymaster_config::RequestIdFrom::Any,
             trace_sample: cfg.trace_sample,
-            request_id_header: HeaderName::from_bytes(cfg.request_id_header.as_bytes())
+            request_id_header: static_header_name(&cfg.request_id_header)
                 .map_err(|e| format!("listener {}: request_id_header: {e}", cfg.name))?,
             metrics,
             tls,
@@ -255,7 +283,7 @@ impl ConnState {
 /// What a request handler knows about its connection.
 pub(crate) struct ConnCtx {
     pub(crate) worker: Rc<Worker>,
-    pub(crate) listener: Arc<ListenerCtx>,
+    pub(crate) listener: WorkerListener,
     pub(crate) client: ClientFacts,
     pub(crate) peer: SocketAddr,
     pub(crate) state: Arc<ConnState>,
@@ -270,11 +298,7 @@ pub(crate) struct ConnCtx {
 }
 
 /// Accept clients on one socket until shutdown.
-pub(crate) async fn accept_loop(
-    worker: Rc<Worker>,
-    listener: Arc<ListenerCtx>,
-    socket: TcpListener,
-) {
+pub(crate) async fn accept_loop(worker: Rc<Worker>, listener: WorkerListener, socket: TcpListener) {
     let mut backoff = Duration::from_millis(5);
     let budget = crate::descriptors::budget();
     // The worker's drain signal (set when shutdown begins), one wait for the loop's life:
@@ -349,7 +373,7 @@ pub(crate) async fn accept_loop(
 /// Releases a connection's slot in the listener and the worker's drain count, and its
 /// place in the descriptor budget unless [`OpenGuard::take_descriptor`] moved it on.
 pub(crate) struct OpenGuard {
-    listener: Arc<ListenerCtx>,
+    listener: WorkerListener,
     worker: Rc<Worker>,
     descriptor: Cell<Option<Descriptor>>,
 }
@@ -434,7 +458,7 @@ pub(crate) async fn discard_unread<R: tokio::io::AsyncRead + Unpin>(io: &mut R) 
 }
 
 async fn serve_connection(
-    listener: Arc<ListenerCtx>,
+    listener: WorkerListener,
     mut stream: TcpStream,
     peer: SocketAddr,
     guard: OpenGuard,
@@ -699,5 +723,19 @@ mod tests {
         let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();
         assert!(accepted.nodelay().unwrap());
+    }
+
+    /// The request-id name is spelled `'static` and lowercase, once per distinct name; a
+    /// name no field may have is refused.
+    #[test]
+    fn request_id_names_are_static_and_shared() {
+        let a = super::static_header_name("X-Trace-Of-Test").unwrap();
+        let b = super::static_header_name("x-trace-of-test").unwrap();
+        assert_eq!(a.as_str(), "x-trace-of-test");
+        assert!(
+            std::ptr::eq(a.as_str(), b.as_str()),
+            "one spelling per name"
+        );
+        assert!(super::static_header_name("bad name").is_err());
     }
 }

@@ -1,17 +1,20 @@
 //! The handles the request path uses, resolved when a config version is built: one set per
 //! route, cluster, listener and filter (each a few pre-labelled counters, gauges and
-//! histograms: atomics, no locks), and the [`Metrics`] methods that make them.
+//! histograms: atomics, no locks; those written per request are per-worker cells), and the
+//! [`Metrics`] methods that make them.
 
-use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge};
+use prometheus::{IntCounter, IntCounterVec, IntGauge};
+
+use super::sharded::{Counter, Gauge, Histogram};
 
 use super::{Metrics, ServerFamilies, ServerMetrics};
 
 /// Handles for one filter of the filter chain.
 #[derive(Clone)]
 pub(crate) struct FilterMetrics {
-    pub(crate) invocations: IntCounter,
-    pub(crate) skips: IntCounter,
-    pub(crate) errors: IntCounter,
+    pub(crate) invocations: Counter,
+    pub(crate) skips: Counter,
+    pub(crate) errors: Counter,
     pub(crate) duration: Histogram,
     pub(crate) rejections: Rejections,
 }
@@ -46,7 +49,7 @@ const CLASSES: [&str; 6] = ["other", "1xx", "2xx", "3xx", "4xx", "5xx"];
 #[derive(Clone)]
 pub(crate) struct RouteMetrics {
     /// Indexed by status class: 0 = other, 1..=5 = 1xx..5xx.
-    by_class: [IntCounter; 6],
+    by_class: [Counter; 6],
     /// Indexed like `by_class`.
     latency: [Histogram; 6],
     pub(crate) tunnel: TunnelMetrics,
@@ -58,9 +61,9 @@ pub(crate) struct TunnelMetrics {
     pub(crate) active: IntGauge,
     pub(crate) total: IntCounter,
     /// Bytes from the client to the origin.
-    pub(crate) bytes_upstream: IntCounter,
+    pub(crate) bytes_upstream: Counter,
     /// Bytes from the origin to the client.
-    pub(crate) bytes_downstream: IntCounter,
+    pub(crate) bytes_downstream: Counter,
     pub(crate) idle_timeouts: IntCounter,
 }
 
@@ -78,11 +81,11 @@ impl RouteMetrics {
 #[derive(Clone)]
 pub(crate) struct CompressionMetrics {
     /// Responses compressed.
-    pub(crate) responses: [IntCounter; 3],
+    pub(crate) responses: [Counter; 3],
     /// Body bytes from the origin into the encoder.
-    pub(crate) bytes_in: [IntCounter; 3],
+    pub(crate) bytes_in: [Counter; 3],
     /// Compressed bytes to the client.
-    pub(crate) bytes_out: [IntCounter; 3],
+    pub(crate) bytes_out: [Counter; 3],
 }
 
 /// Handles for one cluster.
@@ -93,15 +96,15 @@ pub(crate) struct ClusterMetrics {
     servers: ServerFamilies,
     pub(crate) connect_attempts: IntCounter,
     pub(crate) connect_failures: IntCounter,
-    pub(crate) requests: IntCounter,
-    pub(crate) reused: IntCounter,
+    pub(crate) requests: Counter,
+    pub(crate) reused: Counter,
     pub(crate) retries: IntCounter,
     /// Requests tried on another server because the last try never sent them.
     pub(crate) unsent_retries: IntCounter,
-    pub(crate) open_connections: IntGauge,
-    pub(crate) idle_connections: IntGauge,
+    pub(crate) open_connections: Gauge,
+    pub(crate) idle_connections: Gauge,
     /// HTTP/2 streams in flight to the cluster's servers.
-    pub(crate) h2_streams: IntGauge,
+    pub(crate) h2_streams: Gauge,
     /// Failed TLS handshakes with the cluster's servers.
     pub(crate) tls_failures: IntCounter,
     pub(crate) ejections: IntCounter,
@@ -150,8 +153,8 @@ impl ClusterMetrics {
 /// Handles for one listener.
 #[derive(Clone)]
 pub(crate) struct ListenerMetrics {
-    pub(crate) open: IntGauge,
-    pub(crate) accepted: IntCounter,
+    pub(crate) open: Gauge,
+    pub(crate) accepted: Counter,
     pub(crate) rejected: IntCounter,
     /// Connections reset because a response write made no progress for `send_timeout`.
     pub(crate) send_timeouts: IntCounter,

@@ -2,15 +2,16 @@
 //! (handles resolved when a config version is built), and open and idle connections (set
 //! from the servers' shared counts when metrics are rendered).
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec};
-use prometheus::{Opts, Registry};
+use prometheus::{IntGaugeVec, Opts, Registry};
+
+use super::sharded::{Counter, CounterVec, Histogram, HistogramVec};
 
 /// The families, by cluster and server.
 #[derive(Clone)]
 pub(crate) struct ServerFamilies {
-    attempts: IntCounterVec,
+    attempts: CounterVec,
     seconds: HistogramVec,
-    reused: IntCounterVec,
+    reused: CounterVec,
     /// Open and idle connections by cluster, server and `state`.
     pub(crate) connections: IntGaugeVec,
 }
@@ -21,33 +22,25 @@ const OUTCOMES: [&str; 7] = ["other", "1xx", "2xx", "3xx", "4xx", "5xx", "error"
 impl ServerFamilies {
     pub(crate) fn register(r: &Registry) -> ServerFamilies {
         let labels = &["cluster", "server"];
-        let attempts = IntCounterVec::new(
-            Opts::new(
-                "upstream_server_attempts_total",
-                "Upstream attempts by server and outcome (the response's status class, or error when none came)",
-            ),
+        let attempts = CounterVec::register(
+            r,
+            "upstream_server_attempts_total",
+            "Upstream attempts by server and outcome (the response's status class, or error when none came)",
             &["cluster", "server", "outcome"],
-        )
-        .expect("valid metric definition");
-        let seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "upstream_attempt_duration_seconds",
-                "Time from an attempt's start (pool checkout or connect) to the response head or failure, by server; one attempt in 16 is timed (every one with the access log on)",
-            )
-            .buckets(vec![
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-            ]),
+        );
+        let seconds = HistogramVec::register(
+            r,
+            "upstream_attempt_duration_seconds",
+            "Time from an attempt's start (pool checkout or connect) to the response head or failure, by server; one attempt in 16 is timed (every one with the access log on)",
             labels,
-        )
-        .expect("valid metric definition");
-        let reused = IntCounterVec::new(
-            Opts::new(
-                "upstream_server_reused_total",
-                "Attempts on a pooled (reused) connection, by server",
-            ),
+            &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
+        );
+        let reused = CounterVec::register(
+            r,
+            "upstream_server_reused_total",
+            "Attempts on a pooled (reused) connection, by server",
             labels,
-        )
-        .expect("valid metric definition");
+        );
         let connections = IntGaugeVec::new(
             Opts::new(
                 "upstream_server_connections",
@@ -56,14 +49,8 @@ impl ServerFamilies {
             &["cluster", "server", "state"],
         )
         .expect("valid metric definition");
-        for c in [
-            Box::new(attempts.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(seconds.clone()),
-            Box::new(reused.clone()),
-            Box::new(connections.clone()),
-        ] {
-            r.register(c).expect("metric registered once");
-        }
+        r.register(Box::new(connections.clone()))
+            .expect("metric registered once");
         ServerFamilies {
             attempts,
             seconds,
@@ -86,9 +73,9 @@ impl ServerFamilies {
 /// One server's handles in one cluster.
 #[derive(Clone, Debug)]
 pub(crate) struct ServerMetrics {
-    by_outcome: [IntCounter; 7],
+    by_outcome: [Counter; 7],
     attempt_seconds: Histogram,
-    pub(crate) reused: IntCounter,
+    pub(crate) reused: Counter,
 }
 
 impl ServerMetrics {

@@ -56,7 +56,7 @@ pub(super) enum UpstreamHost {
 pub(super) struct Upstream<'a> {
     pub(super) cx: &'a Rc<ConnCtx>,
     pub(super) route: &'a Route,
-    pub(super) cluster: &'a Arc<Cluster>,
+    pub(super) cluster: &'a Cluster,
     pub(super) deadline: Option<Instant>,
     pub(super) host: UpstreamHost,
     /// The response head may pass through as bytes: nothing but the proxy stage's own
@@ -74,7 +74,7 @@ impl<'a> Upstream<'a> {
     pub(super) fn new(
         cx: &'a Rc<ConnCtx>,
         route: &'a Route,
-        cluster: &'a Arc<Cluster>,
+        cluster: &'a Cluster,
         deadline: Option<Instant>,
         host: UpstreamHost,
         raw_head: bool,
@@ -256,7 +256,7 @@ pub(super) async fn send(
     loop {
         let server = cluster.choose(tried.ids(), up.key)?;
         tried.push(server.state.id);
-        prepare(up, &server, slot, &mut template)?;
+        prepare(up, server, slot, &mut template)?;
         if let (Some(t), Some(req)) = (trace.as_deref_mut(), slot.as_mut()) {
             let n = tally.attempt + tally.unsent as u32;
             let parent = t.attempt(&cluster.config.name, &server.label, n);
@@ -266,12 +266,12 @@ pub(super) async fn send(
         if let Some(l) = log.as_deref_mut() {
             l.origin = server.label.to_string();
         }
-        let outstanding = Outstanding::new(cluster, &server);
+        let outstanding = Outstanding::new(cluster, server);
         // Timed for the access log's `tries`, else one attempt in 16 for the server's latency
         // histogram (two clock reads and a histogram update cost 1% of a request).
         let timed = log.is_some() || crate::metrics::sample_attempt_timing();
         let started = timed.then(Instant::now);
-        let result = one(up, &server, slot, &mut template, rebuildable, body_state).await;
+        let result = one(up, server, slot, &mut template, rebuildable, body_state).await;
         // A retry's budget token covers its attempt only.
         drop(token.take());
         // Decide in a block, so nothing of this attempt is held through the back-off.
@@ -279,12 +279,12 @@ pub(super) async fn send(
             Ok((resp, conn, n)) => {
                 sends += n;
                 let status = resp.status().as_u16();
-                cluster.record_outcome(&server, status < 500);
+                cluster.record_outcome(server, status < 500);
                 server.metrics.attempt(Some(status), started);
                 if let Some(t) = trace.as_deref_mut() {
                     t.attempt_done(Some(status), None);
                 }
-                note(&mut log, &server, || status.to_string(), started);
+                note(&mut log, server, || status.to_string(), started);
                 let wants = policy.attempts > tally.attempt
                     && tally.may_repeat
                     && template.is_some()
@@ -306,12 +306,12 @@ pub(super) async fn send(
                 if let Some(l) = log.as_deref_mut() {
                     l.sends = sends; // the success path's count comes with the response
                 }
-                cluster.record_failure(&server, &f.err);
+                cluster.record_failure(server, &f.err);
                 server.metrics.attempt(None, started);
                 if let Some(t) = trace.as_deref_mut() {
                     t.attempt_done(None, Some(f.err.category()));
                 }
-                note(&mut log, &server, || f.err.category().to_string(), started);
+                note(&mut log, server, || f.err.category().to_string(), started);
                 let in_hand = slot.is_some();
                 match after_failure(up, &f, in_hand, template.is_some(), &tally) {
                     Some(next) => next,

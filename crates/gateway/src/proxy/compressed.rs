@@ -85,8 +85,8 @@ pub(super) fn respond(
 pub struct CompressedBody {
     origin: Box<OriginBody>,
     encoder: Encoder,
-    bytes_in: prometheus::IntCounter,
-    bytes_out: prometheus::IntCounter,
+    bytes_in: crate::metrics::sharded::Counter,
+    bytes_out: crate::metrics::sharded::Counter,
     /// Written to the encoder since its last flush.
     unflushed: bool,
     /// The origin's body ended and the encoder finished.

@@ -159,7 +159,7 @@ async fn send(
         return false;
     };
     let connect = cluster.config.connect_timeout.get().min(within);
-    let Ok((mut conn, _)) = checkout(&worker.pools, cluster, &server, connect, true, None).await
+    let Ok((mut conn, _)) = checkout(&worker.pools, cluster, server, connect, true, None).await
     else {
         return false;
     };

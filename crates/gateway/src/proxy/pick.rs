@@ -8,7 +8,7 @@ use http::{HeaderMap, Uri};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::route::Route;
+use crate::snapshot::{ClusterRef, RouteRef};
 use crate::upstream::ring;
 use crate::upstream::Cluster;
 use keymaster_config::HashOn;
@@ -60,16 +60,16 @@ fn cookie_in<'v>(field: &'v [u8], name: &str) -> Option<&'v [u8]> {
 /// The request's cluster: one a route filter chose, else the route's own, else (weighted
 /// clusters) the one its override names or the weights draw.
 #[inline(always)]
-pub(super) fn cluster(route: &Route, chosen: Option<Arc<Cluster>>, f: Fields<'_>) -> Arc<Cluster> {
+pub(super) fn cluster(route: &RouteRef, chosen: Option<Arc<Cluster>>, f: Fields<'_>) -> ClusterRef {
     if let Some(c) = chosen {
-        return c;
+        return ClusterRef::Other(c);
     }
     let Some(split) = route.split.as_deref() else {
-        return route.cluster.clone();
+        return ClusterRef::OfRoute(route.clone());
     };
     let header = split.header().and_then(|h| f.get(h));
     let cookie = split.cookie().and_then(|c| f.cookie(c));
-    split.pick(header.into_iter().chain(cookie)).clone()
+    ClusterRef::Other(split.pick(header.into_iter().chain(cookie)).clone())
 }
 
 /// A hash cluster's key for the request, and the token of a cookie generated for it (set

@@ -16,7 +16,6 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Uri, Version};
 use std::rc::Rc;
-use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::attempt::UpstreamHost;
@@ -25,7 +24,7 @@ use crate::body::{ClientBody, RequestBody, RequestBodyState};
 use crate::downstream::{ConnCtx, ListenerCtx};
 use crate::filter::{staged, FilterCtx, FilterState};
 use crate::route::{host_without_port, HostRewrite, Route};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{RouteRef, Snapshot, SnapshotRef};
 use keymaster_http::error::{Error, Kind};
 use keymaster_http::headers::{self as hdr, AddedFields, WireHead};
 
@@ -40,7 +39,7 @@ pub(super) struct Inbound {
     pub(super) rid_added: bool,
     /// Host as the client addressed it (an absolute-form authority wins over Host).
     pub(super) host_value: Option<HeaderValue>,
-    pub(super) route: Arc<Route>,
+    pub(super) route: RouteRef,
     /// What the filters chose (nothing, without filters).
     pub(super) chosen: filters::Chosen,
 }
@@ -69,7 +68,7 @@ impl<'h> Head<'h> {
 #[inline(always)]
 pub(super) fn receive(
     cx: &Rc<ConnCtx>,
-    snapshot: &Snapshot,
+    snapshot: &SnapshotRef,
     head: Head<'_>,
     info: &mut RequestInfo,
     start: Instant,
@@ -211,19 +210,22 @@ fn request_id(
 #[inline(always)]
 fn route_and_shed(
     cx: &Rc<ConnCtx>,
-    snapshot: &Snapshot,
+    snapshot: &SnapshotRef,
     parts: &http::request::Parts,
     host_value: Option<&HeaderValue>,
-) -> Result<Arc<Route>, Error> {
+) -> Result<RouteRef, Error> {
     let host = host_value
         .and_then(|h| h.to_str().ok())
         .map(host_without_port)
         .unwrap_or("");
-    let route = snapshot
-        .router
-        .find(host, parts.uri.path(), &parts.method, &parts.headers)
-        .ok_or_else(|| Error::new(Kind::NoRoute, "no route matches the request"))?
-        .clone();
+    let route = Snapshot::find_route(
+        snapshot,
+        host,
+        parts.uri.path(),
+        &parts.method,
+        &parts.headers,
+    )
+    .ok_or_else(|| Error::new(Kind::NoRoute, "no route matches the request"))?;
     let shedding = &snapshot.config.load_shedding;
     crate::overload::ensure_lag_probe(&cx.worker.lag, shedding);
     let shared = &cx.worker.shared;

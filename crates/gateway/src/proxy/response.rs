@@ -13,7 +13,6 @@ use tokio::time::Sleep;
 use http::header::{self, HeaderValue};
 use http::{Response, Version};
 use std::rc::Rc;
-use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::attempt::Sent;
@@ -22,7 +21,7 @@ use crate::body::{BodyStopped, ReadGap, RequestBodyState};
 use crate::downstream::ConnCtx;
 use crate::filter::{staged, FilterCtx, FilterState};
 use crate::route::Route;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{ClusterRef, RouteRef, Snapshot};
 use crate::upgrade;
 use crate::upstream::conn::{Conn, UpstreamBody};
 use crate::upstream::limits::Slot;
@@ -247,8 +246,8 @@ type Head<'h> = (
 
 /// What the response side of an exchange needs from its request side.
 pub(super) struct Forwarded {
-    pub(super) route: Arc<Route>,
-    pub(super) cluster: Arc<Cluster>,
+    pub(super) route: RouteRef,
+    pub(super) cluster: ClusterRef,
     pub(super) rid: HeaderValue,
     pub(super) client_version: Version,
     pub(super) deadline: Option<Instant>,

@@ -1,8 +1,8 @@
 //! Server selection: weighted random (the 2013 port's choice), smooth weighted round robin,
 //! and least outstanding requests by power of two random choices. Lock-free: the only
-//! shared state is an atomic cursor and each server's atomic outstanding count.
+//! shared state is each server's atomic outstanding count; round robin steps a cursor per
+//! worker (as nginx's workers do), so that picks write no memory another worker writes.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::OriginServer;
@@ -17,7 +17,7 @@ pub(crate) enum Balancer {
     RoundRobin {
         /// A smooth weighted round-robin sequence of server indexes.
         sequence: Vec<usize>,
-        cursor: AtomicUsize,
+        cursor: crate::metrics::sharded::Cursor,
     },
     LeastOutstanding,
 }
@@ -46,7 +46,7 @@ impl Balancer {
             },
             Balance::RoundRobin => Balancer::RoundRobin {
                 sequence: smooth_wrr_sequence(&weights),
-                cursor: AtomicUsize::new(0),
+                cursor: crate::metrics::sharded::Cursor::new(),
             },
             Balance::LeastOutstanding => Balancer::LeastOutstanding,
         }
@@ -66,7 +66,7 @@ impl Balancer {
                 }
             }
             Balancer::RoundRobin { sequence, cursor } => {
-                let n = cursor.fetch_add(1, Ordering::Relaxed);
+                let n = cursor.next();
                 &servers[sequence[n % sequence.len()]]
             }
             Balancer::LeastOutstanding => {
@@ -127,6 +127,7 @@ mod tests {
     use crate::upstream::intern_origin;
     use http::HeaderValue;
     use std::net::SocketAddr;
+    use std::sync::atomic::Ordering;
 
     fn servers(weights: &[u32]) -> Vec<Arc<OriginServer>> {
         weights

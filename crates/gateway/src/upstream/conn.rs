@@ -78,7 +78,7 @@ impl Conn {
     }
 
     /// The idle-connections gauge of an HTTP/1.1 connection in hand.
-    pub(crate) fn idle_gauge(&self) -> Option<&prometheus::IntGauge> {
+    pub(crate) fn idle_gauge(&self) -> Option<&crate::metrics::sharded::Gauge> {
         match &self.sender {
             Sender::H1(Some(c)) => c.idle_gauge(),
             _ => None,

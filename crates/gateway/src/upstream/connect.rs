@@ -208,14 +208,14 @@ where
 /// are released on drop.
 pub(crate) struct OpenSlot {
     state: Arc<super::OriginState>,
-    gauge: Option<prometheus::IntGauge>,
+    gauge: Option<crate::metrics::sharded::Gauge>,
     /// The cluster's idle-connections gauge, which the idle pool moves (HTTP/1.1 only).
-    idle_gauge: Option<prometheus::IntGauge>,
+    idle_gauge: Option<crate::metrics::sharded::Gauge>,
     descriptor: Option<Descriptor>,
 }
 
 impl OpenSlot {
-    pub(crate) fn idle_gauge(&self) -> Option<&prometheus::IntGauge> {
+    pub(crate) fn idle_gauge(&self) -> Option<&crate::metrics::sharded::Gauge> {
         self.idle_gauge.as_ref()
     }
 }

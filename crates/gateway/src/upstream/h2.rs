@@ -85,7 +85,7 @@ impl H2Conn {
 /// One stream's claim on an [`H2Conn`]; gives the stream back when the exchange ends.
 pub(crate) struct Lease {
     conn: Rc<H2Conn>,
-    gauge: prometheus::IntGauge,
+    gauge: crate::metrics::sharded::Gauge,
 }
 
 impl Drop for Lease {

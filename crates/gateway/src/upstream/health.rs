@@ -220,7 +220,7 @@ impl Cluster {
         &self,
         tried: &[usize],
         key: Option<u64>,
-    ) -> Result<Arc<OriginServer>, Error> {
+    ) -> Result<&Arc<OriginServer>, Error> {
         if let Some(h) = self.hashing.as_deref() {
             match key {
                 Some(key) => return self.choose_hashed(h, key, tried),
@@ -231,23 +231,20 @@ impl Cluster {
         for _ in 0..3 {
             let s = self.pick();
             if fresh(s) && s.state.health.available() {
-                return Ok(s.clone());
+                return Ok(s);
             }
         }
         let n = self.servers.len();
         let start = fastrand::usize(..n);
         let ring = || (0..n).map(|i| &self.servers[(start + i) % n]);
         if let Some(s) = ring().find(|s| fresh(s) && s.state.health.available()) {
-            return Ok(s.clone());
+            return Ok(s);
         }
         if let Some(s) = ring().find(|s| s.state.health.available()) {
-            return Ok(s.clone());
+            return Ok(s);
         }
         match self.config.all_unhealthy {
-            AllUnhealthy::FailOpen => Ok(ring()
-                .find(|s| fresh(s))
-                .unwrap_or_else(|| self.pick())
-                .clone()),
+            AllUnhealthy::FailOpen => Ok(ring().find(|s| fresh(s)).unwrap_or_else(|| self.pick())),
             AllUnhealthy::FailClosed => Err(Error::new(
                 Kind::NoHealthyOrigin,
                 "no healthy server in the cluster",
@@ -366,13 +363,13 @@ pub(crate) fn export_gauges(metrics: &crate::metrics::Metrics, clusters: &super:
                 .with_label_values(&[cluster, server])
                 .set(i64::from(s.state.health.available()));
             let open = s.state.open_connections.load(Ordering::Relaxed);
-            let idle = s.state.idle_connections.load(Ordering::Relaxed);
+            let idle = s.state.idle_connections.get();
             conns
                 .with_label_values(&[cluster, server, "open"])
                 .set(open as i64);
             conns
                 .with_label_values(&[cluster, server, "idle"])
-                .set(idle as i64);
+                .set(idle);
         }
     }
 }

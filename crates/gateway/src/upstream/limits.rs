@@ -36,7 +36,12 @@ impl ClusterStates {
 /// Live counts of one cluster (by name).
 #[derive(Debug, Default)]
 pub(crate) struct ClusterState {
+    /// Requests in flight under a cap: one count all workers share, as the cap needs.
     active: AtomicUsize,
+    /// Requests in flight while the cluster has no cap, counted in each worker's own
+    /// memory (every request writes it twice). A reload that sets a cap counts from the
+    /// requests admitted after it.
+    uncapped: crate::metrics::sharded::Gauge,
     pending: AtomicUsize,
     retries: AtomicUsize,
     released: Notify,
@@ -68,16 +73,19 @@ impl ClusterState {
 
 /// One admitted request; releases its place (and wakes a waiter, under a cap) on drop.
 #[derive(Debug)]
-pub(crate) struct Slot {
-    state: Arc<ClusterState>,
-    capped: bool,
+pub(crate) enum Slot {
+    Uncapped(crate::metrics::sharded::Gauge),
+    Capped(Arc<ClusterState>),
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.state.active.fetch_sub(1, Ordering::AcqRel);
-        if self.capped {
-            self.state.released.notify_one();
+        match self {
+            Slot::Uncapped(count) => count.dec(),
+            Slot::Capped(state) => {
+                state.active.fetch_sub(1, Ordering::AcqRel);
+                state.released.notify_one();
+            }
         }
     }
 }
@@ -116,7 +124,8 @@ fn bounded_inc(n: &AtomicUsize, max: usize) -> bool {
 impl ClusterState {
     /// Requests in flight to the cluster.
     pub(crate) fn active(&self) -> usize {
-        self.active.load(Ordering::Acquire)
+        let uncapped = usize::try_from(self.uncapped.get()).unwrap_or(0);
+        self.active.load(Ordering::Acquire) + uncapped
     }
     /// Requests waiting for a slot.
     pub(crate) fn pending(&self) -> usize {
@@ -124,10 +133,11 @@ impl ClusterState {
     }
 
     fn try_acquire(self: &Arc<Self>, max: usize) -> Option<Slot> {
-        bounded_inc(&self.active, max).then(|| Slot {
-            state: self.clone(),
-            capped: max != 0,
-        })
+        if max == 0 {
+            self.uncapped.inc();
+            return Some(Slot::Uncapped(self.uncapped.clone()));
+        }
+        bounded_inc(&self.active, max).then(|| Slot::Capped(self.clone()))
     }
 
     /// Admit a request: a slot at once, else a place in the queue until one frees up, the

@@ -97,8 +97,9 @@ pub struct OriginState {
     pub outstanding: AtomicUsize,
     /// Open connections to this server across all workers (the pool cap).
     pub open_connections: AtomicUsize,
-    /// Idle pooled connections to this server across all workers (HTTP/1.1).
-    pub idle_connections: AtomicUsize,
+    /// Idle pooled connections to this server across all workers (HTTP/1.1): counted in
+    /// each worker's own memory, since a request takes a connection out and puts it back.
+    pub(crate) idle_connections: crate::metrics::sharded::Gauge,
     /// Active check verdicts and passive ejection (shared by every cluster naming it).
     pub health: health::HealthState,
 }
@@ -130,7 +131,7 @@ pub(crate) fn intern_origin_key(key: OriginKey) -> Arc<OriginState> {
                 addr: key.addr,
                 outstanding: AtomicUsize::new(0),
                 open_connections: AtomicUsize::new(0),
-                idle_connections: AtomicUsize::new(0),
+                idle_connections: crate::metrics::sharded::Gauge::unregistered(),
                 health: health::HealthState::default(),
             })
         })

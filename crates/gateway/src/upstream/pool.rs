@@ -8,7 +8,6 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -130,10 +129,7 @@ impl Idle {
     fn new(conn: Conn, since: Instant, idle_timeout: Duration) -> Idle {
         if let Some(g) = conn.idle_gauge() {
             g.inc();
-            conn.server
-                .state
-                .idle_connections
-                .fetch_add(1, Ordering::Relaxed);
+            conn.server.state.idle_connections.inc();
         }
         Idle {
             conn: Some(conn),
@@ -164,10 +160,7 @@ impl Drop for Idle {
 fn uncount(c: &Conn) {
     if let Some(g) = c.idle_gauge() {
         g.dec();
-        c.server
-            .state
-            .idle_connections
-            .fetch_sub(1, Ordering::Relaxed);
+        c.server.state.idle_connections.dec();
     }
 }
 

@@ -233,7 +233,7 @@ impl Cluster {
         h: &Hashing,
         key: u64,
         tried: &[usize],
-    ) -> Result<Arc<OriginServer>, Error> {
+    ) -> Result<&Arc<OriginServer>, Error> {
         let (ring, n) = (&h.ring, self.servers.len());
         let start = ring.start(key);
         let primary = ring.owner(start);
@@ -241,7 +241,7 @@ impl Cluster {
         let up = |i: usize| self.servers[i].state.health.available();
         if fresh(primary) && up(primary) {
             h.metrics.primary.inc();
-            return Ok(self.servers[primary].clone());
+            return Ok(&self.servers[primary]);
         }
         let found = (ring.find(start, n, |i| fresh(i) && up(i)))
             .or_else(|| ring.find(start, n, up))
@@ -260,7 +260,7 @@ impl Cluster {
         } else {
             h.metrics.moved.inc();
         }
-        Ok(self.servers[i].clone())
+        Ok(&self.servers[i])
     }
 }
 

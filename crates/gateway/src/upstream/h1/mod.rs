@@ -135,7 +135,7 @@ impl Failure {
 
 impl Connection {
     /// The gauge of idle connections of the cluster that opened this one.
-    pub(crate) fn idle_gauge(&self) -> Option<&prometheus::IntGauge> {
+    pub(crate) fn idle_gauge(&self) -> Option<&crate::metrics::sharded::Gauge> {
         self.open.idle_gauge()
     }
 

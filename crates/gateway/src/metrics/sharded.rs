@@ -1,0 +1,544 @@
+//! Counters, gauges and histograms that every worker writes in memory of its own.
+//!
+//! A Prometheus counter is one atomic: when every worker counts every request in it, its
+//! cache line moves from core to core on each request (decision record 0024 measured the
+//! request path's shared writes at about 4% of a request's CPU on 8 workers). The series
+//! here are kept in per-worker arenas instead: a series is a slot number, every worker
+//! thread writes the slot in its own arena (a worker's arena is allocated by that worker,
+//! in blocks no other thread writes), and a scrape sums the slot over the arenas.
+//!
+//! - A thread says which worker it is with [`enter_worker`]; every other thread (admin,
+//!   health checks, tests) writes a shared arena. Writes are atomic read-modify-writes
+//!   either way, so a count is never lost, whichever thread makes it; the arenas only keep
+//!   the writes of different workers off each other's cache lines.
+//! - Slots are allocated when a config version resolves its handles, never on the request
+//!   path, and never freed (like a Prometheus vector's series). Past [`CAPACITY`] slots, new
+//!   series share a junk slot and an error is logged once: metrics go wrong, nothing else.
+//! - A family ([`CounterVec`], [`GaugeVec`], [`HistogramVec`]) is a Prometheus
+//!   [`Collector`]: registered like any metric, rendered by the same encoder.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, MetricFamily, MetricType};
+use prometheus::Registry;
+
+/// Slots in one block of an arena (16 KiB).
+const BLOCK: usize = 2048;
+/// Blocks an arena can have: [`CAPACITY`] slots in all.
+const BLOCKS: usize = 8192;
+/// Slots in all, per arena.
+pub(crate) const CAPACITY: usize = BLOCK * BLOCKS;
+/// Arenas of workers 0..SHARED; the last one is every other thread's.
+const SHARED: usize = 64;
+/// The first slots, where series go once [`CAPACITY`] is spent.
+const JUNK: usize = 64;
+
+/// One block of slots, aligned so that no other allocation shares its first or last line.
+#[repr(align(128))]
+struct Block([AtomicU64; BLOCK]);
+
+struct Arena {
+    blocks: Box<[OnceLock<Box<Block>>; BLOCKS]>,
+}
+
+impl Arena {
+    fn new() -> Arena {
+        let blocks: Box<[_]> = (0..BLOCKS).map(|_| OnceLock::new()).collect();
+        Arena {
+            blocks: blocks
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("BLOCKS blocks")),
+        }
+    }
+
+    /// The block of `slot`, if this arena ever wrote it.
+    fn block(&self, slot: usize) -> Option<&Block> {
+        self.blocks[(slot / BLOCK) % BLOCKS].get().map(|b| &**b)
+    }
+}
+
+static ARENAS: [OnceLock<Arena>; SHARED + 1] = [const { OnceLock::new() }; SHARED + 1];
+/// The next free slot.
+static NEXT: Mutex<usize> = Mutex::new(JUNK);
+
+thread_local! {
+    /// Which arena this thread writes.
+    static INDEX: Cell<usize> = const { Cell::new(SHARED) };
+    /// That arena, once this thread wrote it.
+    static ARENA: Cell<Option<&'static Arena>> = const { Cell::new(None) };
+}
+
+/// This thread is worker `index`: its writes go to that worker's arena (workers past the
+/// 64th share the common one).
+pub(crate) fn enter_worker(index: usize) {
+    INDEX.with(|i| i.set(index.min(SHARED)));
+    ARENA.with(|a| a.set(None));
+}
+
+/// The arena this thread writes.
+#[inline]
+fn arena() -> &'static Arena {
+    ARENA.with(|a| match a.get() {
+        Some(arena) => arena,
+        None => {
+            let arena = ARENAS[INDEX.with(Cell::get)].get_or_init(Arena::new);
+            a.set(Some(arena));
+            arena
+        }
+    })
+}
+
+/// `n` consecutive slots, within one block.
+fn alloc(n: usize) -> usize {
+    assert!(n <= JUNK, "a series takes at most {JUNK} slots");
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    if *next % BLOCK + n > BLOCK {
+        *next = next.next_multiple_of(BLOCK);
+    }
+    if *next + n > CAPACITY {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::error!(
+                slots = CAPACITY,
+                "metric series exceed the per-worker capacity: new series are not counted"
+            );
+        });
+        return 0;
+    }
+    let slot = *next;
+    *next += n;
+    slot
+}
+
+/// This thread's cell of `slot`.
+#[inline]
+fn cell(slot: usize) -> &'static AtomicU64 {
+    // Slots are under `CAPACITY`: the modulo is a mask, and spares a bounds check.
+    let block = arena().blocks[(slot / BLOCK) % BLOCKS]
+        .get_or_init(|| Box::new(Block(std::array::from_fn(|_| AtomicU64::new(0)))));
+    &block.0[slot % BLOCK]
+}
+
+/// Every arena's value of `slot` (arenas that never wrote its block have none).
+fn values(slot: usize) -> impl Iterator<Item = u64> {
+    ARENAS
+        .iter()
+        .filter_map(OnceLock::get)
+        .filter_map(move |a| a.block(slot))
+        .map(move |b| b.0[slot % BLOCK].load(Relaxed))
+}
+
+/// `slot` summed over the arenas (wrapping: a gauge's decrements are added as negatives).
+fn sum(slot: usize) -> u64 {
+    values(slot).fold(0, u64::wrapping_add)
+}
+
+/// A monotonically increasing count.
+#[derive(Clone, Debug)]
+pub(crate) struct Counter {
+    slot: usize,
+}
+
+impl Counter {
+    #[inline]
+    pub(crate) fn inc(&self) {
+        self.inc_by(1);
+    }
+
+    #[inline]
+    pub(crate) fn inc_by(&self, n: u64) {
+        cell(self.slot).fetch_add(n, Relaxed);
+    }
+
+    /// The count, over every worker.
+    #[cfg(test)]
+    pub(crate) fn get(&self) -> u64 {
+        sum(self.slot)
+    }
+}
+
+/// A value that goes up and down (connections open, streams in flight).
+#[derive(Clone, Debug)]
+pub(crate) struct Gauge {
+    slot: usize,
+}
+
+impl Gauge {
+    /// A gauge in no family: read with [`Gauge::get`] only.
+    pub(crate) fn unregistered() -> Gauge {
+        Gauge { slot: alloc(1) }
+    }
+
+    #[inline]
+    pub(crate) fn inc(&self) {
+        self.add(1);
+    }
+
+    #[inline]
+    pub(crate) fn dec(&self) {
+        self.add(-1);
+    }
+
+    #[inline]
+    pub(crate) fn add(&self, n: i64) {
+        cell(self.slot).fetch_add(n as u64, Relaxed);
+    }
+
+    /// The value, over every worker.
+    pub(crate) fn get(&self) -> i64 {
+        sum(self.slot) as i64
+    }
+}
+
+impl Default for Gauge {
+    fn default() -> Gauge {
+        Gauge::unregistered()
+    }
+}
+
+/// A sequence number per worker (a round-robin cursor): each worker steps its own.
+#[derive(Debug)]
+pub(crate) struct Cursor {
+    slot: usize,
+}
+
+impl Cursor {
+    pub(crate) fn new() -> Cursor {
+        Cursor { slot: alloc(1) }
+    }
+
+    /// This worker's next number: 0, 1, 2...
+    #[inline]
+    pub(crate) fn next(&self) -> usize {
+        cell(self.slot).fetch_add(1, Relaxed) as usize
+    }
+}
+
+/// A distribution of durations in seconds: a count per bucket, the overflow past the last
+/// bound, and the sum (as `f64` bits).
+#[derive(Clone, Debug)]
+pub(crate) struct Histogram {
+    slot: usize,
+    bounds: Arc<[f64]>,
+}
+
+impl Histogram {
+    #[inline]
+    pub(crate) fn observe(&self, seconds: f64) {
+        let i = self.bounds.partition_point(|b| *b < seconds);
+        cell(self.slot + i).fetch_add(1, Relaxed);
+        let sum = cell(self.slot + self.bounds.len() + 1);
+        // Only this worker writes its cell, so the update succeeds at its first try but
+        // where another thread shares the arena.
+        let _ = sum.fetch_update(Relaxed, Relaxed, |s| {
+            Some((f64::from_bits(s) + seconds).to_bits())
+        });
+    }
+
+    /// Observations, over every worker.
+    #[cfg(test)]
+    pub(crate) fn get_sample_count(&self) -> u64 {
+        (0..=self.bounds.len()).map(|i| sum(self.slot + i)).sum()
+    }
+
+    /// The buckets' cumulative counts, the total count and the sum.
+    fn snapshot(&self) -> proto::Histogram {
+        let mut cumulative = 0;
+        let mut buckets = Vec::with_capacity(self.bounds.len());
+        for (i, bound) in self.bounds.iter().enumerate() {
+            cumulative += sum(self.slot + i);
+            let mut b = proto::Bucket::default();
+            b.set_cumulative_count(cumulative);
+            b.set_upper_bound(*bound);
+            buckets.push(b);
+        }
+        let count = cumulative + sum(self.slot + self.bounds.len());
+        let total = values(self.slot + self.bounds.len() + 1)
+            .map(f64::from_bits)
+            .sum();
+        let mut h = proto::Histogram::default();
+        h.set_bucket(buckets);
+        h.set_sample_count(count);
+        h.set_sample_sum(total);
+        h
+    }
+}
+
+/// What a family's series are.
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram(Arc<[f64]>),
+}
+
+/// One metric family: its description and its series, by label values.
+struct Family {
+    desc: Desc,
+    kind: Kind,
+    series: Mutex<HashMap<Box<[String]>, usize>>,
+}
+
+impl Family {
+    fn register(r: &Registry, name: &str, help: &str, labels: &[&str], kind: Kind) -> Arc<Self> {
+        let labels = labels.iter().map(|l| l.to_string()).collect();
+        let desc = Desc::new(name.into(), help.into(), labels, HashMap::new())
+            .expect("valid metric definition");
+        let family = Arc::new(Family {
+            desc,
+            kind,
+            series: Mutex::default(),
+        });
+        r.register(Box::new(Registered(family.clone())))
+            .expect("metric registered once");
+        family
+    }
+
+    /// The slot of the series with these label values (created, at zero, on first use).
+    fn slot(&self, values: &[&str]) -> usize {
+        assert_eq!(values.len(), self.desc.variable_labels.len(), "label count");
+        let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let key: Box<[String]> = values.iter().map(|v| v.to_string()).collect();
+        let width = match &self.kind {
+            Kind::Counter | Kind::Gauge => 1,
+            Kind::Histogram(b) => b.len() + 2,
+        };
+        *series.entry(key).or_insert_with(|| alloc(width))
+    }
+
+    fn collect(&self) -> MetricFamily {
+        let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let metrics = series.iter().map(|(values, &slot)| {
+            let mut labels: Vec<_> = (self.desc.variable_labels.iter().zip(values.iter()))
+                .map(|(name, value)| {
+                    let mut l = proto::LabelPair::default();
+                    l.set_name(name.clone());
+                    l.set_value(value.clone());
+                    l
+                })
+                .collect();
+            // By name, as Prometheus' own vectors render them.
+            labels.sort_by(|a, b| a.name().cmp(b.name()));
+            let mut m = proto::Metric::from_label(labels);
+            match &self.kind {
+                Kind::Counter => {
+                    let mut c = proto::Counter::default();
+                    c.set_value(sum(slot) as f64);
+                    m.set_counter(c);
+                }
+                Kind::Gauge => {
+                    let mut g = proto::Gauge::default();
+                    g.set_value(sum(slot) as i64 as f64);
+                    m.set_gauge(g);
+                }
+                Kind::Histogram(bounds) => {
+                    let h = Histogram {
+                        slot,
+                        bounds: bounds.clone(),
+                    };
+                    m.set_histogram(h.snapshot());
+                }
+            }
+            m
+        });
+        let mut mf = MetricFamily::default();
+        mf.set_name(self.desc.fq_name.clone());
+        mf.set_help(self.desc.help.clone());
+        mf.set_field_type(match self.kind {
+            Kind::Counter => MetricType::COUNTER,
+            Kind::Gauge => MetricType::GAUGE,
+            Kind::Histogram(_) => MetricType::HISTOGRAM,
+        });
+        mf.set_metric(metrics.collect());
+        mf
+    }
+}
+
+/// A family as the registry holds it.
+struct Registered(Arc<Family>);
+
+impl Collector for Registered {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.0.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        vec![self.0.collect()]
+    }
+}
+
+/// Counters by label values.
+#[derive(Clone)]
+pub(crate) struct CounterVec(Arc<Family>);
+
+impl CounterVec {
+    pub(crate) fn register(r: &Registry, name: &str, help: &str, labels: &[&str]) -> CounterVec {
+        CounterVec(Family::register(r, name, help, labels, Kind::Counter))
+    }
+
+    pub(crate) fn with_label_values(&self, values: &[&str]) -> Counter {
+        Counter {
+            slot: self.0.slot(values),
+        }
+    }
+}
+
+/// Gauges by label values.
+#[derive(Clone)]
+pub(crate) struct GaugeVec(Arc<Family>);
+
+impl GaugeVec {
+    pub(crate) fn register(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+        GaugeVec(Family::register(r, name, help, labels, Kind::Gauge))
+    }
+
+    pub(crate) fn with_label_values(&self, values: &[&str]) -> Gauge {
+        Gauge {
+            slot: self.0.slot(values),
+        }
+    }
+}
+
+/// Histograms by label values, all with the same bucket bounds.
+#[derive(Clone)]
+pub(crate) struct HistogramVec(Arc<Family>);
+
+impl HistogramVec {
+    pub(crate) fn register(
+        r: &Registry,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        bounds: &[f64],
+    ) -> HistogramVec {
+        assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
+        let kind = Kind::Histogram(bounds.into());
+        HistogramVec(Family::register(r, name, help, labels, kind))
+    }
+
+    pub(crate) fn with_label_values(&self, values: &[&str]) -> Histogram {
+        let Kind::Histogram(bounds) = &self.0.kind else {
+            unreachable!("a histogram family")
+        };
+        Histogram {
+            slot: self.0.slot(values),
+            bounds: bounds.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::{Encoder, TextEncoder};
+
+    fn render(r: &Registry) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&r.gather(), &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn counts_from_many_workers_add_up() {
+        let r = Registry::new();
+        let v = CounterVec::register(&r, "hits_total", "Hits", &["route", "code"]);
+        let a = v.with_label_values(&["a", "200"]);
+        let threads: Vec<_> = (0..6)
+            .map(|w| {
+                let a = a.clone();
+                std::thread::spawn(move || {
+                    // Two threads per arena, and one in the shared arena.
+                    if w < 5 {
+                        enter_worker(w / 2);
+                    }
+                    for _ in 0..100_000 {
+                        a.inc();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(a.get(), 600_000);
+        // The same labels are the same series.
+        assert_eq!(v.with_label_values(&["a", "200"]).get(), 600_000);
+        assert_eq!(v.with_label_values(&["b", "200"]).get(), 0);
+        let text = render(&r);
+        // Labels in name order, as Prometheus' own vectors have them.
+        assert!(
+            text.contains("hits_total{code=\"200\",route=\"a\"} 600000\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hits_total{code=\"200\",route=\"b\"} 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE hits_total counter"), "{text}");
+    }
+
+    #[test]
+    fn a_gauge_goes_down_on_another_worker_than_the_one_it_went_up_on() {
+        let r = Registry::new();
+        let v = GaugeVec::register(&r, "open", "Open", &["l"]);
+        let g = v.with_label_values(&["x"]);
+        let up = g.clone();
+        std::thread::spawn(move || {
+            enter_worker(3);
+            (0..10).for_each(|_| up.inc());
+        })
+        .join()
+        .unwrap();
+        let down = g.clone();
+        std::thread::spawn(move || {
+            enter_worker(4);
+            (0..7).for_each(|_| down.dec());
+        })
+        .join()
+        .unwrap();
+        assert_eq!(g.get(), 3);
+        g.add(-5);
+        assert_eq!(g.get(), -2);
+        assert!(render(&r).contains("open{l=\"x\"} -2\n"));
+        assert_eq!(Gauge::unregistered().get(), 0);
+    }
+
+    #[test]
+    fn a_histogram_renders_cumulative_buckets_its_count_and_sum() {
+        let r = Registry::new();
+        let v = HistogramVec::register(&r, "t_seconds", "T", &["k"], &[0.1, 1.0]);
+        let h = v.with_label_values(&["x"]);
+        for s in [0.05, 0.1, 0.5, 2.0, 3.0] {
+            h.observe(s);
+        }
+        let worker = h.clone();
+        std::thread::spawn(move || {
+            enter_worker(1);
+            worker.observe(0.5);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(h.get_sample_count(), 6);
+        let text = render(&r);
+        for line in [
+            "t_seconds_bucket{k=\"x\",le=\"0.1\"} 2\n",
+            "t_seconds_bucket{k=\"x\",le=\"1\"} 4\n",
+            "t_seconds_bucket{k=\"x\",le=\"+Inf\"} 6\n",
+            "t_seconds_sum{k=\"x\"} 6.15\n",
+            "t_seconds_count{k=\"x\"} 6\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+
+    #[test]
+    fn a_series_never_straddles_two_blocks() {
+        let first = alloc(1);
+        let wide = alloc(JUNK);
+        assert!(first >= JUNK);
+        assert_eq!(wide / BLOCK, (wide + JUNK - 1) / BLOCK);
+    }
+}
