@@ -76,6 +76,10 @@ struct ProxyArgs {
     /// PEM private key for --tls-listen.
     #[arg(long)]
     tls_key: Option<String>,
+    /// One listening socket every worker accepts from, instead of one `SO_REUSEPORT`
+    /// socket per worker (the listeners' `reuse_port = false`).
+    #[arg(long)]
+    no_reuse_port: bool,
 }
 
 /// The whole command line, with `keymaster`'s filters plus `extra`.
@@ -199,12 +203,14 @@ fn proxy(args: ProxyArgs, extra: &crate::Keymaster) -> Result<(), String> {
     config.admin.listen = args.admin;
     config.listeners = vec![ListenerConfig {
         address: args.listen,
+        reuse_port: !args.no_reuse_port,
         ..ListenerConfig::default()
     }];
     if let (Some(address), Some(cert), Some(key)) = (args.tls_listen, args.tls_cert, args.tls_key) {
         config.listeners.push(ListenerConfig {
             name: "tls".into(),
             address,
+            reuse_port: !args.no_reuse_port,
             tls: Some(TlsConfig {
                 certificates: vec![TlsCertificate { cert, key }],
                 ..TlsConfig::default()

@@ -324,6 +324,10 @@ pub struct ListenerConfig {
     /// (HTTP/2: GOAWAY); each connection's limit is drawn between 90% and 100% of it. `0s`
     /// turns it off.
     pub max_connection_age: Duration,
+    /// One `SO_REUSEPORT` socket per worker, the kernel spreading new connections over them
+    /// by a hash of their addresses (`true`); or one socket every worker accepts from
+    /// (`false`), where a worker takes a connection when it gets to it.
+    pub reuse_port: bool,
 }
 
 /// A listener's `path` table: the canonical path routing, filters and the origin see.
@@ -422,6 +426,7 @@ impl Default for ListenerConfig {
             path: PathConfig::default(),
             max_requests_per_connection: 0,
             max_connection_age: Duration::from_secs(3600),
+            reuse_port: true,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Starting, reloading and stopping a gateway.
 //!
 //! [`Gateway::start`] compiles the config, binds every listener (one `SO_REUSEPORT` socket per
-//! worker), starts the worker threads and the admin thread, and returns a [`Gateway`] handle.
+//! worker, or one socket they all accept from), starts the worker threads and the admin thread, and returns a [`Gateway`] handle.
 //! Reload builds a new [`Snapshot`] off the request path and swaps it in atomically;
 //! an invalid config is rejected and the running one kept. Shutdown is mini-redis style: one
 //! `watch` signal, then each worker drains its connections until the drain deadline.
@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
-use crate::downstream::{bind_reuseport, ListenerCtx};
+use crate::downstream::{bind_listener, bind_reuseport, ListenerCtx};
 use crate::filter::{FilterSource, FilterSpec, Reloader};
 use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
@@ -408,7 +408,7 @@ impl Gateway {
                 }
                 None => None,
             };
-            let first = bind_reuseport(l.address)
+            let first = bind_listener(l.address, l.reuse_port)
                 .map_err(|e| format!("listener {}: bind {}: {e}", l.name, l.address))?;
             let addr = first
                 .local_addr()
@@ -417,12 +417,17 @@ impl Gateway {
             ctx.bound = Some(addr).filter(|a| !a.ip().is_unspecified());
             let ctx = Arc::new(ctx);
             listeners.push((l.name.clone(), addr));
-            per_worker[0].sockets.push((ctx.clone(), first));
             for w in per_worker.iter_mut().skip(1) {
-                let s = bind_reuseport(addr)
-                    .map_err(|e| format!("listener {}: bind {addr}: {e}", l.name))?;
+                // Each worker its own socket, or its own handle on the one socket.
+                let s = if l.reuse_port {
+                    bind_reuseport(addr)
+                } else {
+                    first.try_clone()
+                };
+                let s = s.map_err(|e| format!("listener {}: bind {addr}: {e}", l.name))?;
                 w.sockets.push((ctx.clone(), s));
             }
+            per_worker[0].sockets.push((ctx.clone(), first));
         }
         let admin_socket = match config.admin.listen {
             Some(a) => {

@@ -1,5 +1,6 @@
 //! Worker threads: each runs a single-threaded tokio runtime with a `LocalSet`, its own
-//! `SO_REUSEPORT` sockets, and its own upstream pools. Nothing on a worker's request path
+//! `SO_REUSEPORT` sockets (or handles on a listener's one socket), and its own upstream
+//! pools. Nothing on a worker's request path
 //! takes a lock or wakes another thread; per-worker state lives in `Rc`/`Cell`.
 
 use arc_swap::cache::Cache;

@@ -3,7 +3,8 @@
 //! the h2 preface detected on `auto` listeners, or ALPN on TLS) with hyper's.
 //!
 //! Each worker thread binds its own `SO_REUSEPORT` socket per listener, so the kernel
-//! spreads connections across workers with no shared accept lock. Before the first request
+//! spreads connections across workers with no shared accept lock (or, with `reuse_port =
+//! false`, every worker accepts from the listener's one socket). Before the first request
 //! and whenever no request is in flight, the client must finish a request head within
 //! `header_read_timeout` of its first byte (slowloris) and must not sit idle past
 //! `idle_timeout`: [`ConnState`] keeps the deadline, which the HTTP/1.1 server reads
@@ -156,14 +157,22 @@ impl ListenerCtx {
     }
 }
 
-/// Bind one `SO_REUSEPORT` socket; several may share an address (one per worker). Its
-/// `TCP_NODELAY` is inherited by every connection it accepts (Linux copies the option to
-/// accepted sockets), which saves a system call per connection.
+/// Bind one `SO_REUSEPORT` socket; several may share an address (one per worker).
 pub(crate) fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    bind_listener(addr, true)
+}
+
+/// Bind a listening socket, with `SO_REUSEPORT` when `reuse_port`. Its `TCP_NODELAY` is
+/// inherited by every connection it accepts (Linux copies the option to accepted sockets),
+/// which saves a system call per connection.
+pub(crate) fn bind_listener(
+    addr: SocketAddr,
+    reuse_port: bool,
+) -> io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
+    socket.set_reuse_port(reuse_port)?;
     socket.set_nonblocking(true)?;
     socket.set_tcp_nodelay(true)?;
     socket.bind(&addr.into())?;

@@ -1,0 +1,63 @@
+//! How a listener's connections reach the workers: by default each worker has its own
+//! `SO_REUSEPORT` socket and the kernel hashes each new connection to one of them; with
+//! `reuse_port = false` the listener is one socket that every worker accepts from.
+mod support;
+
+use std::net::SocketAddr;
+use support::*;
+
+/// Bind a `SO_REUSEPORT` socket to `addr`: it joins the address's group only when the
+/// sockets already bound there have the option too.
+fn join_reuseport_group(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    s.set_reuse_port(true)?;
+    s.bind(&addr.into())?;
+    Ok(s)
+}
+
+/// `CONNS` clients at once, `EACH` requests each, on a 4-worker gateway: every one is
+/// answered, and the listener counts each connection once.
+async fn serve_many(g: &TestGateway) {
+    const CONNS: usize = 32;
+    const EACH: usize = 20;
+    let clients: Vec<_> = (0..CONNS)
+        .map(|_| {
+            let addr = g.addr;
+            tokio::spawn(async move {
+                let mut c = Client::connect(addr).await;
+                for _ in 0..EACH {
+                    assert_eq!(c.get("/").await.status, 200);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.unwrap();
+    }
+    let m = g.gateway().metrics_text();
+    let accepted = "keymaster_downstream_accepted_total{listener=\"main\"}";
+    assert_eq!(metric(&m, accepted), CONNS as f64, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_each_worker_has_a_reuseport_socket() {
+    let s = stub();
+    let toml = config_text(s.local_addr(), "", "").replace("workers = 1", "workers = 4");
+    let g = start_gateway(&toml);
+    // The port's sockets have SO_REUSEPORT: another one may join them (and leaves at once,
+    // before it could take a connection).
+    drop(join_reuseport_group(g.addr).expect("the listener's sockets use SO_REUSEPORT"));
+    serve_many(&g).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_reuse_port_every_worker_accepts_from_one_socket() {
+    let s = stub();
+    let toml =
+        config_text(s.local_addr(), "reuse_port = false", "").replace("workers = 1", "workers = 4");
+    let g = start_gateway(&toml);
+    let err = join_reuseport_group(g.addr).expect_err("one socket without SO_REUSEPORT");
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+    serve_many(&g).await;
+}
