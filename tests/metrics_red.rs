@@ -174,20 +174,7 @@ async fn the_counts_of_every_worker_add_up() {
     const EACH: usize = 60;
     let o = head_echo_origin().await;
     let g = start_gateway(&config_text(o.addr, "", "").replace("workers = 1", "workers = 4"));
-    let clients: Vec<_> = (0..CONNS)
-        .map(|_| {
-            let addr = g.addr;
-            tokio::spawn(async move {
-                let mut c = Client::connect(addr).await;
-                for _ in 0..EACH {
-                    assert_eq!(c.get("/n").await.status, 200);
-                }
-            })
-        })
-        .collect();
-    for c in clients {
-        c.await.unwrap();
-    }
+    many_clients(g.addr, CONNS, EACH, "/n").await;
     let n = Some((CONNS * EACH) as f64);
     let ok = [("route", "default"), ("status_class", "2xx")];
     let m = metrics_text(&g).await;

@@ -21,20 +21,7 @@ fn join_reuseport_group(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
 async fn serve_many(g: &TestGateway) {
     const CONNS: usize = 32;
     const EACH: usize = 20;
-    let clients: Vec<_> = (0..CONNS)
-        .map(|_| {
-            let addr = g.addr;
-            tokio::spawn(async move {
-                let mut c = Client::connect(addr).await;
-                for _ in 0..EACH {
-                    assert_eq!(c.get("/").await.status, 200);
-                }
-            })
-        })
-        .collect();
-    for c in clients {
-        c.await.unwrap();
-    }
+    many_clients(g.addr, CONNS, EACH, "/").await;
     let m = g.gateway().metrics_text();
     let accepted = "keymaster_downstream_accepted_total{listener=\"main\"}";
     assert_eq!(metric(&m, accepted), CONNS as f64, "{m}");

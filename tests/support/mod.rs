@@ -190,6 +190,24 @@ pub async fn get(addr: SocketAddr, path: &str) -> Reply {
     Client::connect(addr).await.get(path).await
 }
 
+/// `conns` clients at once, each sending `each` GETs of `path` on its own keep-alive
+/// connection; every answer must be 200.
+pub async fn many_clients(addr: SocketAddr, conns: usize, each: usize, path: &'static str) {
+    let clients: Vec<_> = (0..conns)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut c = Client::connect(addr).await;
+                for _ in 0..each {
+                    assert_eq!(c.get(path).await.status, 200);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.unwrap();
+    }
+}
+
 /// Write raw bytes, then read until the peer closes or `wait` passes with no new data.
 pub async fn raw(addr: SocketAddr, request: &[u8], wait: Duration) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).await.expect("connect");
