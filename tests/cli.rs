@@ -245,6 +245,33 @@ async fn proxy_subcommand_serves_requests() {
     assert!(exited.expect("exits on SIGTERM").success());
 }
 
+/// `proxy --no-reuse-port`: the listener is one socket (no `SO_REUSEPORT`, so no other
+/// socket can join its address) that both workers serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_without_reuse_port_listens_on_one_socket() {
+    let s = stub();
+    let to = s.local_addr().to_string();
+    let p = spawn_keymaster([
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--to",
+        &to,
+        "--workers",
+        "2",
+        "--no-reuse-port",
+    ]);
+    for _ in 0..8 {
+        assert_eq!(get(p.addr(), "/?length=5").await.status, 200);
+    }
+    let joiner = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    joiner.set_reuse_port(true).unwrap();
+    let err = joiner
+        .bind(&p.addr().into())
+        .expect_err("the one socket has no SO_REUSEPORT");
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+}
+
 /// Logs to a pipe (journald, `docker logs`, a file) are plain text: no colour codes, with
 /// or without `NO_COLOR`.
 #[test]
