@@ -308,24 +308,26 @@ pub(super) async fn finish_response(
     }
     // The body streams the origin's and owns the `Exchange`: the connection goes back to
     // the pool when the body ended cleanly (and the cluster's limits allow).
-    let f = forwarded;
-    let (conn, max_requests) = (sent.conn, f.cluster.config.pool.max_requests_per_connection);
+    let (conn, max_requests) = (
+        sent.conn,
+        forwarded.cluster.config.pool.max_requests_per_connection,
+    );
     let reusable =
         conn.is_h1() && !origin_close && (max_requests == 0 || conn.requests < max_requests);
     let mut exchange = Exchange {
         conn: Some(conn),
-        cluster: f.cluster,
+        cluster: forwarded.cluster,
         cx: cx.clone(),
-        route: f.route.clone(),
+        route: forwarded.route.clone(),
         reusable,
-        body_state: f.body_state,
+        body_state: forwarded.body_state,
         complete: false,
         failure: None,
         bytes: 0,
         status: rparts.status.as_u16(),
-        start: f.start,
+        start: forwarded.start,
         _outstanding: sent.outstanding,
-        _slot: f.slot,
+        _slot: forwarded.slot,
         _load: info.load.take(),
         records: info.done(),
     };
@@ -337,13 +339,15 @@ pub(super) async fn finish_response(
         prefix,
         inner: rbody,
         exchange,
-        deadline: f.deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
-        read_gap: ReadGap::new(f.route.read_timeout),
+        deadline: forwarded
+            .deadline
+            .map(|d| Box::pin(tokio::time::sleep_until(d))),
+        read_gap: ReadGap::new(forwarded.route.read_timeout),
         grpc: info.grpc,
         ended: false,
         raw_head,
     });
-    let body = match (&f.route.compression, f.compress) {
+    let body = match (&forwarded.route.compression, forwarded.compress) {
         (Some(policy), Some(offer)) => super::compressed::respond(policy, offer, &mut rparts, body),
         _ => ResponseBody::Origin(body),
     };
