@@ -40,10 +40,15 @@ impl Worker {
         let mut seen = self.seen.0.borrow_mut();
         let (cache, rc) = &mut *seen;
         let current = cache.load();
-        if !Arc::ptr_eq(current, rc) {
-            *rc = Rc::new(current.clone());
+        if Arc::ptr_eq(current, rc) {
+            return rc.clone();
         }
-        rc.clone()
+        let replaced = std::mem::replace(rc, Rc::new(current.clone()));
+        let now = rc.clone();
+        // A replaced version may be dropped here, outside the borrow.
+        drop(seen);
+        drop(replaced);
+        now
     }
 }
 

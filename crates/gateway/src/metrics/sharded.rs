@@ -96,9 +96,7 @@ fn arena() -> &'static Arena {
 fn alloc(n: usize) -> usize {
     assert!(n <= JUNK, "a series takes at most {JUNK} slots");
     let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
-    if *next % BLOCK + n > BLOCK {
-        *next = next.next_multiple_of(BLOCK);
-    }
+    *next = place(*next, n);
     if *next + n > CAPACITY {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
@@ -112,6 +110,16 @@ fn alloc(n: usize) -> usize {
     let slot = *next;
     *next += n;
     slot
+}
+
+/// Where `n` slots go when `next` is the first free one: there, unless they would run past
+/// the end of its block; then at the start of the next block.
+fn place(next: usize, n: usize) -> usize {
+    if next % BLOCK + n > BLOCK {
+        next.next_multiple_of(BLOCK)
+    } else {
+        next
+    }
 }
 
 /// This thread's cell of `slot`.
@@ -200,21 +208,25 @@ impl Default for Gauge {
     }
 }
 
-/// A sequence number per worker (a round-robin cursor): each worker steps its own.
-#[derive(Debug)]
+/// A sequence number per worker (a round-robin cursor): each worker steps its own,
+/// worker `w` starting `w` steps in, so that workers do not all begin on the same server.
+#[derive(Clone, Debug)]
 pub(crate) struct Cursor {
     slot: usize,
 }
 
-impl Cursor {
-    pub(crate) fn new() -> Cursor {
+impl Default for Cursor {
+    fn default() -> Cursor {
         Cursor { slot: alloc(1) }
     }
+}
 
-    /// This worker's next number: 0, 1, 2...
+impl Cursor {
+    /// This worker's next number: `w`, `w + 1`, `w + 2`... for worker `w`.
     #[inline]
     pub(crate) fn next(&self) -> usize {
-        cell(self.slot).fetch_add(1, Relaxed) as usize
+        let n = cell(self.slot).fetch_add(1, Relaxed) as usize;
+        n.wrapping_add(INDEX.with(Cell::get))
     }
 }
 
@@ -536,9 +548,26 @@ mod tests {
 
     #[test]
     fn a_series_never_straddles_two_blocks() {
-        let first = alloc(1);
-        let wide = alloc(JUNK);
-        assert!(first >= JUNK);
-        assert_eq!(wide / BLOCK, (wide + JUNK - 1) / BLOCK);
+        assert_eq!(place(BLOCK - 17, 17), BLOCK - 17, "fits exactly");
+        assert_eq!(place(BLOCK - 16, 17), BLOCK, "moves to the next block");
+        assert_eq!(place(3 * BLOCK, 17), 3 * BLOCK);
+        assert!(alloc(1) >= JUNK, "the junk slots are never handed out");
+    }
+
+    #[test]
+    fn each_worker_steps_its_own_cursor_from_its_own_start() {
+        let c = Cursor::default();
+        let steps = |w: usize| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                enter_worker(w);
+                (0..3).map(|_| c.next()).collect::<Vec<_>>()
+            })
+            .join()
+            .unwrap()
+        };
+        assert_eq!(steps(0), [0, 1, 2]);
+        assert_eq!(steps(2), [2, 3, 4]);
+        assert_eq!(steps(0), [3, 4, 5], "worker 0 goes on from where it was");
     }
 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use super::OriginServer;
+use crate::metrics::sharded::Cursor;
 use keymaster_config::Balance;
 
 pub(crate) enum Balancer {
@@ -17,13 +18,14 @@ pub(crate) enum Balancer {
     RoundRobin {
         /// A smooth weighted round-robin sequence of server indexes.
         sequence: Vec<usize>,
-        cursor: crate::metrics::sharded::Cursor,
+        cursor: Cursor,
     },
     LeastOutstanding,
 }
 
 impl Balancer {
-    pub(crate) fn new(kind: Balance, servers: &[Arc<OriginServer>]) -> Balancer {
+    /// `cursor`: where round robin is (the cluster's, kept across config versions).
+    pub(crate) fn new(kind: Balance, servers: &[Arc<OriginServer>], cursor: &Cursor) -> Balancer {
         if servers.len() == 1 {
             return Balancer::Single;
         }
@@ -46,7 +48,7 @@ impl Balancer {
             },
             Balance::RoundRobin => Balancer::RoundRobin {
                 sequence: smooth_wrr_sequence(&weights),
-                cursor: crate::metrics::sharded::Cursor::new(),
+                cursor: cursor.clone(),
             },
             Balance::LeastOutstanding => Balancer::LeastOutstanding,
         }
@@ -166,14 +168,30 @@ mod tests {
     #[test]
     fn round_robin_is_exact_per_cycle() {
         let s = servers(&[3, 1]);
-        let b = Balancer::new(Balance::RoundRobin, &s);
+        let b = Balancer::new(Balance::RoundRobin, &s, &Cursor::default());
         assert_eq!(counts(&b, &s, 400), vec![300, 100]);
+    }
+
+    /// A config version that rebuilds the cluster keeps its round-robin place.
+    #[test]
+    fn round_robin_goes_on_where_the_last_version_stopped() {
+        let s = servers(&[1, 1, 1]);
+        let cursor = Cursor::default();
+        let at = |b: &Balancer| {
+            let picked = b.pick(&s);
+            s.iter().position(|x| Arc::ptr_eq(x, picked)).unwrap()
+        };
+        let first = Balancer::new(Balance::RoundRobin, &s, &cursor);
+        let start = at(&first);
+        assert_eq!(at(&first), (start + 1) % 3);
+        let rebuilt = Balancer::new(Balance::RoundRobin, &s, &cursor);
+        assert_eq!(at(&rebuilt), (start + 2) % 3);
     }
 
     #[test]
     fn weighted_random_follows_weights() {
         let s = servers(&[9, 1]);
-        let b = Balancer::new(Balance::Random, &s);
+        let b = Balancer::new(Balance::Random, &s, &Cursor::default());
         let c = counts(&b, &s, 20_000);
         // Expected 18000/2000; 6 sigma is about 250.
         assert!((17_500..=18_500).contains(&c[0]), "{c:?}");
@@ -183,7 +201,7 @@ mod tests {
     fn least_outstanding_avoids_the_busy_server() {
         let s = servers(&[1, 1]);
         s[0].state.outstanding.store(10, Ordering::Relaxed);
-        let b = Balancer::new(Balance::LeastOutstanding, &s);
+        let b = Balancer::new(Balance::LeastOutstanding, &s, &Cursor::default());
         assert_eq!(counts(&b, &s, 100), vec![0, 100]);
         s[0].state.outstanding.store(0, Ordering::Relaxed);
     }

@@ -39,9 +39,12 @@ pub(crate) struct ClusterState {
     /// Requests in flight under a cap: one count all workers share, as the cap needs.
     active: AtomicUsize,
     /// Requests in flight while the cluster has no cap, counted in each worker's own
-    /// memory (every request writes it twice). A reload that sets a cap counts from the
-    /// requests admitted after it.
+    /// memory (every request writes it twice). A reload that sets a cap counts those still
+    /// in flight against it (see `try_acquire`).
     uncapped: crate::metrics::sharded::Gauge,
+    /// Where round robin is in the cluster's servers, per worker: kept across the config
+    /// versions that rebuild the cluster.
+    pub(crate) cursor: crate::metrics::sharded::Cursor,
     pending: AtomicUsize,
     retries: AtomicUsize,
     released: Notify,
@@ -124,8 +127,12 @@ fn bounded_inc(n: &AtomicUsize, max: usize) -> bool {
 impl ClusterState {
     /// Requests in flight to the cluster.
     pub(crate) fn active(&self) -> usize {
-        let uncapped = usize::try_from(self.uncapped.get()).unwrap_or(0);
-        self.active.load(Ordering::Acquire) + uncapped
+        self.active.load(Ordering::Acquire) + self.uncapped_in_flight()
+    }
+
+    /// Requests admitted while the cluster had no cap, still in flight.
+    fn uncapped_in_flight(&self) -> usize {
+        usize::try_from(self.uncapped.get()).unwrap_or(0)
     }
     /// Requests waiting for a slot.
     pub(crate) fn pending(&self) -> usize {
@@ -137,7 +144,10 @@ impl ClusterState {
             self.uncapped.inc();
             return Some(Slot::Uncapped(self.uncapped.clone()));
         }
-        bounded_inc(&self.active, max).then(|| Slot::Capped(self.clone()))
+        // Requests admitted before a reload set the cap take their places under it (a sum
+        // over the workers' cells, only for capped clusters).
+        let room = max.saturating_sub(self.uncapped_in_flight());
+        (room > 0 && bounded_inc(&self.active, room)).then(|| Slot::Capped(self.clone()))
     }
 
     /// Admit a request: a slot at once, else a place in the queue until one frees up, the
@@ -198,6 +208,28 @@ mod tests {
             queue_timeout: Duration::from_secs(1),
             retry_after: Duration::from_millis(1500),
         }
+    }
+
+    /// A reload that sets a cap while requests admitted without one are in flight: they
+    /// take their places under it.
+    #[tokio::test(start_paused = true)]
+    async fn a_cap_set_later_counts_the_requests_admitted_without_one() {
+        let c = Arc::new(ClusterState::default());
+        let free = limits(0, 0);
+        let a = c.admit(&free, None).await.unwrap();
+        let b = c.admit(&free, None).await.unwrap();
+        assert_eq!(c.active(), 2);
+        let capped = limits(3, 0);
+        let third = c.admit(&capped, None).await.expect("room for one more");
+        assert!(
+            c.admit(&capped, None).await.is_err(),
+            "the uncapped two count"
+        );
+        drop(a);
+        let fourth = c.admit(&capped, None).await.expect("a place freed");
+        assert_eq!(c.active(), 3);
+        drop((b, third, fourth));
+        assert_eq!(c.active(), 0);
     }
 
     #[tokio::test(start_paused = true)]

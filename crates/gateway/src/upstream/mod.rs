@@ -255,7 +255,7 @@ impl Cluster {
             _ => None,
         };
         Ok(Cluster {
-            balancer: balance::Balancer::new(cfg.balance, &servers),
+            balancer: balance::Balancer::new(cfg.balance, &servers, &limits.cursor),
             hashing,
             config: cfg.clone(),
             servers,
