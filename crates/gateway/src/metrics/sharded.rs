@@ -12,8 +12,9 @@
 //!   either way, so a count is never lost, whichever thread makes it; the arenas only keep
 //!   the writes of different workers off each other's cache lines.
 //! - Slots are allocated when a config version resolves its handles, never on the request
-//!   path, and never freed (like a Prometheus vector's series). Past [`CAPACITY`] slots, new
-//!   series share a junk slot and an error is logged once: metrics go wrong, nothing else.
+//!   path, and never freed (like a Prometheus vector's series). Past their share of
+//!   [`CAPACITY`], new series share a junk slot and an error is logged once: metrics go
+//!   wrong, nothing else; the counts the gateway acts on keep a reserve of their own.
 //! - A family ([`CounterVec`], [`GaugeVec`], [`HistogramVec`]) is a Prometheus
 //!   [`Collector`]: registered like any metric, rendered by the same encoder.
 
@@ -92,24 +93,50 @@ fn arena() -> &'static Arena {
     })
 }
 
+/// What slots are for.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Use {
+    /// A metric series: past its share of the capacity, the junk slots.
+    Metric,
+    /// A count the gateway acts on (a cluster's requests in flight, a server's idle
+    /// connections, a round-robin cursor): the last [`RESERVE`] slots are kept for these.
+    Count,
+}
+
+/// Slots only counts may take, so that series past the capacity never share a slot with
+/// one (about a million clusters and servers).
+const RESERVE: usize = 1 << 20;
+
 /// `n` consecutive slots, within one block.
-fn alloc(n: usize) -> usize {
+fn alloc(n: usize, what: Use) -> usize {
     assert!(n <= JUNK, "a series takes at most {JUNK} slots");
     let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
-    *next = place(*next, n);
-    if *next + n > CAPACITY {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            tracing::error!(
-                slots = CAPACITY,
-                "metric series exceed the per-worker capacity: new series are not counted"
-            );
-        });
-        return 0;
+    match grant(*next, n, what) {
+        Some(slot) => {
+            *next = slot + n;
+            slot
+        }
+        None => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::error!(
+                    slots = CAPACITY,
+                    "metric series exceed the per-worker capacity: new series are not counted"
+                );
+            });
+            0
+        }
     }
-    let slot = *next;
-    *next += n;
-    slot
+}
+
+/// Where `n` slots for `what` go when `next` is the first free one, if they fit.
+fn grant(next: usize, n: usize, what: Use) -> Option<usize> {
+    let end = match what {
+        Use::Metric => CAPACITY - RESERVE,
+        Use::Count => CAPACITY,
+    };
+    let slot = place(next, n);
+    (slot + n <= end).then_some(slot)
 }
 
 /// Where `n` slots go when `next` is the first free one: there, unless they would run past
@@ -178,7 +205,9 @@ pub(crate) struct Gauge {
 impl Gauge {
     /// A gauge in no family: read with [`Gauge::get`] only.
     pub(crate) fn unregistered() -> Gauge {
-        Gauge { slot: alloc(1) }
+        Gauge {
+            slot: alloc(1, Use::Count),
+        }
     }
 
     #[inline]
@@ -217,7 +246,9 @@ pub(crate) struct Cursor {
 
 impl Default for Cursor {
     fn default() -> Cursor {
-        Cursor { slot: alloc(1) }
+        Cursor {
+            slot: alloc(1, Use::Count),
+        }
     }
 }
 
@@ -318,7 +349,9 @@ impl Family {
             Kind::Counter | Kind::Gauge => 1,
             Kind::Histogram(b) => b.len() + 2,
         };
-        *series.entry(key).or_insert_with(|| alloc(width))
+        *series
+            .entry(key)
+            .or_insert_with(|| alloc(width, Use::Metric))
     }
 
     fn collect(&self) -> MetricFamily {
@@ -551,7 +584,23 @@ mod tests {
         assert_eq!(place(BLOCK - 17, 17), BLOCK - 17, "fits exactly");
         assert_eq!(place(BLOCK - 16, 17), BLOCK, "moves to the next block");
         assert_eq!(place(3 * BLOCK, 17), 3 * BLOCK);
-        assert!(alloc(1) >= JUNK, "the junk slots are never handed out");
+        assert!(
+            alloc(1, Use::Metric) >= JUNK,
+            "the junk slots are never handed out"
+        );
+    }
+
+    /// Metric series past their share go to the junk slots; counts the gateway acts on
+    /// still get slots of their own.
+    #[test]
+    fn counts_keep_slots_of_their_own_past_the_metrics_share() {
+        let full = CAPACITY - RESERVE;
+        assert_eq!(grant(full - 17, 17, Use::Metric), Some(full - 17));
+        assert_eq!(grant(full - 16, 17, Use::Metric), None);
+        assert_eq!(grant(full, 1, Use::Metric), None);
+        assert_eq!(grant(full, 1, Use::Count), Some(full));
+        assert_eq!(grant(CAPACITY - 1, 1, Use::Count), Some(CAPACITY - 1));
+        assert_eq!(grant(CAPACITY, 1, Use::Count), None);
     }
 
     #[test]
