@@ -1,7 +1,8 @@
 //! Starting, reloading and stopping a gateway.
 //!
 //! [`Gateway::start`] compiles the config, binds every listener (one `SO_REUSEPORT` socket per
-//! worker, or one socket they all accept from), starts the worker threads and the admin thread, and returns a [`Gateway`] handle.
+//! worker, or one socket they all accept from), starts the worker threads and the admin
+//! thread, and returns a [`Gateway`] handle.
 //! Reload builds a new [`Snapshot`] off the request path and swaps it in atomically;
 //! an invalid config is rejected and the running one kept. Shutdown is mini-redis style: one
 //! `watch` signal, then each worker drains its connections until the drain deadline.
@@ -15,7 +16,7 @@ use std::thread::JoinHandle;
 use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
-use crate::downstream::{bind_listener, bind_reuseport, ListenerCtx};
+use crate::downstream::{bind_listener, ListenerCtx};
 use crate::filter::{FilterSource, FilterSpec, Reloader};
 use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
@@ -420,7 +421,7 @@ impl Gateway {
             for w in per_worker.iter_mut().skip(1) {
                 // Each worker its own socket, or its own handle on the one socket.
                 let s = if l.reuse_port {
-                    bind_reuseport(addr)
+                    bind_listener(addr, true)
                 } else {
                     first.try_clone()
                 };

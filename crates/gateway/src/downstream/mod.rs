@@ -157,12 +157,8 @@ impl ListenerCtx {
     }
 }
 
-/// Bind one `SO_REUSEPORT` socket; several may share an address (one per worker).
-pub(crate) fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
-    bind_listener(addr, true)
-}
-
-/// Bind a listening socket, with `SO_REUSEPORT` when `reuse_port`. Its `TCP_NODELAY` is
+/// Bind a listening socket, with `SO_REUSEPORT` when `reuse_port` (then several may share
+/// an address, one per worker). Its `TCP_NODELAY` is
 /// inherited by every connection it accepts (Linux copies the option to accepted sockets),
 /// which saves a system call per connection.
 pub(crate) fn bind_listener(
@@ -727,7 +723,7 @@ mod tests {
     /// call of their own (`serve_connection` relies on it).
     #[test]
     fn accepted_connections_inherit_nodelay() {
-        let listener = super::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = super::bind_listener("127.0.0.1:0".parse().unwrap(), true).unwrap();
         listener.set_nonblocking(false).unwrap();
         let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();

@@ -203,13 +203,6 @@ pub(crate) struct Gauge {
 }
 
 impl Gauge {
-    /// A gauge in no family: read with [`Gauge::get`] only.
-    pub(crate) fn unregistered() -> Gauge {
-        Gauge {
-            slot: alloc(1, Use::Count),
-        }
-    }
-
     #[inline]
     pub(crate) fn inc(&self) {
         self.add(1);
@@ -231,9 +224,12 @@ impl Gauge {
     }
 }
 
+/// A gauge in no family, for a count the gateway acts on: read with [`Gauge::get`] only.
 impl Default for Gauge {
     fn default() -> Gauge {
-        Gauge::unregistered()
+        Gauge {
+            slot: alloc(1, Use::Count),
+        }
     }
 }
 
@@ -274,12 +270,17 @@ impl Histogram {
     pub(crate) fn observe(&self, seconds: f64) {
         let i = self.bounds.partition_point(|b| *b < seconds);
         cell(self.slot + i).fetch_add(1, Relaxed);
-        let sum = cell(self.slot + self.bounds.len() + 1);
+        let sum = cell(self.sum_slot());
         // Only this worker writes its cell, so the update succeeds at its first try but
         // where another thread shares the arena.
         let _ = sum.fetch_update(Relaxed, Relaxed, |s| {
             Some((f64::from_bits(s) + seconds).to_bits())
         });
+    }
+
+    /// The slot of the sum, after the buckets and the overflow.
+    fn sum_slot(&self) -> usize {
+        self.slot + self.bounds.len() + 1
     }
 
     /// Observations, over every worker.
@@ -300,9 +301,7 @@ impl Histogram {
             buckets.push(b);
         }
         let count = cumulative + sum(self.slot + self.bounds.len());
-        let total = values(self.slot + self.bounds.len() + 1)
-            .map(f64::from_bits)
-            .sum();
+        let total = values(self.sum_slot()).map(f64::from_bits).sum();
         let mut h = proto::Histogram::default();
         h.set_bucket(buckets);
         h.set_sample_count(count);
@@ -548,7 +547,7 @@ mod tests {
         g.add(-5);
         assert_eq!(g.get(), -2);
         assert!(render(&r).contains("open{l=\"x\"} -2\n"));
-        assert_eq!(Gauge::unregistered().get(), 0);
+        assert_eq!(Gauge::default().get(), 0);
     }
 
     #[test]

@@ -131,7 +131,7 @@ pub(crate) fn intern_origin_key(key: OriginKey) -> Arc<OriginState> {
                 addr: key.addr,
                 outstanding: AtomicUsize::new(0),
                 open_connections: AtomicUsize::new(0),
-                idle_connections: crate::metrics::sharded::Gauge::unregistered(),
+                idle_connections: crate::metrics::sharded::Gauge::default(),
                 health: health::HealthState::default(),
             })
         })
