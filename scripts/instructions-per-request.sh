@@ -43,22 +43,7 @@ report() { # name port -- cmd
 report keymaster 18190 -- "$KM" proxy --listen 127.0.0.1:18190 --to 127.0.0.1:$STUB_PORT --workers 1
 
 if command -v nginx >/dev/null; then
-  cat > "$WORK/nginx.conf" <<NGX
-worker_processes 1;
-daemon off;
-master_process off;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx-error.log;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  upstream origin { server 127.0.0.1:$STUB_PORT; keepalive 64; }
-  server {
-    listen 127.0.0.1:18191;
-    location / { proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; }
-  }
-}
-NGX
+  write_nginx_conf 18191
   report nginx 18191 -- nginx -c "$WORK/nginx.conf"
   # The same with keymaster's default header duties (as `keymaster bench --peer-headers
   # duties` configures it): Host kept, X-Forwarded-*, Via both ways, a request id both ways.

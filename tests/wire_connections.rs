@@ -399,6 +399,80 @@ async fn thousands_of_idle_connections_do_not_starve_a_new_client() {
     drop(idle);
 }
 
+/// Open `n` more connections and make one keep-alive request on each, 64 at a time (so the
+/// gateway's origin connections stay those of one batch).
+async fn open_with_a_request(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut conns = Vec::with_capacity(n);
+    while conns.len() < n {
+        let mut batch = Vec::new();
+        for _ in 0..64.min(n - conns.len()) {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /?length=100 HTTP/1.1\r\nHost: a\r\n\r\n")
+                .await
+                .unwrap();
+            batch.push(s);
+        }
+        for mut s in batch {
+            let mut carry = Vec::new();
+            let head = read_head(&mut s, &mut carry)
+                .await
+                .expect("a response head");
+            assert_eq!(status_of(head.as_bytes()), Some(200), "{head}");
+            assert_eq!(read_exact_body(&mut s, &mut carry, 100).await.len(), 100);
+            conns.push(s);
+        }
+    }
+    conns
+}
+
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .expect("VmRSS in /proc/PID/status");
+    kib * 1024
+}
+
+/// An idle keep-alive connection holds little memory: a request's state (the proxy stage's
+/// future, a few KiB) is allocated per request and freed before the connection waits for
+/// its next head (decision record 0027). 1,000 connections that each made a request grow
+/// the gateway's resident memory by under 6 KiB each (this build: about 8.4 KiB when every
+/// connection kept that room, 4.3 KiB without it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_holds_little_memory() {
+    const CONNS: usize = 1000;
+    // Another test here holds 4,000 descriptors while it runs.
+    let limit = raise_nofile(5 * CONNS as u64 + 1024);
+    assert!(
+        limit >= CONNS as u64 + 512,
+        "RLIMIT_NOFILE too low: {limit}"
+    );
+    let stub = stub();
+    let to = stub.local_addr().to_string();
+    let p = spawn_keymaster([
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--to",
+        &to,
+        "--workers",
+        "1",
+    ]);
+    // Warm up: the worker's origin connections, buffers and allocator pages for a batch.
+    let warm = open_with_a_request(p.addr(), 64).await;
+    drop(open_with_a_request(p.addr(), 64).await);
+    let before = resident_bytes(p.child.id());
+    let idle = open_with_a_request(p.addr(), CONNS).await;
+    let per_connection = resident_bytes(p.child.id()).saturating_sub(before) / CONNS as u64;
+    assert!(
+        per_connection < 6 * 1024,
+        "{per_connection} bytes of resident memory per idle connection"
+    );
+    drop((warm, idle));
+}
+
 async fn h2_get(
     sender: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
     addr: std::net::SocketAddr,

@@ -1,6 +1,7 @@
 # Shared by the callgrind scripts (on top of common.sh: temp dir, cleanup, port wait): the
 # keep-alive (or, with CHURN=1, connection-per-request) driver of LENGTH-byte responses (1000
-# unless set), and one stub origin on $STUB_PORT. Source after setting KM and STUB_PORT.
+# unless set), one stub origin on $STUB_PORT, and the config of an nginx in front of it.
+# Source after setting KM and STUB_PORT.
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 drive() { # port count; CHURN=1: a new connection per request (`Connection: close`)
@@ -22,3 +23,25 @@ PY
 
 "$KM" stub --listen 127.0.0.1:"$STUB_PORT" --workers 1 >/dev/null 2>&1 & PIDS+=($!)
 wait_port "$STUB_PORT"
+
+# $WORK/nginx.conf: one nginx process (no master, no daemon) on PORT, proxying to the stub
+# with upstream keep-alive, access log off.
+write_nginx_conf() { # port
+  cat > "$WORK/nginx.conf" <<NGX
+worker_processes 1;
+daemon off;
+master_process off;
+worker_rlimit_nofile 20000;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log;
+events { worker_connections 10000; }
+http {
+  access_log off;
+  upstream origin { server 127.0.0.1:$STUB_PORT; keepalive 64; }
+  server {
+    listen 127.0.0.1:$1;
+    location / { proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+NGX
+}
