@@ -18,10 +18,10 @@ CONNS=${1:-1600}
 R1=${2:-1}
 R2=${3:-3}
 KM=${KM:-$(dirname "$0")/../target/release/keymaster}
-STUB_PORT=18181
+STUB_PORT=18281
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true # CONNS sockets on each side
 # shellcheck source=lib/callgrind-common.sh
 . "$(dirname "$0")/lib/callgrind-common.sh"
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true # CONNS sockets on each side
 CACHES=(--cache-sim=yes --I1=32768,8,64 --D1=49152,12,64 --LL=2097152,16,64)
 
 rounds() { # port rounds
@@ -68,9 +68,8 @@ measure() { # name port rounds -- command...; prints the callgrind totals line
   wait_port "$port"
   rounds "$port" "$count"
   kill -TERM "$vpid"; wait "$vpid" 2>/dev/null || true
-  # Events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw; a process with threads writes one file each.
-  cat "$out"* | awk '/^events:/ && !e {e = $0} /^summary:/ {for (i = 2; i <= NF; i++) s[i] += $i}
-    END {printf "%s", e; for (i = 2; i in s; i++) printf " %d", s[i]; print ""}'
+  # "events: NAMES" and "summary: COUNTS" (trailing zero counts may be left off).
+  awk '/^events:/ {e = $0} /^summary:/ {s = $0} END {print e; print s}' "$out"
 }
 
 report() { # name port -- command...
@@ -81,9 +80,13 @@ report() { # name port -- command...
   python3 - "$name" "$(( (R2 - R1) * CONNS ))" "$a" "$b" <<'PY'
 import sys
 name, n = sys.argv[1], int(sys.argv[2])
-a, b = (line.split()[1:] for line in sys.argv[3:5])
-events = a[: len(a) // 2]
-delta = {e: (int(y) - int(x)) / n for e, x, y in zip(events, a[len(a) // 2:], b[len(b) // 2:])}
+
+def counts(totals):
+    events, summary = (line.split()[1:] for line in totals.splitlines())
+    return {e: int(c) for e, c in zip(events, summary + ["0"] * len(events))}
+
+a, b = counts(sys.argv[3]), counts(sys.argv[4])
+delta = {e: (b[e] - a[e]) / n for e in a}
 code, data = delta["I1mr"], delta["D1mr"] + delta["D1mw"]
 l2 = delta["ILmr"] + delta["DLmr"] + delta["DLmw"]
 print(f"{name:10} {delta['Ir']:8.0f} instructions  {code + data:6.0f} L1 misses "
@@ -92,9 +95,9 @@ PY
 }
 
 echo "$CONNS connections, $(( (R2 - R1) * CONNS )) requests measured"
-report keymaster 18190 -- "$KM" proxy --listen 127.0.0.1:18190 --to 127.0.0.1:$STUB_PORT --workers 1
+report keymaster 18290 -- "$KM" proxy --listen 127.0.0.1:18290 --to 127.0.0.1:$STUB_PORT --workers 1
 
 if command -v nginx >/dev/null; then
-  write_nginx_conf 18191
-  report nginx 18191 -- nginx -c "$WORK/nginx.conf"
+  write_nginx_conf 18291
+  report nginx 18291 -- nginx -c "$WORK/nginx.conf"
 fi

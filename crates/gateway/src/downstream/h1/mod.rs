@@ -262,7 +262,8 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
         // here and freed before the response is written: the allocator hands back memory
         // a recent request used, still in the core's caches, where room in the
         // connection's task would have gone cold while the connection was idle (decision
-        // record 0027). Built in place, never copied.
+        // record 0027). Made as the argument of `Box::write`: the release build constructs it
+        // in place, without a copy.
         let resp = {
             let mut handler = Box::into_pin(Box::write(
                 Box::new_uninit(),
