@@ -434,12 +434,7 @@ async fn open_with_a_request(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStr
 
 fn resident_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .expect("VmRSS in /proc/PID/status");
-    kib * 1024
+    keymaster_bench::bench::procfs::parse_status(&status).rss_kib * 1024
 }
 
 /// An idle keep-alive connection holds little memory: a request's state (the proxy stage's
