@@ -2,13 +2,17 @@
 //! TLS (a client's session on a TLS listener, or keymaster's session with an origin), and
 //! what a `101 Switching Protocols` leaves of it for a tunnel.
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsStream;
+use tokio_util::io::poll_read_buf;
+
+/// The largest read into a connection's buffer.
+pub const MAX_READ: usize = 64 * 1024;
 
 /// A connection's transport.
 pub enum Io {
@@ -23,6 +27,46 @@ impl Io {
         match self {
             Io::Tcp(s) => s,
             Io::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    /// Read what the peer sent into `buf`'s spare room: `Ok(0)` when it closed its side.
+    ///
+    /// The buffer grows (by `want`, at least `least` and at most [`MAX_READ`] bytes) when
+    /// its room is under 512 bytes or under `want` (up to 4 KiB). On a plain socket it
+    /// grows only once the socket is readable, so a connection waiting on a slow peer
+    /// holds no more buffer than it had; TLS reads straight away (the session may hold
+    /// decrypted bytes).
+    ///
+    /// A plain socket's read is one readiness poll (where the task's cooperative budget is
+    /// spent) and one `recv`: tokio's `poll_read` would poll the readiness a second time.
+    pub fn poll_fill(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut BytesMut,
+        want: usize,
+        least: usize,
+    ) -> Poll<io::Result<usize>> {
+        let make_room = |buf: &mut BytesMut| {
+            let spare = buf.capacity() - buf.len();
+            if spare < 512 || spare < want.min(4096) {
+                buf.reserve(want.clamp(least, MAX_READ));
+            }
+        };
+        match self {
+            Io::Tcp(tcp) => loop {
+                std::task::ready!(tcp.poll_read_ready(cx))?;
+                make_room(buf);
+                let room = buf.capacity() - buf.len();
+                match try_transfer(tcp, Interest::READABLE, room, || tcp.try_read_buf(buf)) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    done => return Poll::Ready(done),
+                }
+            },
+            Io::Tls(_) => {
+                make_room(buf);
+                poll_read_buf(Pin::new(self), cx, buf)
+            }
         }
     }
 }
@@ -47,7 +91,7 @@ impl AsyncWrite for Io {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tcp(s) => poll_write_tcp(s, cx, buf.len(), |s| s.try_write(buf)),
             Io::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
         }
     }
@@ -58,7 +102,10 @@ impl AsyncWrite for Io {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Io::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tcp(s) => {
+                let len = bufs.iter().map(|b| b.len()).sum();
+                poll_write_tcp(s, cx, len, |s| s.try_write_vectored(bufs))
+            }
             Io::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
         }
     }
@@ -83,6 +130,46 @@ impl AsyncWrite for Io {
             Io::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
         }
     }
+}
+
+/// A write on a plain socket: straight away while tokio holds the socket writable (no
+/// readiness poll, no cooperative budget: a writer that fills the socket waits on its
+/// readiness like any other), through its readiness once a write would block.
+fn poll_write_tcp(
+    s: &TcpStream,
+    cx: &mut Context<'_>,
+    len: usize,
+    mut write: impl FnMut(&TcpStream) -> io::Result<usize>,
+) -> Poll<io::Result<usize>> {
+    loop {
+        match try_transfer(s, Interest::WRITABLE, len, || write(s)) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::task::ready!(s.poll_write_ready(cx))?
+            }
+            done => return Poll::Ready(done),
+        }
+    }
+}
+
+/// `op`, a read or write of up to `len` bytes on a plain socket, if tokio holds the socket
+/// ready for it; `WouldBlock` if not. A short transfer also clears tokio's readiness, as
+/// its own `poll_read` and `poll_write` do: with edge-triggered epoll it shows the socket
+/// drained (or full), and trying again would be a syscall that blocks.
+fn try_transfer(
+    tcp: &TcpStream,
+    interest: Interest,
+    len: usize,
+    op: impl FnOnce() -> io::Result<usize>,
+) -> io::Result<usize> {
+    let mut short = None;
+    let done = tcp.try_io(interest, || match op()? {
+        n if 0 < n && n < len => {
+            short = Some(n);
+            Err(io::ErrorKind::WouldBlock.into()) // try_io clears the readiness
+        }
+        n => Ok(n),
+    });
+    short.map_or(done, Ok)
 }
 
 /// A connection after `101 Switching Protocols`: the bytes the peer sent after the head that

@@ -33,7 +33,6 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::AsyncWrite;
 use tokio::time::{Instant, Sleep};
-use tokio_util::io::poll_read_buf;
 
 use super::{ConnCtx, RetirePolicy};
 use crate::body::ClientBody;
@@ -47,8 +46,6 @@ use keymaster_http::io::{Io, Upgraded};
 use request::{Head, HeadScan};
 use response::{BodyFraming, Outbox, RequestFacts};
 
-/// The largest read while a request body streams.
-const MAX_READ: usize = 64 * 1024;
 /// A read buffer holding more than this while idle is given back.
 const MAX_IDLE_BUFFER: usize = 8 * 1024;
 /// How long a closing connection keeps reading (and discarding) what the client still
@@ -76,19 +73,9 @@ pub(crate) struct ConnIo {
 }
 
 impl ConnIo {
-    /// Read more into the buffer, making room for up to `want` bytes. A plain socket with
-    /// nothing buffered and no room left waits to be readable before the buffer grows, so a
-    /// waiting connection holds no more buffer than it had.
+    /// Read more into the buffer, making room for up to `want` bytes.
     fn poll_fill(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<usize>> {
-        let spare = self.rbuf.capacity() - self.rbuf.len();
-        let grows = spare < 512 || spare < want.min(4096);
-        if let (true, true, Io::Tcp(tcp)) = (grows, self.rbuf.is_empty(), &self.io) {
-            ready!(tcp.poll_read_ready(cx))?;
-        }
-        if grows {
-            self.rbuf.reserve(want.clamp(1024, MAX_READ));
-        }
-        poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf)
+        self.io.poll_fill(cx, &mut self.rbuf, want, 1024)
     }
 
     /// Write the `100 Continue` the client waits for, if it is owed.

@@ -31,7 +31,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll, Waker};
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio_util::io::poll_read_buf;
 
 use super::conn::{OriginResponse, UpstreamBody};
 use super::connect::OpenSlot;
@@ -41,7 +40,7 @@ use encode::{Pump, PumpError};
 use keymaster_http::error::{BoxError, Error, Kind};
 use keymaster_http::framing::{Decoder, Step};
 use keymaster_http::headers::RawHead;
-pub(crate) use keymaster_http::io::Io;
+pub(crate) use keymaster_http::io::{Io, MAX_READ};
 /// An origin connection after a 101, holding its slot under the cluster's cap.
 pub(crate) type Upgraded = keymaster_http::io::Upgraded<OpenSlot>;
 
@@ -73,9 +72,6 @@ fn poll_read_unbudgeted(io: &mut Io) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
     matches!(Future::poll(check.as_mut(), &mut cx), Poll::Ready(true))
 }
-
-/// The largest read while a body streams.
-const MAX_READ: usize = 64 * 1024;
 
 /// The room for the first read of a response: the head and, for a response of up to about
 /// this size, the whole body, so that it goes to the client in one write.
@@ -153,20 +149,10 @@ impl Connection {
         !self.buf.is_empty() || has_input(&mut self.io)
     }
 
-    /// Read more into the buffer, making room for up to `want` bytes. With nothing buffered
-    /// on a plain socket, the buffer grows only once the socket is readable: a request
-    /// waiting on a slow origin holds no read buffer (TLS may hold decrypted bytes, so it
-    /// reads straight away).
+    /// Read more into the buffer, making room for up to `want` bytes.
     fn poll_fill(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<std::io::Result<usize>> {
-        if let (true, Io::Tcp(tcp)) = (self.buf.is_empty(), &self.io) {
-            ready!(tcp.poll_read_ready(cx))?;
-        }
-        let spare = self.buf.capacity() - self.buf.len();
-        if spare < 512 || spare < want.min(4096) {
-            self.buf.reserve(want.clamp(2048, MAX_READ));
-        }
         let c = &mut *self.0;
-        poll_read_buf(Pin::new(&mut c.io), cx, &mut c.buf)
+        c.io.poll_fill(cx, &mut c.buf, want, 2048)
     }
 
     /// Read until a final response head is parsed. `received`: any byte came.
