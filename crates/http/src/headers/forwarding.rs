@@ -124,16 +124,23 @@ impl<'a> AddedFields<'a> {
         self.client.is_some_and(RawRequestFields::declares_length)
     }
 
-    /// Append the fields to a request head being written. (Each name and its `: ` is one
-    /// constant, which the compiler copies inline; only the values take a `memcpy`.)
-    pub fn write(&self, dst: &mut Vec<u8>) {
+    /// About how many bytes [`write`](Self::write) appends (at least as many): a head's
+    /// buffer made with room for them is written without growing.
+    pub fn len_hint(&self) -> usize {
         let host = self.forwarded_host.as_ref().map_or(0, |h| h.len() + 20);
         let id = self
             .request_id
             .as_ref()
             .map_or(0, |(n, v)| n.as_str().len() + v.len() + 4);
         let client = self.client.map_or(0, RawRequestFields::len_hint);
-        dst.reserve(client + self.forwarded_for.len() + self.via.len() + host + id + 64);
+        client + self.forwarded_for.len() + self.via.len() + host + id + 64
+    }
+
+    /// Append the fields to a request head being written, into room the caller made
+    /// ([`len_hint`](Self::len_hint)); without it the buffer grows as it goes. (Each name
+    /// and its `: ` is one constant, which the compiler copies inline; only the values take
+    /// a `memcpy`.)
+    pub fn write(&self, dst: &mut Vec<u8>) {
         if let Some(c) = self.client {
             c.write(dst);
         }

@@ -21,6 +21,7 @@
 
 mod request;
 mod response;
+mod state;
 
 use bytes::BytesMut;
 use http::{Request, StatusCode};
@@ -45,6 +46,7 @@ use keymaster_http::headers::WireHead;
 use keymaster_http::io::{Io, Upgraded};
 use request::{Head, HeadScan};
 use response::{BodyFraming, Outbox, RequestFacts};
+use state::State;
 
 /// A read buffer holding more than this while idle is given back.
 const MAX_IDLE_BUFFER: usize = 8 * 1024;
@@ -245,18 +247,16 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             accepts_trailers: head.accepts_trailers,
         };
         let (req, wire) = request(&conn, head);
-        // The proxy stage's future (about 3.7 KiB) lives in an allocation of its own, made
-        // here and freed before the response is written: the allocator hands back memory
-        // a recent request used, still in the core's caches, where room in the
+        // The proxy stage's future (about 3.7 KiB) lives in an allocation of its own,
+        // given back to the worker before the response is written: the next request gets
+        // memory a recent request used, still in the core's caches, where room in the
         // connection's task would have gone cold while the connection was idle (decision
-        // record 0027). Made as the argument of `Box::write`: the release build constructs it
-        // in place, without a copy.
+        // records 0027 and 0029).
         let resp = {
-            let mut handler = Box::into_pin(Box::write(
-                Box::new_uninit(),
-                crate::proxy::handle(cx.clone(), req, wire),
-            ));
-            run(&conn, handler.as_mut(), limits.max_head()).await
+            let mut state = State::new(|| crate::proxy::handle(cx.clone(), req, wire));
+            let resp = run(&conn, state.future(), limits.max_head()).await;
+            state.recycle();
+            resp
         };
         let Some(resp) = resp else {
             // The client went away: the exchange was dropped (and its origin connection).

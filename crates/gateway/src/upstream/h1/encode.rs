@@ -124,7 +124,16 @@ impl Pump {
     /// Start a request: the head (with a small buffered body) is the first write.
     /// `req`: the request's head (its body is `body`).
     pub(super) fn new<B>(req: &Request<B>, body: RequestBody, added: Option<&AddedFields>) -> Pump {
-        let mut head = Vec::with_capacity(192 + req.headers().len() * 40);
+        let coalesced = match &body {
+            RequestBody::Buffered(Some(b)) if b.len() <= COALESCE => b.len(),
+            _ => 0,
+        };
+        // Room for the whole first write, so that it is made without growing: the request
+        // line, the map's fields, the fields in wire form with those keymaster adds (the
+        // map is then empty), and a small buffered body.
+        let added_len = added.map_or(0, AddedFields::len_hint);
+        let room = 192 + req.headers().len() * 40 + added_len + coalesced;
+        let mut head = Vec::with_capacity(room);
         let framing = encode_head(req, &body, added, &mut head);
         let mut body = body;
         if let RequestBody::Buffered(b @ Some(_)) = &mut body {
