@@ -3,6 +3,7 @@
 //! what a `101 Switching Protocols` leaves of it for a tunnel.
 
 use bytes::{Buf, Bytes, BytesMut};
+use socket2::SockRef;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -10,6 +11,10 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsStream;
 use tokio_util::io::poll_read_buf;
+
+/// A write to a peer that went away fails with `EPIPE` instead of raising `SIGPIPE`, as
+/// the standard library's socket writes do.
+const NO_SIGNAL: libc::c_int = libc::MSG_NOSIGNAL;
 
 /// The largest read into a connection's buffer.
 pub const MAX_READ: usize = 64 * 1024;
@@ -39,7 +44,7 @@ impl Io {
     /// decrypted bytes).
     ///
     /// A plain socket's read is one readiness poll (where the task's cooperative budget is
-    /// spent) and one `recv`: tokio's `poll_read` would poll the readiness a second time.
+    /// spent) and one `recv`; a readiness poll and then tokio's `poll_read` made two.
     pub fn poll_fill(
         &mut self,
         cx: &mut Context<'_>,
@@ -58,7 +63,7 @@ impl Io {
                 std::task::ready!(tcp.poll_read_ready(cx))?;
                 make_room(buf);
                 let room = buf.capacity() - buf.len();
-                match try_transfer(tcp, Interest::READABLE, room, || tcp.try_read_buf(buf)) {
+                match try_transfer(tcp, Interest::READABLE, room, || recv_into(tcp, buf)) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                     done => return Poll::Ready(done),
                 }
@@ -91,7 +96,7 @@ impl AsyncWrite for Io {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Io::Tcp(s) => poll_write_tcp(s, cx, buf.len(), |s| s.try_write(buf)),
+            Io::Tcp(s) => poll_write_tcp(s, cx, buf.len(), |s| s.send_with_flags(buf, NO_SIGNAL)),
             Io::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
         }
     }
@@ -103,8 +108,11 @@ impl AsyncWrite for Io {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Io::Tcp(s) => {
+                // One call writes from at most IOV_MAX slices (1,024 on Linux): a write is
+                // short only against what those hold.
+                let bufs = &bufs[..bufs.len().min(1024)];
                 let len = bufs.iter().map(|b| b.len()).sum();
-                poll_write_tcp(s, cx, len, |s| s.try_write_vectored(bufs))
+                poll_write_tcp(s, cx, len, |s| s.send_vectored_with_flags(bufs, NO_SIGNAL))
             }
             Io::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
         }
@@ -139,10 +147,10 @@ fn poll_write_tcp(
     s: &TcpStream,
     cx: &mut Context<'_>,
     len: usize,
-    mut write: impl FnMut(&TcpStream) -> io::Result<usize>,
+    mut write: impl FnMut(SockRef<'_>) -> io::Result<usize>,
 ) -> Poll<io::Result<usize>> {
     loop {
-        match try_transfer(s, Interest::WRITABLE, len, || write(s)) {
+        match try_transfer(s, Interest::WRITABLE, len, || write(SockRef::from(s))) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 std::task::ready!(s.poll_write_ready(cx))?
             }
@@ -152,9 +160,13 @@ fn poll_write_tcp(
 }
 
 /// `op`, a read or write of up to `len` bytes on a plain socket, if tokio holds the socket
-/// ready for it; `WouldBlock` if not. A short transfer also clears tokio's readiness, as
-/// its own `poll_read` and `poll_write` do: with edge-triggered epoll it shows the socket
-/// drained (or full), and trying again would be a syscall that blocks.
+/// ready for it; `WouldBlock` if not. `op` makes the system call itself, not through
+/// tokio's `TcpStream`, whose methods would check and clear the readiness again.
+///
+/// A short transfer also clears tokio's readiness, as its own `poll_read` and `poll_write`
+/// do (not its `poll_write_vectored`): with edge-triggered epoll it shows the socket
+/// drained (or full), and trying again would be a system call answering `EAGAIN`. The
+/// closure reports it as `WouldBlock`, which is how `try_io` is told to clear.
 fn try_transfer(
     tcp: &TcpStream,
     interest: Interest,
@@ -170,6 +182,15 @@ fn try_transfer(
         n => Ok(n),
     });
     short.map_or(done, Ok)
+}
+
+/// `recv` into `buf`'s spare room.
+fn recv_into(tcp: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    let n = SockRef::from(tcp).recv(buf.spare_capacity_mut())?;
+    // SAFETY: `recv` wrote the first `n` bytes of the spare room (it returns at most the
+    // length it was given), so `len + n` bytes are initialized and within the capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
 }
 
 /// A connection after `101 Switching Protocols`: the bytes the peer sent after the head that

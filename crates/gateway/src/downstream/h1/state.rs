@@ -57,7 +57,7 @@ impl<F: Future + 'static> State<F> {
             Box::from_raw(raw.cast::<MaybeUninit<F>>())
         };
         SPARE.with_borrow_mut(|spare| {
-            if (spare.len() + 1) * size_of::<F>() <= KEPT_BYTES {
+            if (spare.len() + 1) * size_of::<F>().max(1) <= KEPT_BYTES {
                 spare.push(slot);
             }
         });

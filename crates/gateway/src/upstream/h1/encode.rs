@@ -128,9 +128,9 @@ impl Pump {
             RequestBody::Buffered(Some(b)) if b.len() <= COALESCE => b.len(),
             _ => 0,
         };
-        // Room for the whole first write, so that it is made without growing: the request
-        // line, the map's fields, the fields in wire form with those keymaster adds (the
-        // map is then empty), and a small buffered body.
+        // Room for the whole first write, so that it is usually made without growing: the
+        // request line, the map's fields, the fields in wire form with those keymaster adds
+        // (the map is then empty), and a small buffered body.
         let added_len = added.map_or(0, AddedFields::len_hint);
         let room = 192 + req.headers().len() * 40 + added_len + coalesced;
         let mut head = Vec::with_capacity(room);
