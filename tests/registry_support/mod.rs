@@ -124,11 +124,24 @@ async fn ready(limit: Duration, what: &str, mut probe: impl AsyncFnMut() -> bool
     panic!("{what} not ready within {limit:?}");
 }
 
+/// `N` distinct ports, each free for TCP and for UDP when chosen (all held until the
+/// last is found).
+fn free_ports<const N: usize>() -> [u16; N] {
+    let mut held = Vec::new();
+    while held.len() < N {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = tcp.local_addr().expect("local address").port();
+        if let Ok(udp) = std::net::UdpSocket::bind(("127.0.0.1", port)) {
+            held.push((port, tcp, udp));
+        }
+    }
+    std::array::from_fn(|i| held[i].0)
+}
+
 /// A Consul dev agent.
 pub struct Consul {
     child: Option<Child>,
     pub http: SocketAddr,
-    ports: [u16; 4],
     /// With ACLs on (default deny), the management token this harness uses.
     token: Option<String>,
 }
@@ -149,15 +162,12 @@ impl Consul {
     /// With `Some(token)`: ACLs enabled, everything denied without a token, `token` the
     /// management token (which the harness then sends).
     pub async fn start_acl(token: Option<&str>) -> Consul {
-        let http = super::support::free_addr();
-        let ports = [(); 4].map(|_| super::support::free_addr().port());
         let mut c = Consul {
             child: None,
-            http,
-            ports,
+            http: super::support::free_addr(),
             token: token.map(str::to_string),
         };
-        c.restart().await;
+        c.spawn_until_leader(true).await;
         c
     }
 
@@ -168,9 +178,41 @@ impl Consul {
         }
     }
 
-    /// Start the agent again on the same ports, empty, and wait for its leader.
+    /// Start the agent again on the same HTTP port, empty, and wait for its leader.
     pub async fn restart(&mut self) {
         self.kill();
+        self.spawn_until_leader(false).await;
+    }
+
+    /// Spawn the agent and wait for its leader. A port chosen free can be taken by another
+    /// process before the agent binds it (the agent then exits at once): such a start is
+    /// tried again on fresh ports — the HTTP port included when `new_http` — up to three
+    /// times. A failure panics with the agent's log.
+    async fn spawn_until_leader(&mut self, new_http: bool) {
+        let mut failures = Vec::new();
+        for attempt in 0..3 {
+            if attempt > 0 && new_http {
+                self.http = super::support::free_addr();
+            }
+            let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("consul-{}.log", self.http.port()));
+            self.child = Some(self.spawn(&log));
+            let outcome = self.wait_leader().await;
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let _ = std::fs::remove_file(&log);
+            match outcome {
+                Ok(()) => return,
+                Err(exited @ Some(_)) => {
+                    failures.push(format!("exited ({exited:?}); its log:\n{text}"));
+                    self.child = None;
+                }
+                Err(None) => panic!("consul no leader within 60s; its log:\n{text}"),
+            }
+        }
+        panic!("consul did not start: {failures:#?}");
+    }
+
+    fn spawn(&self, log: &Path) -> Child {
         let bin = tool(
             "KEYMASTER_CONSUL",
             "tools/consul",
@@ -183,8 +225,10 @@ impl Consul {
                 "github.com/hashicorp/consul",
             ],
         );
-        let [serf_lan, serf_wan, server, grpc] = self.ports;
-        let child = Command::new(bin)
+        // Serf uses each of its ports for TCP and UDP.
+        let [serf_lan, serf_wan, server, grpc] = free_ports();
+        let out = std::fs::File::create(log).expect("consul log file");
+        Command::new(bin)
             .args([
                 "agent",
                 "-dev",
@@ -205,16 +249,29 @@ impl Consul {
                          tokens {{ initial_management = "{t}" }} }}"#
                 )
             }))
-            .stdout(Stdio::null())
+            // Its start-up errors go to stdout.
+            .stdout(out.try_clone().expect("consul log file"))
+            .stderr(out)
             .spawn()
-            .expect("consul starts");
-        self.child = Some(child);
-        let http = self.http;
-        ready(Duration::from_secs(60), "consul", async || {
-            matches!(call(http, "GET", "/v1/status/leader", "").await,
-                     Some((200, leader)) if leader.len() > 4)
-        })
-        .await;
+            .expect("consul starts")
+    }
+
+    /// `Ok` once the agent names its leader; `Err(Some(status))` if it exited first,
+    /// `Err(None)` if neither happened within 60 s.
+    async fn wait_leader(&mut self) -> Result<(), Option<std::process::ExitStatus>> {
+        let end = tokio::time::Instant::now() + Duration::from_secs(60);
+        while tokio::time::Instant::now() < end {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok()?) {
+                return Err(Some(status));
+            }
+            if matches!(call(self.http, "GET", "/v1/status/leader", "").await,
+                        Some((200, leader)) if leader.len() > 4)
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(None)
     }
 
     /// Register instance `id` of `service` at `addr` with a TTL check `check:<id>` that
