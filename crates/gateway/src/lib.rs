@@ -11,7 +11,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`gateway`] | start, reload (atomic config swap), graceful shutdown, signals |
-//! | `worker` | worker threads: one current-thread runtime + `LocalSet` each |
+//! | `worker` | worker threads: one local current-thread runtime each |
 //! | `downstream` | listeners, accept loop, client connections (keymaster's own HTTP/1.1 server, hyper for HTTP/2), slowloris/idle timeouts |
 //! | `proxy` | the proxy stage, a function per phase: `request` (checks, routing, filters, what the origin gets), `attempt` (server choice, pool or connect, send, retries), `response` (header duties, post filters, the streamed body and its `Exchange`) |
 //! | [`filter`] | the filter chain's runner (`stage`), the built-in filters, body opt-in; the API itself is `keymaster-filter` |

@@ -30,7 +30,7 @@ where
         })
 }
 
-/// hyper's executor on the current thread's `LocalSet` (a worker's, for HTTP/2 from clients
+/// hyper's executor on the current thread's local runtime (a worker's, for HTTP/2 from clients
 /// and to origins: bodies are `!Send`). Each future is boxed before it is spawned: tokio
 /// moves a task's future by value when it spawns it and again when it stores its output,
 /// and a client stream's future holds the whole proxy stage (several KB), so one copy into

@@ -1,4 +1,4 @@
-//! Worker threads: each runs a single-threaded tokio runtime with a `LocalSet`, its own
+//! Worker threads: each runs a single-threaded local tokio runtime (`spawn_local` tasks), its own
 //! `SO_REUSEPORT` sockets (or handles on a listener's one socket), and its own upstream
 //! pools. Nothing on a worker's request path
 //! takes a lock or wakes another thread; per-worker state lives in `Rc`/`Cell`.
@@ -90,9 +90,11 @@ pub(crate) fn run(
     mut shutdown: watch::Receiver<bool>,
     drain_timeout: Duration,
 ) {
+    // A local runtime: `spawn_local` tasks go on the runtime's own run queue (a `LocalSet`
+    // is a second queue behind the runtime's, with a wake-up of its own for each task woken).
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
+        .build_local(tokio::runtime::LocalOptions::default())
     {
         Ok(rt) => rt,
         Err(e) => {
@@ -101,8 +103,7 @@ pub(crate) fn run(
         }
     };
     crate::metrics::sharded::enter_worker(index);
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&rt, async move {
+    rt.block_on(async move {
         let worker = Rc::new(Worker {
             seen: SeenSnapshot::new(&shared),
             shared,
@@ -136,8 +137,7 @@ pub(crate) fn run(
             })
         };
         // Wait for the shutdown signal (or for the handle to be dropped) in a task of its
-        // own: the future `block_on` runs is polled on every wake-up of the worker (tokio's
-        // `LocalSet::run_until`), so it waits on the drain flag, one read per poll.
+        // own; the future `block_on` runs waits on the drain flag.
         tokio::task::spawn_local({
             let worker = worker.clone();
             async move {

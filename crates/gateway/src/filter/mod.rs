@@ -4,7 +4,7 @@
 //! A compiled [`FilterChain`] lives in the [`crate::snapshot::Snapshot`], so a request runs
 //! exactly one chain version from its first filter to its last. Filters are `Send + Sync`
 //! trait objects shared by every worker; [`Filter::run`] returns a non-`Send` future because
-//! it runs on the worker's `LocalSet` (a Lua host can keep one VM per worker behind a
+//! it runs on the worker's local runtime (a Lua host can keep one VM per worker behind a
 //! thread-local and await coroutines there). Mutable per-filter state (rate-limit buckets,
 //! Redis connections) is per worker, in thread-locals: no lock on the request path.
 
