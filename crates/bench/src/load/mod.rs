@@ -262,15 +262,15 @@ fn run_thread(
     plan: &Arc<Plan>,
     conns: &[usize],
 ) -> Result<(ThreadStats, std::time::Instant), String> {
+    // A local runtime (as the gateway's workers): `spawn_local` tasks on its own run queue.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
+        .build_local(tokio::runtime::LocalOptions::default())
         .map_err(|e| format!("load runtime: {e}"))?;
     let stats = Rc::new(RefCell::new(ThreadStats::default()));
-    let local = tokio::task::LocalSet::new();
     // Every exchange is bounded by the timeout, so the drain is too; the margin is a backstop.
     let drained = Instant::from_std(plan.end) + plan.timeout + CLOSE_WAIT + Duration::from_secs(1);
-    local.block_on(&rt, async {
+    rt.block_on(async {
         let tasks: Vec<_> = conns
             .iter()
             .map(|&c| tokio::task::spawn_local(connection(plan.clone(), c, stats.clone())))
@@ -283,8 +283,8 @@ fn run_thread(
         .await;
     });
     let done = std::time::Instant::now().min(plan.end);
-    // Tasks still running after the backstop (none in practice) are dropped with the LocalSet.
-    drop(local);
+    // Tasks still running after the backstop (none in practice) are dropped with the runtime.
+    drop(rt);
     let mut stats = stats.take();
     stats.cpu_secs = thread_cpu_time().as_secs_f64();
     Ok((stats, done))
