@@ -19,6 +19,7 @@ mod timed;
 
 pub(crate) use retire::RetirePolicy;
 use retire::{Retire, Retired, StreamCount};
+use timed::TaskSleep;
 pub(crate) use timed::{SendClock, TimedIo};
 
 use crossbeam_utils::CachePadded;
@@ -697,12 +698,13 @@ where
         .enable_connect_protocol()
         .serve_connection(io, svc);
     tokio::pin!(conn);
-    let aged = async {
-        match retire.aged {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
-        }
-    };
+    // Polled with the connection at each of its wake-ups: a `TaskSleep` skips the polls
+    // that would change nothing.
+    let mut aged = retire.aged.map(TaskSleep::new);
+    let aged = std::future::poll_fn(|cx| match aged.as_mut() {
+        Some(sleep) => sleep.poll_elapsed(cx),
+        None => std::task::Poll::Pending,
+    });
     let why = tokio::select! {
         biased;
         _ = conn.as_mut() => return,

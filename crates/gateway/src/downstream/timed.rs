@@ -2,7 +2,7 @@
 //! HTTP/1.1): [`TimedIo`] wraps the client socket, enforcing [`ConnState`]'s header-read and
 //! idle deadlines on reads, and [`SendClock`] fails a write that makes no progress for the
 //! send timeout. keymaster's own HTTP/1.1 server keeps the same clocks on its connection
-//! loop instead (`h1`).
+//! loop instead (`h1`). [`TaskSleep`] is the timer under both.
 
 use hyper::rt::{Read, ReadBufCursor, Write};
 use std::future::Future;
@@ -16,11 +16,50 @@ use tokio::time::{Instant, Sleep};
 
 use super::ConnState;
 
+/// A `Sleep` that one task polls (its connection's). Once it holds that task's waker,
+/// polling it again before it fires changes nothing, and [`Self::poll_elapsed`] skips it: a
+/// tokio `Sleep` poll costs about a hundred instructions (the coop budget, the waker's
+/// registration), and a connection polls its timers on each of its wake-ups.
+pub(crate) struct TaskSleep {
+    sleep: Pin<Box<Sleep>>,
+    /// The sleep has this task's waker and has not fired. Not set by a poll made with the
+    /// task's coop budget spent: tokio's `Sleep` then registers nothing (it has the task
+    /// polled again instead), and a deadline checked only through this flag would be missed
+    /// until some other wake-up.
+    registered: bool,
+}
+
+impl TaskSleep {
+    pub(crate) fn new(at: Instant) -> Self {
+        TaskSleep {
+            sleep: Box::pin(tokio::time::sleep_until(at)),
+            registered: false,
+        }
+    }
+
+    /// Move the deadline.
+    pub(crate) fn reset(&mut self, at: Instant) {
+        self.sleep.as_mut().reset(at);
+        self.registered = false;
+    }
+
+    /// Ready once the deadline has passed; otherwise the task is woken when it does.
+    pub(crate) fn poll_elapsed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.registered && !self.sleep.is_elapsed() {
+            return Poll::Pending;
+        }
+        let budget = tokio::task::coop::has_budget_remaining();
+        let polled = self.sleep.as_mut().poll(cx);
+        self.registered = polled.is_pending() && budget;
+        polled
+    }
+}
+
 /// The client socket (plain or TLS) plus the connection-level timeouts.
 pub(crate) struct TimedIo<S> {
     inner: S,
     state: Arc<ConnState>,
-    sleep: Pin<Box<Sleep>>,
+    sleep: TaskSleep,
     /// The send timeout's clock while a write is stalled (made when first needed).
     send: SendClock,
 }
@@ -30,7 +69,7 @@ impl<S> TimedIo<S> {
     pub(crate) fn new(inner: S, state: Arc<ConnState>, send: SendClock) -> Self {
         TimedIo {
             inner,
-            sleep: Box::pin(tokio::time::sleep_until(state.at(state.deadline()))),
+            sleep: TaskSleep::new(state.at(state.deadline())),
             state,
             send,
         }
@@ -119,10 +158,10 @@ impl<S: Read + Unpin> Read for TimedIo<S> {
                 if state.inflight.load(Ordering::Relaxed) == 0 {
                     let d = state.deadline();
                     if d < state.armed.load(Ordering::Relaxed) {
-                        this.sleep.as_mut().reset(state.at(d));
+                        this.sleep.reset(state.at(d));
                         state.armed.store(d, Ordering::Relaxed);
                     }
-                    while this.sleep.as_mut().poll(cx).is_ready() {
+                    while this.sleep.poll_elapsed(cx).is_ready() {
                         if state.armed.load(Ordering::Relaxed) >= d {
                             return Poll::Ready(Err(io::Error::new(
                                 io::ErrorKind::TimedOut,
@@ -130,7 +169,7 @@ impl<S: Read + Unpin> Read for TimedIo<S> {
                             )));
                         }
                         // Fired for an older, earlier deadline: move on to the current one.
-                        this.sleep.as_mut().reset(state.at(d));
+                        this.sleep.reset(state.at(d));
                         state.armed.store(d, Ordering::Relaxed);
                     }
                 }

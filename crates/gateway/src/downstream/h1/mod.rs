@@ -33,8 +33,9 @@ use std::rc::Rc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::AsyncWrite;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
+use super::timed::TaskSleep;
 use super::{ConnCtx, RetirePolicy};
 use crate::body::ClientBody;
 use crate::proxy::ClientResponse;
@@ -116,22 +117,15 @@ impl ConnIo {
 /// only when a deadline comes earlier than where it is set; a timer that fires for an older
 /// deadline is set again.
 struct Timer {
-    sleep: Pin<Box<Sleep>>,
+    sleep: TaskSleep,
     armed: Instant,
-    /// The sleep has this task's waker and has not fired: polling it again changes nothing
-    /// (the connection's task is the only one that polls it). Not set by a poll made with
-    /// the task's coop budget spent: tokio's `Sleep` then registers nothing (it has the task
-    /// polled again instead), and a deadline checked only through this flag would be missed
-    /// until some other wake-up.
-    registered: bool,
 }
 
 impl Timer {
     fn new(at: Instant) -> Timer {
         Timer {
-            sleep: Box::pin(tokio::time::sleep_until(at)),
+            sleep: TaskSleep::new(at),
             armed: at,
-            registered: false,
         }
     }
 
@@ -139,24 +133,18 @@ impl Timer {
         if deadline < self.armed {
             self.rearm(deadline);
         }
-        if self.registered && !self.sleep.is_elapsed() {
-            return Poll::Pending;
-        }
-        let budget = tokio::task::coop::has_budget_remaining();
-        while self.sleep.as_mut().poll(cx).is_ready() {
+        while self.sleep.poll_elapsed(cx).is_ready() {
             if self.armed >= deadline {
                 return Poll::Ready(());
             }
             self.rearm(deadline);
         }
-        self.registered = budget;
         Poll::Pending
     }
 
     fn rearm(&mut self, at: Instant) {
-        self.sleep.as_mut().reset(at);
+        self.sleep.reset(at);
         self.armed = at;
-        self.registered = false;
     }
 }
 
