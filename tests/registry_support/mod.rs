@@ -124,13 +124,16 @@ async fn ready(limit: Duration, what: &str, mut probe: impl AsyncFnMut() -> bool
     panic!("{what} not ready within {limit:?}");
 }
 
-/// `N` distinct ports, each free for TCP and for UDP when chosen (all held until the
-/// last is found).
-fn free_ports<const N: usize>() -> [u16; N] {
+/// `N` distinct ports other than `besides`, each free for TCP and for UDP when chosen (all
+/// held until the last is found).
+fn free_ports<const N: usize>(besides: u16) -> [u16; N] {
     let mut held = Vec::new();
     while held.len() < N {
         let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         let port = tcp.local_addr().expect("local address").port();
+        if port == besides {
+            continue;
+        }
         if let Ok(udp) = std::net::UdpSocket::bind(("127.0.0.1", port)) {
             held.push((port, tcp, udp));
         }
@@ -203,6 +206,8 @@ impl Consul {
             match outcome {
                 Ok(()) => return,
                 Err(exited @ Some(_)) => {
+                    // Shown with the test's output if it fails later on.
+                    eprintln!("consul exited at start ({exited:?}); trying again");
                     failures.push(format!("exited ({exited:?}); its log:\n{text}"));
                     self.child = None;
                 }
@@ -226,7 +231,7 @@ impl Consul {
             ],
         );
         // Serf uses each of its ports for TCP and UDP.
-        let [serf_lan, serf_wan, server, grpc] = free_ports();
+        let [serf_lan, serf_wan, server, grpc] = free_ports(self.http.port());
         let out = std::fs::File::create(log).expect("consul log file");
         Command::new(bin)
             .args([
