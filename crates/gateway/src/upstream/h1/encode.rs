@@ -124,23 +124,21 @@ impl Pump {
     /// Start a request: the head (with a small buffered body) is the first write.
     /// `req`: the request's head (its body is `body`).
     pub(super) fn new<B>(req: &Request<B>, body: RequestBody, added: Option<&AddedFields>) -> Pump {
+        // A small buffered body goes out with the head: its length, if it does.
         let coalesced = match &body {
-            RequestBody::Buffered(Some(b)) if b.len() <= COALESCE => b.len(),
-            _ => 0,
+            RequestBody::Buffered(Some(b)) if b.len() <= COALESCE => Some(b.len()),
+            _ => None,
         };
         // Room for the whole first write, so that it is usually made without growing: the
         // request line, the map's fields, the fields in wire form with those keymaster adds
         // (the map is then empty), and a small buffered body.
         let added_len = added.map_or(0, AddedFields::len_hint);
-        let room = 192 + req.headers().len() * 40 + added_len + coalesced;
+        let room = 192 + req.headers().len() * 40 + added_len + coalesced.unwrap_or(0);
         let mut head = Vec::with_capacity(room);
         let framing = encode_head(req, &body, added, &mut head);
         let mut body = body;
-        if let RequestBody::Buffered(b @ Some(_)) = &mut body {
-            if b.as_ref().is_some_and(|b| b.len() <= COALESCE) {
-                head.extend_from_slice(b.as_deref().unwrap_or_default());
-                *b = None;
-            }
+        if let (Some(_), RequestBody::Buffered(b)) = (coalesced, &mut body) {
+            head.extend_from_slice(b.take().as_deref().unwrap_or_default());
         }
         let trailers_allowed = if framing == BodyFraming::Chunked {
             req.headers()
