@@ -1,6 +1,7 @@
 //! The byte stream under an HTTP/1.1 connection, on either side of the proxy: plain TCP or
 //! TLS (a client's session on a TLS listener, or keymaster's session with an origin), and
-//! what a `101 Switching Protocols` leaves of it for a tunnel.
+//! what a `101 Switching Protocols` leaves of it for a tunnel; and the worker's spare
+//! buffers ([`spare`]).
 
 use bytes::{Buf, Bytes, BytesMut};
 use socket2::SockRef;
@@ -18,6 +19,86 @@ const NO_SIGNAL: libc::c_int = libc::MSG_NOSIGNAL;
 
 /// The largest read into a connection's buffer.
 pub const MAX_READ: usize = 64 * 1024;
+
+/// The worker's spare buffers, in two sizes: a client connection gives back its read
+/// buffer when it goes idle with nothing unread, and the buffer its response head was
+/// written in once that is out ([`SMALL`]); an origin connection gives back its read buffer
+/// when a response is complete ([`LARGE`]). The next read or head that needs a buffer takes
+/// the most recently given back. An idle connection then holds no buffer (as nginx frees an
+/// idle connection's), a busy one writes into memory a recent request used, still in the
+/// core's caches, instead of its own, cold after the connection's idle time, and a request
+/// costs the allocator nothing for them. Each worker is one thread: the spares are the
+/// thread's.
+pub mod spare {
+    use bytes::BytesMut;
+    use std::cell::RefCell;
+
+    /// Buffers of one size.
+    #[derive(Clone, Copy)]
+    pub struct Class {
+        /// The size of a buffer made when no spare is left. A spare holds at least this
+        /// once reserved again (a buffer comes back whole when nothing else shares it).
+        pub size: usize,
+        /// Buffers larger than this are freed, not kept (a large body or head made them
+        /// grow).
+        max: usize,
+        /// The most kept: more than the requests one turn of a busy event loop has in
+        /// flight.
+        kept: usize,
+        /// Where its spares are in [`SPARES`].
+        index: usize,
+    }
+
+    thread_local! {
+        /// The spares of each class, the most recently given back last.
+        static SPARES: RefCell<[Vec<BytesMut>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
+    }
+
+    /// Client connections' read buffers and response heads.
+    pub const SMALL: Class = Class {
+        size: 1024,
+        max: 8 * 1024,
+        kept: 256,
+        index: 0,
+    };
+
+    /// Origin connections' read buffers.
+    pub const LARGE: Class = Class {
+        size: 16 * 1024,
+        max: super::MAX_READ,
+        kept: 32,
+        index: 1,
+    };
+
+    impl Class {
+        /// The most recently given back buffer (empty), or a new one of `size` bytes.
+        pub fn take(&self) -> BytesMut {
+            SPARES
+                .with_borrow_mut(|spares| spares[self.index].pop())
+                .unwrap_or_else(|| BytesMut::with_capacity(self.size))
+        }
+
+        /// Keep `buf` for the next [`take`](Self::take); its bytes must all have been used
+        /// (they are cleared). Buffers of no or more than `max` bytes are dropped.
+        pub fn give(&self, mut buf: BytesMut) {
+            if buf.capacity() == 0 || buf.capacity() > self.max {
+                return;
+            }
+            buf.clear();
+            SPARES.with_borrow_mut(|spares| {
+                let spares = &mut spares[self.index];
+                if spares.len() < self.kept {
+                    spares.push(buf);
+                }
+            });
+        }
+
+        #[cfg(test)]
+        pub(crate) fn kept(&self) -> usize {
+            SPARES.with_borrow(|spares| spares[self.index].len())
+        }
+    }
+}
 
 /// A connection's transport.
 pub enum Io {
@@ -38,7 +119,9 @@ impl Io {
     /// Read what the peer sent into `buf`'s spare room: `Ok(0)` when it closed its side.
     ///
     /// The buffer grows (by `want`, at least `least` and at most [`MAX_READ`] bytes) when
-    /// its room is under 512 bytes or under `want` (up to 4 KiB). On a plain socket it
+    /// its room is under 512 bytes or under `want` (up to 4 KiB); a buffer of no capacity
+    /// is a [`spare`] one ([`spare::SMALL`] for a `want` and `least` it holds, else
+    /// [`spare::LARGE`]). On a plain socket it
     /// grows only once the socket is readable, so a connection waiting on a slow peer
     /// holds no more buffer than it had; TLS reads straight away (the session may hold
     /// decrypted bytes).
@@ -52,28 +135,54 @@ impl Io {
         want: usize,
         least: usize,
     ) -> Poll<io::Result<usize>> {
-        let make_room = |buf: &mut BytesMut| {
-            let spare = buf.capacity() - buf.len();
-            if spare < 512 || spare < want.min(4096) {
-                buf.reserve(want.clamp(least, MAX_READ));
-            }
-        };
         match self {
             Io::Tcp(tcp) => loop {
                 std::task::ready!(tcp.poll_read_ready(cx))?;
-                make_room(buf);
+                let took = make_room(buf, want, least);
                 let room = buf.capacity() - buf.len();
                 match try_transfer(tcp, Interest::READABLE, room, || recv_into(tcp, buf)) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        // Nothing came after all (tokio takes a new connection for
+                        // readable until a read says otherwise): the spare goes back.
+                        if let Some(class) = took {
+                            class.give(std::mem::take(buf));
+                        }
+                        continue;
+                    }
                     done => return Poll::Ready(done),
                 }
             },
             Io::Tls(_) => {
-                make_room(buf);
-                poll_read_buf(Pin::new(self), cx, buf)
+                let took = make_room(buf, want, least);
+                let read = poll_read_buf(Pin::new(self), cx, buf);
+                if let (Poll::Pending, Some(class)) = (&read, took) {
+                    class.give(std::mem::take(buf));
+                }
+                read
             }
         }
     }
+}
+
+/// Room in `buf` for a read of up to `want` (at least `least`) bytes; the [`spare`] class
+/// a buffer was taken from, if it had none.
+#[inline(always)]
+fn make_room(buf: &mut BytesMut, want: usize, least: usize) -> Option<spare::Class> {
+    let mut took = None;
+    if buf.capacity() == 0 {
+        let class = if want.max(least) <= spare::SMALL.size {
+            spare::SMALL
+        } else {
+            spare::LARGE
+        };
+        *buf = class.take();
+        took = Some(class);
+    }
+    let free = buf.capacity() - buf.len();
+    if free < 512 || free < want.min(4096) {
+        buf.reserve(want.clamp(least, MAX_READ));
+    }
+    took
 }
 
 impl AsyncRead for Io {
@@ -234,5 +343,81 @@ impl<H: Unpin> AsyncWrite for Upgraded<H> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spare::{LARGE, SMALL};
+    use super::*;
+
+    /// Where a buffer's bytes start: the same allocation, reused, starts at the same place.
+    fn at(buf: &BytesMut) -> usize {
+        buf.as_ptr() as usize
+    }
+
+    #[test]
+    fn a_given_buffer_is_the_next_one_taken_cleared() {
+        let fresh = SMALL.take();
+        assert!(fresh.capacity() >= SMALL.size && fresh.is_empty());
+        let mut buf = SMALL.take();
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        let place = at(&buf);
+        SMALL.give(buf);
+        let again = SMALL.take();
+        assert_eq!(at(&again), place, "the same allocation");
+        assert!(again.is_empty(), "its bytes cleared");
+        // The classes keep apart: a large read does not get a small buffer.
+        SMALL.give(again);
+        assert!(LARGE.take().capacity() >= LARGE.size);
+        assert_eq!(SMALL.kept(), 1);
+        drop(SMALL.take());
+        drop(fresh);
+    }
+
+    #[test]
+    fn buffers_of_no_or_too_much_room_are_not_kept_nor_more_than_the_cap() {
+        let before = SMALL.kept();
+        SMALL.give(BytesMut::new());
+        SMALL.give(BytesMut::with_capacity(64 * 1024));
+        assert_eq!(SMALL.kept(), before, "neither kept");
+        let many: Vec<_> = (0..300).map(|_| BytesMut::with_capacity(1024)).collect();
+        for b in many {
+            SMALL.give(b);
+        }
+        assert_eq!(SMALL.kept(), 256, "no more than the cap");
+        while SMALL.kept() > 0 {
+            SMALL.take();
+        }
+    }
+
+    /// A read into a buffer of no room takes a spare once the socket is readable, not
+    /// before: a connection waiting for its peer holds none.
+    #[tokio::test]
+    async fn a_read_takes_a_spare_only_once_there_is_something_to_read() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        let mut io = Io::Tcp(accepted);
+        let spare = SMALL.take();
+        let place = at(&spare);
+        SMALL.give(spare);
+
+        let mut buf = BytesMut::new();
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        assert!(io.poll_fill(&mut cx, &mut buf, 1024, 1024).is_pending());
+        assert_eq!(buf.capacity(), 0, "nothing to read: no buffer taken");
+
+        tokio::io::AsyncWriteExt::write_all(&mut peer, b"hello")
+            .await
+            .unwrap();
+        let n = std::future::poll_fn(|cx| io.poll_fill(cx, &mut buf, 1024, 1024))
+            .await
+            .unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        assert_eq!(at(&buf), place, "the spare holds what was read");
     }
 }

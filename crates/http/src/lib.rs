@@ -6,8 +6,9 @@
 //! body decoder, chunk sizes), the rules for heads and fields ([`headers`]: validation,
 //! hop-by-hop fields, `Via` and `X-Forwarded-*`, request ids, configured edits, and the
 //! wire form that keeps a head's fields as the bytes they arrived as), the canonical
-//! request path ([`path`]), gRPC recognition ([`grpc`]), the stream under a connection
-//! ([`io`]) and the PEM files of TLS: certificates, keys and trust anchors ([`pem`]).
+//! request path ([`path`]), gRPC recognition ([`grpc`]), the stream under a connection and
+//! the worker's spare buffers ([`io`]), and the PEM files of TLS: certificates, keys and
+//! trust anchors ([`pem`]).
 //! Nothing here turns an error into a response: the gateway's `respond` module does that,
 //! in one place.
 

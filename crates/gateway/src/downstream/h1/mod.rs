@@ -44,13 +44,11 @@ use keymaster_config::ListenerProtocol;
 use keymaster_http::error::Error;
 use keymaster_http::framing::Decoder;
 use keymaster_http::headers::WireHead;
-use keymaster_http::io::{Io, Upgraded};
+use keymaster_http::io::{spare, Io, Upgraded};
 use request::{Head, HeadScan};
 use response::{BodyFraming, Outbox, RequestFacts};
 use state::State;
 
-/// A read buffer holding more than this while idle is given back.
-const MAX_IDLE_BUFFER: usize = 8 * 1024;
 /// How long a closing connection keeps reading (and discarding) what the client still
 /// sends, so that the kernel does not answer unread bytes with a reset that could destroy
 /// the response before the client reads it.
@@ -263,17 +261,18 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
         let mut w = Writer::new(&cx.listener, &mut timer, limits.max_head());
         match write_response(&conn, &mut out, resp, &facts, keep_alive, &mut w).await {
             Ended::KeepAlive => {
+                // Idle until the next request: its buffers go back to the worker (nothing
+                // unread, nothing left to write).
                 let mut c = conn.borrow_mut();
-                if c.rbuf.is_empty() && c.rbuf.capacity() > MAX_IDLE_BUFFER {
-                    c.rbuf = BytesMut::new();
+                if c.rbuf.is_empty() {
+                    spare::SMALL.give(std::mem::take(&mut c.rbuf));
                 }
-                if out.head.capacity() > MAX_IDLE_BUFFER {
-                    out.head = BytesMut::new();
-                }
+                give_head_buffer(&mut out);
             }
             ended => break ended,
         }
     };
+    give_head_buffer(&mut out);
     if let Ended::Http2 = ended {
         return Box::pin(into_h2(cx, conn)).await;
     }
@@ -538,6 +537,9 @@ fn write_head(
             c.continue_left = 0;
         }
     }
+    if out.head.capacity() == 0 {
+        out.head = spare::SMALL.take();
+    }
     let mut written = response::encode_head(&mut out.head, &head, req, keep_alive);
     drop(raw);
     let status = parts.status;
@@ -681,6 +683,13 @@ fn flush(
     }
 }
 
+/// The response head's buffer back to the worker, once nothing queued is left in it.
+fn give_head_buffer(out: &mut Outbox) {
+    if out.is_idle() {
+        spare::SMALL.give(std::mem::take(&mut out.head));
+    }
+}
+
 /// End the connection as `ended` says.
 async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended, client_closes: bool) {
     let Ok(conn) = Rc::try_unwrap(conn).map(RefCell::into_inner) else {
@@ -696,6 +705,7 @@ async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended, client_closes: bool) {
             let nothing_more =
                 client_closes && conn.rbuf.is_empty() && conn.body.is_done() && !conn.body_failed;
             if nothing_more && matches!(conn.io, Io::Tcp(_)) {
+                spare::SMALL.give(conn.rbuf); // for the worker's next connection
                 return; // dropped: FIN after the response
             }
             Box::pin(lingering_close(conn, nothing_more)).await

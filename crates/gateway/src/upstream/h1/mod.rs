@@ -40,6 +40,7 @@ use encode::{Pump, PumpError};
 use keymaster_http::error::{BoxError, Error, Kind};
 use keymaster_http::framing::{Decoder, Step};
 use keymaster_http::headers::RawHead;
+use keymaster_http::io::spare;
 pub(crate) use keymaster_http::io::{Io, MAX_READ};
 /// An origin connection after a 101, holding its slot under the cluster's cap.
 pub(crate) type Upgraded = keymaster_http::io::Upgraded<OpenSlot>;
@@ -402,7 +403,9 @@ impl Body {
             && self.conn.as_ref().is_some_and(|c| c.buf.is_empty());
         if clean {
             if let Some(c) = self.conn.as_mut() {
-                c.buf = BytesMut::new(); // an idle connection holds no buffer
+                // An idle connection holds no buffer: the worker keeps it for the next read
+                // (the body's last bytes may still share it until the client has them).
+                spare::LARGE.give(std::mem::take(&mut c.buf));
             }
             self.reusable = true;
         } else {
