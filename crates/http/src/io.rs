@@ -140,24 +140,17 @@ impl Io {
                 std::task::ready!(tcp.poll_read_ready(cx))?;
                 let took = make_room(buf, want, least);
                 let room = buf.capacity() - buf.len();
-                match try_transfer(tcp, Interest::READABLE, room, || recv_into(tcp, buf)) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        // Nothing came after all (tokio takes a new connection for
-                        // readable until a read says otherwise): the spare goes back.
-                        if let Some(class) = took {
-                            class.give(std::mem::take(buf));
-                        }
-                        continue;
-                    }
+                let read = try_transfer(tcp, Interest::READABLE, room, || recv_into(tcp, buf));
+                give_back_unused(took, buf);
+                match read {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                     done => return Poll::Ready(done),
                 }
             },
             Io::Tls(_) => {
                 let took = make_room(buf, want, least);
                 let read = poll_read_buf(Pin::new(self), cx, buf);
-                if let (Poll::Pending, Some(class)) = (&read, took) {
-                    class.give(std::mem::take(buf));
-                }
+                give_back_unused(took, buf);
                 read
             }
         }
@@ -183,6 +176,15 @@ fn make_room(buf: &mut BytesMut, want: usize, least: usize) -> Option<spare::Cla
         buf.reserve(want.clamp(least, MAX_READ));
     }
     took
+}
+
+/// A spare taken for a read that brought nothing goes back: the connection waits (tokio
+/// takes a new connection for readable until a read says otherwise), or ends, without it.
+#[inline(always)]
+fn give_back_unused(took: Option<spare::Class>, buf: &mut BytesMut) {
+    if let Some(class) = took.filter(|_| buf.is_empty()) {
+        class.give(std::mem::take(buf));
+    }
 }
 
 impl AsyncRead for Io {
