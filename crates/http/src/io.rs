@@ -21,9 +21,9 @@ const NO_SIGNAL: libc::c_int = libc::MSG_NOSIGNAL;
 pub const MAX_READ: usize = 64 * 1024;
 
 /// The worker's spare buffers, in two sizes: a client connection gives back its read
-/// buffer when it goes idle with nothing unread, and the buffer its response head was
-/// written in once that is out ([`SMALL`]); an origin connection gives back its read buffer
-/// when a response is complete ([`LARGE`]). The next read or head that needs a buffer takes
+/// buffer when it goes idle with nothing unread (to the class of its size), and the buffer
+/// its response head was written in once that is out ([`SMALL`]); an origin connection
+/// gives back its read buffer when a response is complete ([`LARGE`]). The next read or head that needs a buffer takes
 /// the most recently given back. An idle connection then holds no buffer (as nginx frees an
 /// idle connection's), a busy one writes into memory a recent request used, still in the
 /// core's caches, instead of its own, cold after the connection's idle time, and a request
@@ -54,6 +54,22 @@ pub mod spare {
         static SPARES: RefCell<[Vec<BytesMut>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
     }
 
+    /// Keep `buf` in the class its capacity belongs to: a client connection's read
+    /// buffer is mostly small, but a body read into it when it had no room took a large
+    /// spare (as an origin's reads do), and a large head grew it.
+    pub fn give(mut buf: BytesMut) {
+        if buf.capacity() == 0 {
+            return;
+        }
+        buf.clear();
+        // As in `Class::give`: fails where the allocation is within a small spare's `max`.
+        if buf.try_reclaim(SMALL.max + 1) {
+            LARGE.give(buf);
+        } else {
+            SMALL.keep(buf);
+        }
+    }
+
     /// Client connections' read buffers and response heads.
     pub const SMALL: Class = Class {
         size: 1024,
@@ -79,12 +95,27 @@ pub mod spare {
         }
 
         /// Keep `buf` for the next [`take`](Self::take); its bytes must all have been used
-        /// (they are cleared). Buffers of no or more than `max` bytes are dropped.
+        /// (they are cleared). Buffers of no or more than `max` bytes are dropped, by the
+        /// size of their allocation where `buf` is its only holder: the tail of a large
+        /// buffer whose head was split off and dropped shows only the tail's capacity,
+        /// and would keep the whole allocation. (A tail whose allocation other handles
+        /// still hold, the body bytes a client has yet to be sent, is kept by its own
+        /// capacity: those handles keep the allocation alive either way.)
         pub fn give(&self, mut buf: BytesMut) {
             if buf.capacity() == 0 || buf.capacity() > self.max {
                 return;
             }
             buf.clear();
+            // Succeeds, without allocating, exactly when `buf` is the allocation's only
+            // holder and the allocation is larger than `max`.
+            if buf.try_reclaim(self.max + 1) {
+                return;
+            }
+            self.keep(buf);
+        }
+
+        /// Keep `buf` (empty, of no more than `max` bytes) unless `kept` are.
+        fn keep(&self, buf: BytesMut) {
             SPARES.with_borrow_mut(|spares| {
                 let spares = &mut spares[self.index];
                 if spares.len() < self.kept {
@@ -350,7 +381,7 @@ impl<H: Unpin> AsyncWrite for Upgraded<H> {
 
 #[cfg(test)]
 mod tests {
-    use super::spare::{LARGE, SMALL};
+    use super::spare::{give, LARGE, SMALL};
     use super::*;
 
     /// Where a buffer's bytes start: the same allocation, reused, starts at the same place.
@@ -391,6 +422,57 @@ mod tests {
         while SMALL.kept() > 0 {
             SMALL.take();
         }
+    }
+
+    #[test]
+    fn the_tail_of_a_larger_allocation_is_kept_by_the_allocation_size() {
+        // A 64 KiB buffer whose first 60 KiB were split off and dropped shows 4 KiB of
+        // room, but is the whole allocation's only holder.
+        let tail = || {
+            let mut buf = BytesMut::with_capacity(64 * 1024);
+            buf.resize(60 * 1024, b'x');
+            drop(buf.split_to(60 * 1024));
+            assert!(buf.capacity() <= 8 * 1024);
+            buf
+        };
+        SMALL.give(tail());
+        assert_eq!(SMALL.kept(), 0, "64 KiB is not a small spare");
+        give(tail());
+        assert_eq!(
+            (SMALL.kept(), LARGE.kept()),
+            (0, 1),
+            "filed by its allocation"
+        );
+        let whole = LARGE.take();
+        assert!(whole.capacity() >= 64 * 1024, "reclaimed whole");
+        // Past the large class's size too: not kept at all.
+        let mut huge = BytesMut::with_capacity(256 * 1024);
+        huge.resize(250 * 1024, b'x');
+        drop(huge.split_to(250 * 1024));
+        give(huge);
+        assert_eq!((SMALL.kept(), LARGE.kept()), (0, 0));
+        // A tail that other handles still share is kept by its own room: they hold the
+        // allocation either way, and the next reserve does not reach into their bytes.
+        let mut shared = BytesMut::with_capacity(4 * 1024);
+        shared.resize(1024, b'x');
+        let body = shared.split_to(1024).freeze();
+        give(shared);
+        assert_eq!(SMALL.kept(), 1);
+        let mut again = SMALL.take();
+        again.extend_from_slice(&[b'y'; 3 * 1024]);
+        assert_eq!(
+            &body[..],
+            &[b'x'; 1024][..],
+            "the shared bytes are untouched"
+        );
+    }
+
+    #[test]
+    fn a_client_buffer_goes_back_to_the_class_of_its_size() {
+        give(BytesMut::with_capacity(1024));
+        give(BytesMut::with_capacity(16 * 1024));
+        give(BytesMut::new());
+        assert_eq!((SMALL.kept(), LARGE.kept()), (1, 1));
     }
 
     /// A read into a buffer of no room takes a spare once the socket is readable, not

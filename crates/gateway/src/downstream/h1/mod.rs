@@ -265,7 +265,7 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
                 // unread, nothing left to write).
                 let mut c = conn.borrow_mut();
                 if c.rbuf.is_empty() {
-                    spare::SMALL.give(std::mem::take(&mut c.rbuf));
+                    spare::give(std::mem::take(&mut c.rbuf));
                 }
                 give_head_buffer(&mut out);
             }
@@ -705,7 +705,7 @@ async fn finish(conn: Rc<RefCell<ConnIo>>, ended: Ended, client_closes: bool) {
             let nothing_more =
                 client_closes && conn.rbuf.is_empty() && conn.body.is_done() && !conn.body_failed;
             if nothing_more && matches!(conn.io, Io::Tcp(_)) {
-                spare::SMALL.give(conn.rbuf); // for the worker's next connection
+                spare::give(conn.rbuf); // for the worker's next connection
                 return; // dropped: FIN after the response
             }
             Box::pin(lingering_close(conn, nothing_more)).await
