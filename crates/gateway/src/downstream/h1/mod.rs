@@ -12,11 +12,13 @@
 //! vectored write.
 //!
 //! ```text
-//! serve ─► read_head (slowloris / idle deadline, drain) ─► request::parse_head ─► Request
-//!       ─► run: proxy::handle, while watching for the client to go away
-//!       ─► write_response: response::encode_head, body frames (length / chunked / close)
+//! serve ─► read_head (slowloris / idle deadline, drain) ─► request::parse_head ─► Head
+//!       ─► exchange, in an allocation of the request's own (state.rs): the Request,
+//!          run: proxy::handle, while watching for the client to go away,
+//!          write_response: response::encode_head, body frames (length / chunked / close)
 //!       ─► keep-alive: next head (pipelined bytes are already buffered) │ close │ abort (RST)
 //!       └► 101 with a tunnel: the connection becomes the client side of the tunnel
+//!       └► a head refused (400, 414, 431): refuse writes the error, then close
 //! ```
 
 mod request;
@@ -188,16 +190,14 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
     let worker = cx.worker.clone();
     let mut drain = pin!(worker.drain.wait());
     let mut scan = HeadScan::default();
-    let mut out = Outbox::default();
-    let limits = &cx.listener.limits;
-    let retire = cx.listener.retire;
-    let age_limit = retire.age_limit();
+    let age_limit = cx.listener.retire.age_limit();
     let mut served = 0u64;
     // The last request said it was the client's last (`Connection: close`, or HTTP/1.0
     // without keep-alive).
     let mut client_closes = false;
     // An `auto` listener's connection may open with the HTTP/2 preface instead.
     let mut preface = cx.listener.protocol == ListenerProtocol::Auto;
+    // `Err`: a head that gets an error response, the connection's last.
     let ended = loop {
         let read = read_head(
             &cx,
@@ -207,72 +207,39 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             drain.as_mut(),
             &mut preface,
         );
+        // Nothing is awaited while the read's result is in hand: it would be kept in the
+        // connection's task across the await (the refusal is written after the loop).
         let head = match read.await {
             Ok(Some(Next::Head(head))) => head,
-            Ok(Some(Next::Http2)) => break Ended::Http2,
-            Ok(None) => break Ended::Close,
-            Err(err) => {
-                let via = cx.worker.shared.snapshot.load().stamps.via_11.clone();
-                let resp = Box::new(crate::respond::error_response(&err, None, &via));
-                let facts = RequestFacts {
-                    method_head: false,
-                    method_connect: false,
-                    version: http::Version::HTTP_11,
-                    keep_alive: false,
-                    accepts_trailers: false,
-                };
-                let mut w = Writer::new(&cx.listener, &mut timer, 0);
-                break write_response(&conn, &mut out, resp, &facts, false, &mut w).await;
-            }
+            Ok(Some(Next::Http2)) => break Ok(Ended::Http2),
+            Ok(None) => break Ok(Ended::Close),
+            Err(err) => break Err(err),
         };
-        let facts = RequestFacts {
-            method_head: head.method == http::Method::HEAD,
-            method_connect: head.method == http::Method::CONNECT,
-            version: head.version,
-            keep_alive: head.keep_alive,
-            accepts_trailers: head.accepts_trailers,
-        };
-        let (req, wire) = request(&conn, head);
-        // The proxy stage's future (about 3.7 KiB) lives in an allocation of its own,
-        // given back to the worker before the response is written: the next request gets
-        // memory a recent request used, still in the core's caches, where room in the
-        // connection's task would have gone cold while the connection was idle (decision
-        // records 0027 and 0029).
-        let resp = {
-            let mut state = State::new(|| crate::proxy::handle(cx.clone(), req, wire));
-            let resp = run(&conn, state.future(), limits.max_head()).await;
-            state.recycle();
-            resp
-        };
-        let Some(resp) = resp else {
-            // The client went away: the exchange was dropped (and its origin connection).
-            break Ended::Abort;
-        };
-        // The connection's last response closes it: the worker drains, or the connection
-        // reached a limit of its listener (Connection: close, so the client reconnects).
-        served += 1;
-        let draining = cx.worker.drain.is_draining();
-        let retired = retire.reached(served, cx.state.age_at_last_request(), age_limit);
-        if let Some(why) = retired.filter(|_| facts.keep_alive && !draining) {
-            RetirePolicy::count(why, &cx.listener.metrics);
-        }
-        let keep_alive = !draining && retired.is_none();
-        client_closes = !facts.keep_alive;
-        let mut w = Writer::new(&cx.listener, &mut timer, limits.max_head());
-        match write_response(&conn, &mut out, resp, &facts, keep_alive, &mut w).await {
-            Ended::KeepAlive => {
-                // Idle until the next request: its buffers go back to the worker (nothing
-                // unread, nothing left to write).
-                let mut c = conn.borrow_mut();
-                if c.rbuf.is_empty() {
-                    spare::give(std::mem::take(&mut c.rbuf));
-                }
-                give_head_buffer(&mut out);
-            }
-            ended => break ended,
+        // The request's state, from its head to its response's last byte (the proxy
+        // stage's future most of it, about 4.5 KiB), lives in an allocation of its own that
+        // goes back to the worker once the response is out: the next request gets memory
+        // a recent request used, still in the core's caches, where room in the
+        // connection's task would have gone cold while the connection was idle. The
+        // connection keeps only what it needs between requests (decision records 0027,
+        // 0029 and 0033).
+        let mut state = State::new(|| {
+            let between = Between {
+                served: &mut served,
+                client_closes: &mut client_closes,
+                age_limit,
+            };
+            exchange(&cx, &conn, &mut timer, between, head)
+        });
+        let ended = state.future().await;
+        state.recycle();
+        if !matches!(ended, Ended::KeepAlive) {
+            break Ok(ended);
         }
     };
-    give_head_buffer(&mut out);
+    let ended = match ended {
+        Ok(ended) => ended,
+        Err(err) => Box::pin(refuse(&cx, &conn, &mut timer, err)).await,
+    };
     if let Ended::Http2 = ended {
         return Box::pin(into_h2(cx, conn)).await;
     }
@@ -281,6 +248,91 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
     let _descriptor = cx._open.take_descriptor();
     drop(cx);
     finish(conn, ended, client_closes).await;
+}
+
+/// What a request's exchange updates of the connection's state between requests.
+struct Between<'a> {
+    /// The requests the connection served.
+    served: &'a mut u64,
+    /// The last request said it was the client's last.
+    client_closes: &'a mut bool,
+    /// The connection's own age limit ([`RetirePolicy::age_limit`]).
+    age_limit: Option<Duration>,
+}
+
+/// A request whose head was read: the proxy stage, then its response. How the connection
+/// goes on is what writing the response says (keep-alive, close, abort, a tunnel).
+///
+/// (An `async` block, not an `async fn`: an `async fn` moves each argument into a local of
+/// its own when first polled, a copy of the head.)
+#[allow(clippy::manual_async_fn)]
+fn exchange<'a>(
+    cx: &'a Rc<ConnCtx>,
+    conn: &'a Rc<RefCell<ConnIo>>,
+    timer: &'a mut Timer,
+    between: Between<'a>,
+    head: Head,
+) -> impl Future<Output = Ended> + 'a {
+    async move {
+        let limits = &cx.listener.limits;
+        let facts = RequestFacts {
+            method_head: head.method == http::Method::HEAD,
+            method_connect: head.method == http::Method::CONNECT,
+            version: head.version,
+            keep_alive: head.keep_alive,
+            accepts_trailers: head.accepts_trailers,
+        };
+        let (req, wire) = request(conn, head);
+        let handler = pin!(crate::proxy::handle(cx.clone(), req, wire));
+        let Some(resp) = run(conn, handler, limits.max_head()).await else {
+            // The client went away: the exchange was dropped (and its origin connection).
+            return Ended::Abort;
+        };
+        // The connection's last response closes it: the worker drains, or the connection
+        // reached a limit of its listener (Connection: close, so the client reconnects).
+        *between.served += 1;
+        let draining = cx.worker.drain.is_draining();
+        let retire = cx.listener.retire;
+        let age = cx.state.age_at_last_request();
+        let retired = retire.reached(*between.served, age, between.age_limit);
+        if let Some(why) = retired.filter(|_| facts.keep_alive && !draining) {
+            RetirePolicy::count(why, &cx.listener.metrics);
+        }
+        let keep_alive = !draining && retired.is_none();
+        *between.client_closes = !facts.keep_alive;
+        let mut out = Outbox::default();
+        let mut w = Writer::new(&cx.listener, timer, limits.max_head());
+        let ended = write_response(conn, &mut out, resp, &facts, keep_alive, &mut w).await;
+        if let Ended::KeepAlive = ended {
+            // Idle until the next request: its buffers go back to the worker (nothing
+            // unread, nothing left to write).
+            let mut c = conn.borrow_mut();
+            if c.rbuf.is_empty() {
+                spare::give(std::mem::take(&mut c.rbuf));
+            }
+        }
+        give_head_buffer(&mut out);
+        ended
+    }
+}
+
+/// The error response to a head that could not be taken (400, 414, 431): the connection
+/// closes after it.
+async fn refuse(cx: &ConnCtx, conn: &RefCell<ConnIo>, timer: &mut Timer, err: Error) -> Ended {
+    let via = cx.worker.shared.snapshot.load().stamps.via_11.clone();
+    let resp = Box::new(crate::respond::error_response(&err, None, &via));
+    let facts = RequestFacts {
+        method_head: false,
+        method_connect: false,
+        version: http::Version::HTTP_11,
+        keep_alive: false,
+        accepts_trailers: false,
+    };
+    let mut out = Outbox::default();
+    let mut w = Writer::new(&cx.listener, timer, 0);
+    let ended = write_response(conn, &mut out, resp, &facts, false, &mut w).await;
+    give_head_buffer(&mut out);
+    ended
 }
 
 /// HTTP/2 takes over a connection that opened with its preface: the bytes read so far go

@@ -10,6 +10,7 @@ use http::header::{self, HeaderMap, HeaderName};
 use http::{StatusCode, Version};
 use std::cell::RefCell;
 use std::io::{self, IoSlice};
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::SystemTime;
@@ -243,8 +244,10 @@ const GATHER_BYTES: usize = 32 * 1024;
 pub(super) struct Outbox {
     pub(super) head: BytesMut,
     head_at: usize,
-    data: [Bytes; GATHER_FRAMES],
-    /// The frames in `data[first..frames]` are queued.
+    /// The frames in `data[first..frames]` are queued; those before `first` are written,
+    /// and the slots from `frames` on hold `Bytes::new()`, which owns nothing (so a
+    /// request's outbox releases only the frames it used when it is dropped).
+    data: ManuallyDrop<[Bytes; GATHER_FRAMES]>,
     first: usize,
     frames: usize,
     tail: &'static [u8],
@@ -254,6 +257,16 @@ pub(super) struct Outbox {
     /// Bytes were written and the transport's flush has not completed since: a TLS
     /// session may still hold them as ciphertext (its socket was full).
     unflushed: bool,
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        // The slots from `frames` on own nothing: dropping all of them took an indirect
+        // call each, on every request.
+        for frame in &mut self.data[..self.frames] {
+            *frame = Bytes::new();
+        }
+    }
 }
 
 impl Outbox {

@@ -1,41 +1,73 @@
-//! Where a request's state lives: the proxy stage's future, in an allocation of its own
-//! that the worker keeps for its next request once the request is done.
+//! Where a request's state lives: its future, from the head read to the response's last
+//! byte, in an allocation of its own that the worker keeps for its next request once the
+//! request is done.
 //!
-//! The future (a few KiB) is allocated per request rather than kept in the idle connection
-//! (decision record 0027): memory a recent request used is still in the core's caches. The
-//! worker keeps the allocations of finished requests and hands back the most recent first,
-//! which keeps that property and spares the allocator: mimalloc's path for blocks over 1 KiB
-//! took about 360 instructions a request to allocate and 70 to free (decision record 0029).
+//! The future (a few KiB, the proxy stage's most of it) is allocated per request rather
+//! than kept in the idle connection (decision records 0027 and 0033): memory a recent
+//! request used is still in the core's caches. The worker keeps the allocations of finished
+//! requests and hands back the most recent first, which keeps that property and spares the
+//! allocator: mimalloc's path for blocks over 1 KiB took about 360 instructions a request to
+//! allocate and 70 to free (decision record 0029).
 
-use std::any::Any;
+use std::alloc::Layout;
 use std::cell::RefCell;
 use std::future::Future;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
+use std::ptr::NonNull;
 
-/// The most a worker keeps in spare allocations: about 140 requests' futures (3.7 KiB
+/// The most a worker keeps in spare allocations: about 120 requests' futures (4.3 KiB
 /// each), enough for the requests that finish in one turn of a busy event loop, and small
-/// beside what the worker's connections hold (1,600 idle ones: about 7 MiB).
+/// beside what the worker's connections hold.
 const KEPT_BYTES: usize = 512 * 1024;
 
+/// An allocation a finished request gave back, and the layout it was made with. The
+/// future that was in it borrowed its connection's state, so the allocation is kept by its
+/// layout, not as a typed box.
+struct Spare {
+    at: NonNull<u8>,
+    layout: Layout,
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        // SAFETY: `at` is the allocation of a `Box<MaybeUninit<F>>` (a type of size
+        // `layout.size()` > 0 and of this layout, made by the global allocator), given up
+        // with `Box::into_raw` in `State::recycle` and owned by this spare alone.
+        unsafe { std::alloc::dealloc(self.at.as_ptr(), self.layout) }
+    }
+}
+
 thread_local! {
-    /// This worker's allocations of finished requests, the most recent last: each a
-    /// `MaybeUninit<F>` for the one future type `F` that uses it.
-    static SPARE: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+    /// This worker's allocations of finished requests, the most recent last.
+    static SPARE: RefCell<Vec<Spare>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A request's future, pinned in its allocation.
-pub(super) struct State<F: 'static>(Pin<Box<F>>);
+pub(super) struct State<F>(Pin<Box<F>>);
 
-impl<F: Future + 'static> State<F> {
-    /// The future `make` returns, in one of the worker's spare allocations (or a new one).
-    /// The allocation is there before `make` runs, so the release build writes the future
-    /// in place (`Box::write`) instead of making it on the stack and copying it.
+impl<F: Future> State<F> {
+    /// The future `make` returns, in the worker's most recent spare allocation of its
+    /// layout (or a new one). The allocation is there before `make` runs, so the release
+    /// build writes the future in place (`Box::write`) instead of making it on the stack
+    /// and copying it.
     pub(super) fn new(make: impl FnOnce() -> F) -> State<F> {
-        let spare = SPARE.with_borrow_mut(Vec::pop);
-        let slot = spare
-            .and_then(|b| b.downcast::<MaybeUninit<F>>().ok())
-            .unwrap_or_else(Box::new_uninit);
+        const { assert!(size_of::<F>() > 0, "a future with state") };
+        let layout = Layout::new::<F>();
+        let spare = SPARE.with_borrow_mut(|spare| match spare.last() {
+            Some(s) if s.layout == layout => spare.pop(),
+            _ => None,
+        });
+        let slot = match spare {
+            Some(spare) => {
+                let at = std::mem::ManuallyDrop::new(spare).at;
+                // SAFETY: the spare's allocation has `MaybeUninit<F>`'s layout (checked
+                // above: `MaybeUninit<F>` has `F`'s) and was made by the global allocator
+                // (see `Spare`); the spare is forgotten, so the box is its only owner.
+                unsafe { Box::from_raw(at.cast::<MaybeUninit<F>>().as_ptr()) }
+            }
+            None => Box::new_uninit(),
+        };
         State(Box::into_pin(Box::write(slot, make())))
     }
 
@@ -49,16 +81,19 @@ impl<F: Future + 'static> State<F> {
         // SAFETY: the future is not moved: it is dropped where it is pinned, which is what
         // the pinning contract asks before its memory is reused, and is not touched as an
         // `F` again. `raw` comes from `Box::into_raw`, so it is valid, aligned and owned
-        // here alone; `MaybeUninit<F>` has `F`'s layout, so the allocation goes back into a
-        // box of the layout it was made with.
-        let slot = unsafe {
+        // here alone.
+        let at = unsafe {
             let raw = Box::into_raw(Pin::into_inner_unchecked(self.0));
             std::ptr::drop_in_place(raw);
-            Box::from_raw(raw.cast::<MaybeUninit<F>>())
+            NonNull::new_unchecked(raw.cast::<u8>())
         };
-        SPARE.with_borrow_mut(|spare| {
-            if (spare.len() + 1) * size_of::<F>().max(1) <= KEPT_BYTES {
-                spare.push(slot);
+        let spare = Spare {
+            at,
+            layout: Layout::new::<F>(),
+        };
+        SPARE.with_borrow_mut(|kept| {
+            if (kept.len() + 1) * size_of::<F>() <= KEPT_BYTES {
+                kept.push(spare);
             }
         });
     }
@@ -86,6 +121,38 @@ mod tests {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         assert_eq!(second.future().poll(&mut cx), Poll::Ready(2));
         second.recycle();
+    }
+
+    #[test]
+    fn a_future_that_borrows_reuses_only_an_allocation_of_its_layout() {
+        SPARE.with_borrow_mut(Vec::clear);
+        let mut count = 0u32;
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        // A future that borrows its caller's state, as a request's borrows its connection's.
+        let mut first = State::new(|| async {
+            count += 1;
+            count
+        });
+        assert_eq!(first.future().poll(&mut cx), Poll::Ready(1));
+        let at = &*first.future() as *const _ as usize;
+        first.recycle();
+        // Another layout: a new allocation, and the spare stays for its own kind.
+        let mut other = State::new(|| std::future::ready([7u64; 64]));
+        assert_ne!(&*other.future() as *const _ as usize, at);
+        assert!(matches!(other.future().poll(&mut cx), Poll::Ready(a) if a[63] == 7));
+        drop(other); // dropped, not recycled: freed
+        assert_eq!(SPARE.with_borrow(Vec::len), 1);
+        let mut again = State::new(|| async {
+            count += 1;
+            count
+        });
+        assert_eq!(
+            &*again.future() as *const _ as usize,
+            at,
+            "the same allocation"
+        );
+        assert_eq!(again.future().poll(&mut cx), Poll::Ready(2));
+        again.recycle();
     }
 
     #[test]
