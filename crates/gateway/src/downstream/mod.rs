@@ -463,72 +463,80 @@ pub(crate) async fn discard_unread<R: tokio::io::AsyncRead + Unpin>(io: &mut R) 
     }
 }
 
-async fn serve_connection(
+/// A client connection from its accept to its close: the PROXY header, TLS, the protocol,
+/// then HTTP (`serve_io`).
+///
+/// (An `async` block, not an `async fn`: an `async fn` copies its arguments into locals of
+/// their own when first polled, room every connection's task would keep.)
+#[allow(clippy::manual_async_fn)]
+fn serve_connection(
     listener: WorkerListener,
     mut stream: TcpStream,
     peer: SocketAddr,
     guard: OpenGuard,
-) {
-    if cfg!(not(target_os = "linux")) {
-        let _ = stream.set_nodelay(true); // elsewhere not inherited from the listening socket
-    }
-    let local = match listener.bound {
-        Some(addr) => addr,
-        None => stream.local_addr().unwrap_or(peer),
-    };
-    // Behind an L4 load balancer: the PROXY header names the client and the address it
-    // connected to (or the peer is refused). Boxed like TLS below, so connections without it
-    // do not carry its state.
-    let (peer, local) = if listener.proxy.enabled() {
-        let read = Box::pin(crate::proxy_protocol::accept(
-            &listener.proxy,
-            &mut stream,
-            peer,
-            listener.header_read_timeout,
-            &listener.metrics,
-        ));
-        match read.await {
-            Ok(Some(carried)) => (carried.client, carried.destination),
-            Ok(None) => (peer, local),
-            Err(why) => {
-                tracing::debug!(listener = %listener.name, %peer, ?why, "PROXY header refused");
-                return;
-            }
+) -> impl std::future::Future<Output = ()> {
+    async move {
+        if cfg!(not(target_os = "linux")) {
+            let _ = stream.set_nodelay(true); // elsewhere not inherited from the listening socket
         }
-    } else {
-        (peer, local)
-    };
-    if listener.tls.is_some() {
-        // Boxed, like HTTP/2 in `serve_io`: a task's size is its largest state, and a
-        // cleartext HTTP/1 connection should not carry the TLS session's.
-        Box::pin(serve_tls(guard, stream, (peer, local))).await;
-        return;
-    }
-    // `auto` listeners start in HTTP/1.1, whose first read looks for the HTTP/2 preface
-    // (`h1::serve` hands such a connection over): no peek, no timer of its own.
-    let h2 = match listener.protocol {
-        ListenerProtocol::Http1 | ListenerProtocol::Auto => false,
-        ListenerProtocol::H2c => {
-            match tokio::time::timeout(
+        let local = match listener.bound {
+            Some(addr) => addr,
+            None => stream.local_addr().unwrap_or(peer),
+        };
+        // Behind an L4 load balancer: the PROXY header names the client and the address it
+        // connected to (or the peer is refused). Boxed like TLS below, so connections without it
+        // do not carry its state.
+        let (peer, local) = if listener.proxy.enabled() {
+            let read = Box::pin(crate::proxy_protocol::accept(
+                &listener.proxy,
+                &mut stream,
+                peer,
                 listener.header_read_timeout,
-                starts_with_h2_preface(&stream),
-            )
-            .await
-            {
-                Ok(true) => true,
-                Ok(false) => {
-                    // Not HTTP/2: RFC 9113 §3.4 says terminate the connection. Close it
-                    // cleanly (FIN, not a reset from unread bytes) so the client sees why.
-                    // Boxed: its 4 KiB drain buffer would otherwise size every connection's task.
-                    Box::pin(lingering_close(stream, listener.header_read_timeout)).await;
+                &listener.metrics,
+            ));
+            match read.await {
+                Ok(Some(carried)) => (carried.client, carried.destination),
+                Ok(None) => (peer, local),
+                Err(why) => {
+                    tracing::debug!(listener = %listener.name, %peer, ?why, "PROXY header refused");
                     return;
                 }
-                Err(_) => return, // said nothing within the header timeout
             }
+        } else {
+            (peer, local)
+        };
+        if listener.tls.is_some() {
+            // Boxed, like HTTP/2 in `serve_io`: a task's size is its largest state, and a
+            // cleartext HTTP/1 connection should not carry the TLS session's.
+            Box::pin(serve_tls(guard, stream, (peer, local))).await;
+            return;
         }
-    };
-    let client = client_facts(&listener, peer, "http", None);
-    serve_io(guard, Io::Tcp(stream), h2, client, (peer, local)).await;
+        // `auto` listeners start in HTTP/1.1, whose first read looks for the HTTP/2 preface
+        // (`h1::serve` hands such a connection over): no peek, no timer of its own.
+        let h2 = match listener.protocol {
+            ListenerProtocol::Http1 | ListenerProtocol::Auto => false,
+            ListenerProtocol::H2c => {
+                match tokio::time::timeout(
+                    listener.header_read_timeout,
+                    starts_with_h2_preface(&stream),
+                )
+                .await
+                {
+                    Ok(true) => true,
+                    Ok(false) => {
+                        // Not HTTP/2: RFC 9113 §3.4 says terminate the connection. Close it
+                        // cleanly (FIN, not a reset from unread bytes) so the client sees why.
+                        // Boxed: its 4 KiB drain buffer would otherwise size every connection's task.
+                        Box::pin(lingering_close(stream, listener.header_read_timeout)).await;
+                        return;
+                    }
+                    Err(_) => return, // said nothing within the header timeout
+                }
+            }
+        };
+        let client = client_facts(&listener, peer, "http", None);
+        serve_io(guard, Io::Tcp(stream), h2, client, (peer, local)).await;
+    }
 }
 
 /// The TLS handshake, then HTTP on the session.
@@ -587,25 +595,32 @@ fn client_facts(
 
 /// Serve HTTP on an established client stream (cleartext or after the TLS handshake).
 /// `guard` is the connection's slot on its listener and carries the worker and listener.
-async fn serve_io(
+///
+/// The context is made when this is called, not in the future: an `async fn` would keep
+/// its arguments (the guard and the client's facts, 257 bytes) in every connection's task
+/// for the connection's life, after they moved into the context.
+fn serve_io(
     guard: OpenGuard,
     stream: Io,
     h2: bool,
     client: ClientFacts,
     (peer, local): (SocketAddr, SocketAddr),
-) {
+) -> impl std::future::Future<Output = ()> {
     let cx = Rc::new(conn_ctx(guard, client, (peer, local), h2));
-    if !h2 {
-        h1::serve(cx, stream).await;
-        return;
+    async move {
+        if !h2 {
+            h1::serve(cx, stream).await;
+            return;
+        }
+        // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state
+        // size.
+        let stream = Upgraded {
+            read_ahead: bytes::Bytes::new(),
+            io: stream,
+            _held: (),
+        };
+        Box::pin(serve_h2_conn(cx, stream)).await;
     }
-    // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state size.
-    let stream = Upgraded {
-        read_ahead: bytes::Bytes::new(),
-        io: stream,
-        _held: (),
-    };
-    Box::pin(serve_h2_conn(cx, stream)).await;
 }
 
 /// A connection's context; its clocks for HTTP/1.1 (`h2` false: a head's first bytes start
