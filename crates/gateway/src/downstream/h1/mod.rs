@@ -216,7 +216,7 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
             Err(err) => break Err(err),
         };
         // The request's state, from its head to its response's last byte (the proxy
-        // stage's future most of it, about 4.5 KiB), lives in an allocation of its own that
+        // stage's future most of it, about 4.3 KiB), lives in an allocation of its own that
         // goes back to the worker once the response is out: the next request gets memory
         // a recent request used, still in the core's caches, where room in the
         // connection's task would have gone cold while the connection was idle. The
