@@ -89,9 +89,15 @@ pub mod spare {
     impl Class {
         /// The most recently given back buffer (empty), or a new one of `size` bytes.
         pub fn take(&self) -> BytesMut {
-            SPARES
-                .with_borrow_mut(|spares| spares[self.index].pop())
-                .unwrap_or_else(|| BytesMut::with_capacity(self.size))
+            let spare = SPARES.with_borrow_mut(|spares| spares[self.index].pop());
+            // A spare whose allocation others shared when it was given back may be its only
+            // holder now: one larger than `max` is freed, not lent (see `give`).
+            if let Some(mut buf) = spare {
+                if !buf.try_reclaim(self.max + 1) {
+                    return buf;
+                }
+            }
+            BytesMut::with_capacity(self.size)
         }
 
         /// Keep `buf` for the next [`take`](Self::take); its bytes must all have been used
@@ -100,7 +106,7 @@ pub mod spare {
         /// buffer whose head was split off and dropped shows only the tail's capacity,
         /// and would keep the whole allocation. (A tail whose allocation other handles
         /// still hold, the body bytes a client has yet to be sent, is kept by its own
-        /// capacity: those handles keep the allocation alive either way.)
+        /// capacity, and [`take`](Self::take) looks again once they may have let go.)
         pub fn give(&self, mut buf: BytesMut) {
             if buf.capacity() == 0 || buf.capacity() > self.max {
                 return;
@@ -465,6 +471,18 @@ mod tests {
             &[b'x'; 1024][..],
             "the shared bytes are untouched"
         );
+        // A tail given back while its head is still held, then left the allocation's only
+        // holder: a 64 KiB allocation is not lent as a small spare.
+        let mut large = BytesMut::with_capacity(64 * 1024);
+        large.resize(60 * 1024, b'x');
+        let head = large.split_to(60 * 1024).freeze();
+        let place = at(&large);
+        give(large);
+        assert_eq!(SMALL.kept(), 1, "kept while shared, by its own room");
+        drop(head);
+        let fresh = SMALL.take();
+        assert_eq!(SMALL.kept(), 0);
+        assert_ne!(at(&fresh), place, "a new small buffer, not the large one");
     }
 
     #[test]
