@@ -23,12 +23,12 @@ pub const MAX_READ: usize = 64 * 1024;
 /// The worker's spare buffers, in two sizes: a client connection gives back its read
 /// buffer when it goes idle with nothing unread (to the class of its size), and the buffer
 /// its response head was written in once that is out ([`SMALL`]); an origin connection
-/// gives back its read buffer when a response is complete ([`LARGE`]). The next read or head that needs a buffer takes
-/// the most recently given back. An idle connection then holds no buffer (as nginx frees an
-/// idle connection's), a busy one writes into memory a recent request used, still in the
-/// core's caches, instead of its own, cold after the connection's idle time, and a request
-/// costs the allocator nothing for them. Each worker is one thread: the spares are the
-/// thread's.
+/// gives back its read buffer when a response is complete ([`LARGE`]). The next read or
+/// head that needs a buffer takes the most recently given back. An idle connection then
+/// holds no buffer (as nginx frees an idle connection's), a busy one writes into memory a
+/// recent request used, still in the core's caches, instead of its own, cold after the
+/// connection's idle time, and a request costs the allocator nothing for them. Each worker
+/// is one thread: the spares are the thread's.
 pub mod spare {
     use bytes::BytesMut;
     use std::cell::RefCell;
