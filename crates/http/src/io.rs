@@ -486,6 +486,38 @@ mod tests {
     }
 
     #[test]
+    fn an_allocation_of_exactly_max_is_kept_and_one_byte_more_is_not() {
+        // `with_capacity` allocates exactly what it is asked for.
+        let exact = BytesMut::with_capacity(8 * 1024);
+        assert_eq!(exact.capacity(), 8 * 1024);
+        SMALL.give(exact);
+        assert_eq!(SMALL.kept(), 1, "8 KiB is a small spare's max");
+        drop(SMALL.take());
+        SMALL.give(BytesMut::with_capacity(8 * 1024 + 1));
+        assert_eq!(SMALL.kept(), 0, "over the max by its own capacity");
+        // The tail of an allocation of exactly `max`, and of one byte more: its head
+        // advanced past (the buffer keeps its allocation without sharing it), then given
+        // back.
+        let tail = |size: usize| {
+            let mut buf = BytesMut::with_capacity(size);
+            buf.resize(4 * 1024, b'x');
+            bytes::Buf::advance(&mut buf, 4 * 1024);
+            assert!(buf.capacity() <= size - 4 * 1024);
+            buf
+        };
+        SMALL.give(tail(8 * 1024));
+        assert_eq!(SMALL.kept(), 1, "an 8 KiB allocation is kept");
+        let again = SMALL.take();
+        assert!(again.capacity() <= 8 * 1024);
+        SMALL.give(tail(8 * 1024 + 1));
+        assert_eq!(SMALL.kept(), 0, "a larger allocation is not");
+        give(tail(8 * 1024 + 1));
+        assert_eq!((SMALL.kept(), LARGE.kept()), (0, 1), "it is a large spare");
+        assert!(LARGE.take().capacity() > 8 * 1024, "reclaimed whole");
+        drop(again);
+    }
+
+    #[test]
     fn a_client_buffer_goes_back_to_the_class_of_its_size() {
         give(BytesMut::with_capacity(1024));
         give(BytesMut::with_capacity(16 * 1024));

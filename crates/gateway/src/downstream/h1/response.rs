@@ -556,6 +556,34 @@ mod tests {
     }
 
     #[test]
+    fn a_dropped_outbox_releases_the_frames_it_holds() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        struct Counted(Arc<AtomicUsize>, Vec<u8>);
+        impl AsRef<[u8]> for Counted {
+            fn as_ref(&self) -> &[u8] {
+                &self.1
+            }
+        }
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let released = Arc::new(AtomicUsize::new(0));
+        let frame = || Bytes::from_owner(Counted(released.clone(), vec![b'x'; 10]));
+        let mut o = Outbox::default();
+        for _ in 0..3 {
+            o.push_data(BodyFraming::Length(100), frame(), false);
+        }
+        // The first frame written and a part of the second: all three are still held.
+        o.consume(15);
+        assert_eq!(released.load(Ordering::Relaxed), 0);
+        drop(o);
+        assert_eq!(released.load(Ordering::Relaxed), 3, "every frame released");
+    }
+
+    #[test]
     fn the_outbox_writes_chunks_around_frames() {
         let mut o = Outbox::default();
         o.head.extend_from_slice(b"HEAD\r\n");
