@@ -8,8 +8,10 @@
 # LENGTH=N asks for N-byte bodies instead of 1000.
 # CHURN=1 opens a new connection per request (`Connection: close`): the user-space cost of a
 # connection's accept, set-up, one request and close.
+# H2=1 sends the requests as HTTP/2 streams on one h2c connection (keymaster's generator);
+# every system still speaks HTTP/1.1 to the origin.
 #
-# usage: [CHURN=1] [LENGTH=N] scripts/instructions-per-request.sh [N1] [N2]
+# usage: [CHURN=1 | H2=1] [LENGTH=N] scripts/instructions-per-request.sh [N1] [N2]
 # needs: valgrind, python3, target/release/keymaster; nginx and haproxy optional
 set -euo pipefail
 N1=${1:-300}
@@ -44,6 +46,9 @@ report keymaster 18190 -- "$KM" proxy --listen 127.0.0.1:18190 --to 127.0.0.1:$S
 
 if command -v nginx >/dev/null; then
   write_nginx_conf 18191
+  if [ "${H2:-0}" = 1 ]; then
+    sed -i 's|listen 127.0.0.1:18191;|listen 127.0.0.1:18191 http2;|' "$WORK/nginx.conf"
+  fi
   report nginx 18191 -- nginx -c "$WORK/nginx.conf"
   # The same with keymaster's default header duties (as `keymaster bench --peer-headers
   # duties` configures it): Host kept, X-Forwarded-*, Via both ways, a request id both ways.
@@ -68,7 +73,7 @@ defaults
   timeout server 30s
   http-reuse always
 frontend fe
-  bind 127.0.0.1:18192
+  bind 127.0.0.1:18192 $([ "${H2:-0}" = 1 ] && echo "proto h2")
   default_backend be
 backend be
   server s1 127.0.0.1:$STUB_PORT
