@@ -28,7 +28,11 @@ measure() {
   valgrind --tool=callgrind --callgrind-out-file=/dev/null "$@" >"$out" 2>&1 &
   local vpid=$!
   wait_port "$port"
-  drive "$port" "$count"
+  # A failed driver fails the run: no figure from a run whose requests did not all complete.
+  if ! drive "$port" "$count"; then
+    kill -TERM "$vpid"; wait "$vpid" 2>/dev/null || true
+    return 1
+  fi
   kill -TERM "$vpid"; wait "$vpid" 2>/dev/null || true
   grep -h "Collected" "$out" | awk '{s += $NF} END {print s}'
 }
@@ -36,8 +40,8 @@ measure() {
 report() { # name port -- cmd
   local name=$1 port=$2; shift 3
   local a b
-  a=$(measure "$name" "$port" "$N1" -- "$@")
-  b=$(measure "$name" "$port" "$N2" -- "$@")
+  a=$(measure "$name" "$port" "$N1" -- "$@") || { echo "$name: the run of $N1 failed" >&2; exit 1; }
+  b=$(measure "$name" "$port" "$N2" -- "$@") || { echo "$name: the run of $N2 failed" >&2; exit 1; }
   awk -v n="$name" -v a="$a" -v b="$b" -v n1="$N1" -v n2="$N2" \
     'BEGIN { printf "%-10s %8.0f instructions/request\n", n, (b - a) / (n2 - n1) }'
 }
