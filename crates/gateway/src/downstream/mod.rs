@@ -526,7 +526,8 @@ fn serve_connection(
                     Ok(false) => {
                         // Not HTTP/2: RFC 9113 §3.4 says terminate the connection. Close it
                         // cleanly (FIN, not a reset from unread bytes) so the client sees why.
-                        // Boxed: its 4 KiB drain buffer would otherwise size every connection's task.
+                        // Boxed: its 4 KiB drain buffer would otherwise size every
+                        // connection's task.
                         Box::pin(lingering_close(stream, listener.header_read_timeout)).await;
                         return;
                     }

@@ -49,9 +49,9 @@ use keymaster_http::framing::Decoder;
 use keymaster_http::headers::WireHead;
 use keymaster_http::io::{spare, Io, Upgraded};
 use request::{Head, HeadScan};
-use response::{Outbox, RequestFacts};
+use response::RequestFacts;
 use state::State;
-use write::{give_head_buffer, write_response, Writer};
+use write::{write_response, Writer};
 
 /// How long a closing connection keeps reading (and discarding) what the client still
 /// sends, so that the kernel does not answer unread bytes with a reset that could destroy
@@ -302,18 +302,16 @@ fn exchange<'a>(
         }
         let keep_alive = !draining && retired.is_none();
         *between.client_closes = !facts.keep_alive;
-        let mut out = Outbox::default();
         let mut w = Writer::new(&cx.listener, timer, limits.max_head());
-        let ended = write_response(conn, &mut out, resp, &facts, keep_alive, &mut w).await;
+        let ended = write_response(conn, resp, &facts, keep_alive, &mut w).await;
         if let Ended::KeepAlive = ended {
-            // Idle until the next request: its buffers go back to the worker (nothing
-            // unread, nothing left to write).
+            // Idle until the next request: its read buffer goes back to the worker (nothing
+            // unread; the response head's went back with the outbox).
             let mut c = conn.borrow_mut();
             if c.rbuf.is_empty() {
                 spare::give(std::mem::take(&mut c.rbuf));
             }
         }
-        give_head_buffer(&mut out);
         ended
     }
 }
@@ -330,11 +328,8 @@ async fn refuse(cx: &ConnCtx, conn: &RefCell<ConnIo>, timer: &mut Timer, err: Er
         keep_alive: false,
         accepts_trailers: false,
     };
-    let mut out = Outbox::default();
     let mut w = Writer::new(&cx.listener, timer, 0);
-    let ended = write_response(conn, &mut out, resp, &facts, false, &mut w).await;
-    give_head_buffer(&mut out);
-    ended
+    write_response(conn, resp, &facts, false, &mut w).await
 }
 
 /// HTTP/2 takes over a connection that opened with its preface: the bytes read so far go

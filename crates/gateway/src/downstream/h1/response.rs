@@ -18,7 +18,7 @@ use tokio::io::AsyncWrite;
 
 use keymaster_http::framing::put_chunk_size;
 use keymaster_http::headers::{put_field, RawHead};
-use keymaster_http::io::Io;
+use keymaster_http::io::{spare, Io};
 
 /// How a response's body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,7 +260,13 @@ pub(super) struct Outbox {
 }
 
 impl Drop for Outbox {
+    /// Releases the frames it still holds, and gives the head's buffer back to the worker
+    /// when nothing queued is left in it (a response written whole; one cut short drops
+    /// its buffer).
     fn drop(&mut self) {
+        if self.is_idle() {
+            spare::SMALL.give(std::mem::take(&mut self.head));
+        }
         // The slots from `frames` on own nothing: dropping all of them took an indirect
         // call each, on every request.
         for frame in &mut self.data[..self.frames] {

@@ -64,12 +64,14 @@ impl<'a> Writer<'a> {
 /// is not draining).
 pub(super) async fn write_response(
     conn: &RefCell<ConnIo>,
-    out: &mut Outbox,
     resp: ClientResponse,
     req: &RequestFacts,
     keep_alive: bool,
     w: &mut Writer<'_>,
 ) -> Ended {
+    // The request's own outbox: its head buffer goes back to the worker when it is dropped.
+    let mut out = Outbox::default();
+    let out = &mut out;
     let (written, tunnel, mut pump) = write_head(conn, out, resp, req, keep_alive);
     let flushed = poll_fn(|task| loop {
         pump.pull(out, task);
@@ -291,12 +293,5 @@ fn flush(
             }
             Poll::Pending
         }
-    }
-}
-
-/// The response head's buffer back to the worker, once nothing queued is left in it.
-pub(super) fn give_head_buffer(out: &mut Outbox) {
-    if out.is_idle() {
-        spare::SMALL.give(std::mem::take(&mut out.head));
     }
 }
