@@ -1,0 +1,100 @@
+package keymaster.zuul1;
+
+import com.netflix.zuul.ZuulFilter;
+import com.netflix.zuul.context.RequestContext;
+import com.netflix.zuul.exception.ZuulException;
+import java.io.IOException;
+import java.util.Collections;
+import java.util.Set;
+import javax.servlet.http.HttpServletRequest;
+import org.apache.http.Header;
+import org.apache.http.HttpHost;
+import org.apache.http.HttpResponse;
+import org.apache.http.client.HttpClient;
+import org.apache.http.entity.InputStreamEntity;
+import org.apache.http.impl.client.HttpClients;
+import org.apache.http.impl.conn.PoolingHttpClientConnectionManager;
+import org.apache.http.message.BasicHttpEntityEnclosingRequest;
+import org.apache.http.message.BasicHttpRequest;
+
+/**
+ * The one route: every request to the origin through a pooled Apache HttpClient (the blocking
+ * client Zuul 1's host routing used), the calling request thread waiting for the answer.
+ */
+public class Route extends ZuulFilter {
+    /** Hop-by-hop fields, and the ones the client sets again for its own connection. */
+    static final Set<String> NOT_FORWARDED = Set.of("connection", "keep-alive", "proxy-connection",
+            "te", "trailer", "transfer-encoding", "upgrade", "content-length", "host");
+
+    private final HttpHost origin;
+    private final HttpClient client;
+
+    public Route(String origin, int threads) {
+        String[] hostPort = origin.split(":");
+        this.origin = new HttpHost(hostPort[0], Integer.parseInt(hostPort[1]));
+        // One pooled origin connection per request thread at most: client churn never becomes
+        // origin churn.
+        var pool = new PoolingHttpClientConnectionManager();
+        pool.setMaxTotal(threads);
+        pool.setDefaultMaxPerRoute(threads);
+        this.client = HttpClients.custom()
+                .setConnectionManager(pool)
+                .disableCookieManagement()
+                .disableRedirectHandling()
+                .disableAutomaticRetries()
+                .disableContentCompression()
+                .build();
+    }
+
+    @Override
+    public String filterType() {
+        return "route";
+    }
+
+    @Override
+    public int filterOrder() {
+        return 10;
+    }
+
+    @Override
+    public boolean shouldFilter() {
+        return true;
+    }
+
+    @Override
+    public Object run() throws ZuulException {
+        RequestContext ctx = RequestContext.getCurrentContext();
+        HttpServletRequest in = ctx.getRequest();
+        String uri = in.getRequestURI() + (in.getQueryString() == null ? "" : "?" + in.getQueryString());
+        try {
+            BasicHttpRequest out;
+            long length = in.getContentLengthLong();
+            boolean chunked = "chunked".equalsIgnoreCase(in.getHeader("transfer-encoding"));
+            if (length > 0 || chunked) {
+                var withBody = new BasicHttpEntityEnclosingRequest(in.getMethod(), uri);
+                withBody.setEntity(new InputStreamEntity(in.getInputStream(), chunked ? -1 : length));
+                out = withBody;
+            } else {
+                out = new BasicHttpRequest(in.getMethod(), uri);
+            }
+            for (String name : Collections.list(in.getHeaderNames())) {
+                if (!NOT_FORWARDED.contains(name.toLowerCase())) {
+                    for (String value : Collections.list(in.getHeaders(name))) {
+                        out.addHeader(name, value);
+                    }
+                }
+            }
+            HttpResponse answer = client.execute(origin, out);
+            ctx.setResponseStatusCode(answer.getStatusLine().getStatusCode());
+            for (Header h : answer.getAllHeaders()) {
+                ctx.addOriginResponseHeader(h.getName(), h.getValue());
+            }
+            if (answer.getEntity() != null) {
+                ctx.setResponseDataStream(answer.getEntity().getContent());
+            }
+            return null;
+        } catch (IOException e) {
+            throw new ZuulException(e, 502, "origin: " + e.getMessage());
+        }
+    }
+}
