@@ -5,4 +5,4 @@
 set -eu
 D=$(cd "$(dirname "$0")/../bench/peers/zuul1" && pwd)
 (cd "$D" && mvn -q -B package -DskipTests)
-echo "--peer 'zuul1=java -XX:+UseParallelGC -Xms512m -Xmx512m -cp $D/target/zuul1-peer.jar:$D/target/lib/* keymaster.zuul1.Main {port} {origin}'"
+echo "--peer 'zuul1=java -XX:+UseParallelGC -Xms512m -Xmx512m -XX:ActiveProcessorCount={workers} -cp $D/target/zuul1-peer.jar:$D/target/lib/* keymaster.zuul1.Main {port} {origin}'"

@@ -5,4 +5,4 @@
 set -eu
 D=$(cd "$(dirname "$0")/../bench/peers/zuul2" && pwd)
 (cd "$D" && mvn -q -B package -DskipTests)
-echo "--peer 'zuul2=java -XX:+UseParallelGC -Xms512m -Xmx512m -cp $D/target/zuul2-peer.jar:$D/target/lib/* keymaster.zuul2.Main {port} {origin} {workers}'"
+echo "--peer 'zuul2=java -XX:+UseParallelGC -Xms512m -Xmx512m -XX:ActiveProcessorCount={workers} -cp $D/target/zuul2-peer.jar:$D/target/lib/* keymaster.zuul2.Main {port} {origin} {workers}'"

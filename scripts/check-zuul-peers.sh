@@ -8,13 +8,21 @@
 # usage: scripts/check-zuul-peers.sh        needs: target/{release,debug}/keymaster or KM=
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-KM=${KM:-$(ls "$ROOT"/target/release/keymaster "$ROOT"/target/debug/keymaster 2>/dev/null | head -1)}
-[ -x "$KM" ] || { echo "no keymaster binary (build it, or set KM=)" >&2; exit 1; }
+for build in release debug; do
+  [ -z "${KM:-}" ] && [ -x "$ROOT/target/$build/keymaster" ] && KM="$ROOT/target/$build/keymaster"
+done
+[ -x "${KM:-}" ] || { echo "no keymaster binary (build it, or set KM=)" >&2; exit 1; }
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
 
-# A port nothing listens on now (the peers take a port number, not 0).
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Two ports nothing listens on now, told apart (the peers take a port number, not 0).
+free_ports() {
+  python3 -c 'import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))'
+}
 
 check() { # name port
   python3 - "$1" "$2" <<'PY'
@@ -24,9 +32,13 @@ c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 c.request("GET", "/?length=1000")
 r = c.getresponse(); body = r.read()
 assert r.status == 200 and len(body) == 1000, (name, r.status, len(body))
+# http.client reconnects by itself after a close: the same local port proves keep-alive.
+local = c.sock.getsockname()
 for _ in range(200):
     c.request("GET", "/?length=100")
-    r = c.getresponse(); assert r.status == 200 and len(r.read()) == 100, name
+    r = c.getresponse()
+    assert r.status == 200 and len(r.read()) == 100 and not r.will_close, name
+    assert c.sock.getsockname() == local, (name, "a new connection", local)
 payload = bytes(range(256)) * 40
 c.request("POST", "/?echo=1", body=payload)
 r = c.getresponse(); echoed = r.read()
@@ -38,15 +50,16 @@ PY
 for peer in zuul1 zuul2; do
   D="$ROOT/bench/peers/$peer"
   [ -f "$D/target/$peer-peer.jar" ] || { echo "$peer is not built: scripts/build-$peer.sh" >&2; exit 1; }
-  STUB=$(free_port); PORT=$(free_port)
+  read -r STUB PORT < <(free_ports)
   "$KM" stub --listen 127.0.0.1:$STUB --workers 1 >/dev/null 2>&1 & stub=$!; PIDS+=($stub)
   java -Xms64m -Xmx256m -cp "$D/target/$peer-peer.jar:$D/target/lib/*" "keymaster.$peer.Main" \
-    $PORT 127.0.0.1:$STUB 1 >"$WORK/$peer.log" 2>&1 & PIDS+=($!)
+    $PORT 127.0.0.1:$STUB 1 >"$WORK/$peer.log" 2>&1 & java=$!; PIDS+=($java)
   wait_port $STUB && wait_port $PORT || { cat "$WORK/$peer.log"; exit 1; }
   check $peer $PORT || { cat "$WORK/$peer.log"; exit 1; }
-  kill $stub; wait $stub 2>/dev/null || true
+  kill $stub 2>/dev/null || true; wait $stub 2>/dev/null || true
   status=$(curl -s -o /dev/null -m 30 -w '%{http_code}' "http://127.0.0.1:$PORT/?length=10" || true)
   case $status in 5??) echo "$peer: $status once the origin is gone" ;;
     *) echo "$peer answered $status with its origin gone (want 5xx)" >&2; cat "$WORK/$peer.log"; exit 1 ;;
   esac
+  kill $java 2>/dev/null || true; wait $java 2>/dev/null || true
 done

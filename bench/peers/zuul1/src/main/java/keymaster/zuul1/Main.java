@@ -1,7 +1,6 @@
 package keymaster.zuul1;
 
 import com.netflix.zuul.filters.FilterRegistry;
-import com.netflix.zuul.http.ZuulServlet;
 import com.netflix.zuul.monitoring.MonitoringHelper;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -38,21 +37,21 @@ public final class Main {
         tomcat.setBaseDir(base.toString());
         // Tomcat's work folder goes with the process (the bench stops a peer with SIGTERM).
         Runtime.getRuntime().addShutdownHook(new Thread(() -> removeTree(base)));
-        // NIO, not the seed's APR connector (that needs the tomcat-native library); the seed's
-        // other connector settings.
+        // NIO, not the seed's APR connector (that needs the tomcat-native library), with the
+        // seed's maxThreads, maxKeepAliveRequests and connectionTimeout; room for every
+        // connection the bench opens (maxConnections, acceptCount) is ours.
         Connector connector = new Connector("org.apache.coyote.http11.Http11NioProtocol");
         connector.setPort(port);
         connector.setProperty("address", "127.0.0.1");
         connector.setProperty("maxThreads", Integer.toString(threads));
-        connector.setProperty("maxConnections", "100000");
         connector.setProperty("maxKeepAliveRequests", "5000");
         connector.setProperty("connectionTimeout", "20000");
+        connector.setProperty("maxConnections", "100000");
         connector.setProperty("acceptCount", "4096");
-        tomcat.getService().addConnector(connector);
         tomcat.setConnector(connector);
 
         Context context = tomcat.addContext("", null);
-        Tomcat.addServlet(context, "zuul", new ZuulServlet());
+        Tomcat.addServlet(context, "zuul", new Servlet());
         context.addServletMappingDecoded("/*", "zuul");
         tomcat.start();
         tomcat.getServer().await();
