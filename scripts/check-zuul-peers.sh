@@ -15,13 +15,18 @@ done
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
 
-# Two ports nothing listens on now, told apart (the peers take a port number, not 0).
+# Two ports nothing listens on now, told apart (the peers take a port number, not 0). The
+# sockets are closed before the ports are printed: a port still held by a Python that has
+# not exited yet is "in use" to whoever binds it next.
 free_ports() {
   python3 -c 'import socket
 socks = [socket.socket() for _ in range(2)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))'
+ports = [s.getsockname()[1] for s in socks]
+for s in socks:
+    s.close()
+print(*ports)'
 }
 
 check() { # name port
@@ -50,11 +55,13 @@ PY
 for peer in zuul1 zuul2; do
   D="$ROOT/bench/peers/$peer"
   [ -f "$D/target/$peer-peer.jar" ] || { echo "$peer is not built: scripts/build-$peer.sh" >&2; exit 1; }
-  read -r STUB PORT < <(free_ports)
-  "$KM" stub --listen 127.0.0.1:$STUB --workers 1 >/dev/null 2>&1 & stub=$!; PIDS+=($stub)
+  read -r STUB PORT <<<"$(free_ports)"
+  "$KM" stub --listen 127.0.0.1:$STUB --workers 1 >"$WORK/stub.log" 2>&1 & stub=$!; PIDS+=($stub)
+  # As the bench starts them: Zuul 2 with its event loops (one), Zuul 1 with its own threads.
+  workers=(); [ $peer = zuul2 ] && workers=(1)
   java -Xms64m -Xmx256m -cp "$D/target/$peer-peer.jar:$D/target/lib/*" "keymaster.$peer.Main" \
-    $PORT 127.0.0.1:$STUB 1 >"$WORK/$peer.log" 2>&1 & java=$!; PIDS+=($java)
-  wait_port $STUB && wait_port $PORT || { cat "$WORK/$peer.log"; exit 1; }
+    $PORT 127.0.0.1:$STUB "${workers[@]}" >"$WORK/$peer.log" 2>&1 & java=$!; PIDS+=($java)
+  wait_port $STUB && wait_port $PORT || { cat "$WORK/stub.log" "$WORK/$peer.log"; exit 1; }
   check $peer $PORT || { cat "$WORK/$peer.log"; exit 1; }
   kill $stub 2>/dev/null || true; wait $stub 2>/dev/null || true
   status=$(curl -s -o /dev/null -m 30 -w '%{http_code}' "http://127.0.0.1:$PORT/?length=10" || true)
