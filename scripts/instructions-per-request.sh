@@ -28,12 +28,11 @@ measure() {
   valgrind --tool=callgrind --callgrind-out-file=/dev/null "$@" >"$out" 2>&1 &
   local vpid=$!
   wait_port "$port"
-  # A failed driver fails the run: no figure from a run whose requests did not all complete.
-  if ! drive "$port" "$count"; then
-    kill -TERM "$vpid"; wait "$vpid" 2>/dev/null || true
-    return 1
-  fi
+  local driven=0
+  drive "$port" "$count" || driven=$?
   kill -TERM "$vpid"; wait "$vpid" 2>/dev/null || true
+  # A failed driver fails the run: no figure from a run whose requests did not all complete.
+  [ "$driven" = 0 ] || return 1
   grep -h "Collected" "$out" | awk '{s += $NF} END {print s}'
 }
 

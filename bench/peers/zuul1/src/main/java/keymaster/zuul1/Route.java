@@ -6,6 +6,7 @@ import com.netflix.zuul.exception.ZuulException;
 import java.io.IOException;
 import java.util.Collections;
 import java.util.HashSet;
+import java.util.List;
 import java.util.Locale;
 import java.util.Set;
 import javax.servlet.http.HttpServletRequest;
@@ -92,7 +93,7 @@ public class Route extends ZuulFilter {
             } else {
                 out = new BasicHttpRequest(in.getMethod(), uri);
             }
-            Set<String> skip = hopByHop(in.getHeaders("connection"));
+            Set<String> skip = hopByHop(Collections.list(in.getHeaders("connection")));
             for (String name : Collections.list(in.getHeaderNames())) {
                 if (!skip.contains(name.toLowerCase(Locale.ROOT))) {
                     for (String value : Collections.list(in.getHeaders(name))) {
@@ -115,9 +116,9 @@ public class Route extends ZuulFilter {
     }
 
     /** NOT_FORWARDED and the fields a message's Connection values name. */
-    static Set<String> hopByHop(java.util.Enumeration<String> connection) {
+    static Set<String> hopByHop(List<String> connection) {
         Set<String> skip = new HashSet<>(NOT_FORWARDED);
-        for (String value : Collections.list(connection)) {
+        for (String value : connection) {
             for (String token : value.split(",")) {
                 skip.add(token.trim().toLowerCase(Locale.ROOT));
             }

@@ -6,7 +6,6 @@ import com.netflix.zuul.context.RequestContext;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.OutputStream;
-import java.util.Collections;
 import java.util.Locale;
 import java.util.Set;
 import javax.servlet.http.HttpServletResponse;
@@ -45,11 +44,10 @@ public class SendResponse extends ZuulFilter {
                 return null;
             }
             out.setStatus(ctx.getResponseStatusCode());
-            Set<String> skip = Route.hopByHop(Collections.enumeration(
-                    ctx.getOriginResponseHeaders().stream()
-                            .filter(h -> h.first().equalsIgnoreCase("connection"))
-                            .map(Pair::second)
-                            .toList()));
+            Set<String> skip = Route.hopByHop(ctx.getOriginResponseHeaders().stream()
+                    .filter(h -> h.first().equalsIgnoreCase("connection"))
+                    .map(Pair::second)
+                    .toList());
             for (Pair<String, String> h : ctx.getOriginResponseHeaders()) {
                 String name = h.first().toLowerCase(Locale.ROOT);
                 if (name.equals("content-length")) {
