@@ -116,9 +116,20 @@ async fn server_health(g: &TestGateway, server: SocketAddr) -> serde_json::Value
 
 /// Poll the admin API (bounded) until `server`'s availability is `want`.
 async fn wait_available(g: &TestGateway, server: SocketAddr, want: bool, limit: Duration) -> bool {
+    wait_health(g, server, "available", want, limit).await
+}
+
+/// Poll the admin API (bounded) until the `field` of `server`'s health entry is `want`.
+async fn wait_health(
+    g: &TestGateway,
+    server: SocketAddr,
+    field: &str,
+    want: bool,
+    limit: Duration,
+) -> bool {
     let end = tokio::time::Instant::now() + limit;
     while tokio::time::Instant::now() < end {
-        if server_health(g, server).await["available"] == want {
+        if server_health(g, server).await[field] == want {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -218,8 +229,16 @@ outlier_detection = {{ consecutive_failures = {CONSECUTIVE_FAILURES}, base_eject
     assert!(metrics.contains(&gauge), "{gauge} in\n{metrics}");
 
     // A reload keeps the verdict: health lives on the origin identity, not the version.
+    // The active checks first mark b down too (two failed checks 50ms apart), so neither
+    // verdict can change between the two readings; a reload that started the server afresh
+    // would show it actively healthy (a new server's state) again.
+    assert!(
+        wait_health(&g, b.addr, "active_healthy", false, Duration::from_secs(10)).await,
+        "the active checks mark b down"
+    );
     let config = keymaster_config::load_str(&toml, "<test>").unwrap();
     let before = server_health(&g, b.addr).await;
+    assert_eq!(before["active_healthy"], false, "{before}");
     g.gateway().reload(config).expect("reload");
     let after = server_health(&g, b.addr).await;
     assert_eq!(after["available"], false, "{after}");
