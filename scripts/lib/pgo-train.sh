@@ -7,9 +7,12 @@
 # /dev/null). Every load must succeed.
 #
 # usage: PGO_DATA=DIR scripts/lib/pgo-train.sh KEYMASTER   (writes DIR/raw/*.profraw)
+#        scripts/lib/pgo-train.sh KEYMASTER TOOLS   (BOLT's instrumented build: the stub and
+#        the generator run as the binary TOOLS; the proxy writes the profile it was built to)
 set -euo pipefail
 KM=$1
-DATA=${PGO_DATA:?set PGO_DATA}
+TOOLS=${2:-$1}
+DATA=${PGO_DATA:-}
 STUB_PORT=18981
 PORT=18990
 TLS_PORT=18993
@@ -18,7 +21,7 @@ TLS_PORT=18993
 
 # The stub's and the generator's profiles are not kept (the variable on the command itself,
 # so that `$!` is the stub's own pid for the cleanup).
-LLVM_PROFILE_FILE=/dev/null "$KM" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 &
+LLVM_PROFILE_FILE=/dev/null "$TOOLS" stub --listen 127.0.0.1:$STUB_PORT --workers 1 >/dev/null 2>&1 &
 PIDS+=($!)
 wait_port $STUB_PORT
 
@@ -31,7 +34,8 @@ if command -v openssl >/dev/null; then
 else
   echo "no openssl: training without TLS" >&2
 fi
-LLVM_PROFILE_FILE="$DATA/raw/keymaster-%p.profraw" "$KM" proxy --listen 127.0.0.1:$PORT \
+# The proxy's profile: LLVM's under PGO_DATA; a BOLT-instrumented binary writes its own.
+LLVM_PROFILE_FILE="${DATA:+$DATA/raw/keymaster-%p.profraw}" "$KM" proxy --listen 127.0.0.1:$PORT \
   --to 127.0.0.1:$STUB_PORT --workers 1 "${tls[@]}" >/dev/null 2>&1 &
 PROXY=$!
 PIDS+=($PROXY)
@@ -40,7 +44,7 @@ wait_port $PORT
 load() { # what -- load arguments
   local what=$1; shift 2
   echo "   $what"
-  LLVM_PROFILE_FILE=/dev/null "$KM" load -t 1 --warmup 0s "$@" >"$WORK/load.txt" 2>&1 || {
+  LLVM_PROFILE_FILE=/dev/null "$TOOLS" load -t 1 --warmup 0s "$@" >"$WORK/load.txt" 2>&1 || {
     echo "training load failed ($what):" >&2
     cat "$WORK/load.txt" >&2
     exit 1
@@ -62,4 +66,4 @@ fi
 # A graceful stop: the profile is written at exit.
 kill -TERM "$PROXY"
 wait "$PROXY" || true
-ls "$DATA"/raw/*.profraw >/dev/null
+[ -z "$DATA" ] || ls "$DATA"/raw/*.profraw >/dev/null
