@@ -11,15 +11,24 @@
 #
 # With BOLT=1 the binary is then laid out again by llvm-bolt from a profile of the same
 # training (taken by BOLT's own instrumentation) and written to target/pgo/keymaster-bolt,
-# after the training mix has run through it once more as a check. Decision record 0035:
-# 4-14% fewer instruction-cache misses, a few percent of user time, not the default.
+# after the training mix has run through it once more as a check; the profile-guided
+# binary is then linked with --emit-relocs (a larger file, the same code). Decision record
+# 0035: 4-14% fewer instruction-cache misses, CPU within this VM's noise: not the default.
 #
-# usage: [BOLT=1 | BOLT=/path/to/llvm-bolt] scripts/build-pgo.sh
+# usage: [BOLT=1 | BOLT=llvm-bolt-command] scripts/build-pgo.sh
 #        (two release builds: about 10 minutes on 2 cores; BOLT adds about a minute)
 # needs: the llvm-tools rustup component (`rustup component add llvm-tools`), openssl for
 # the TLS part of the training (skipped without it); for BOLT, llvm-bolt (Debian:
 # `apt-get install bolt-16`)
 set -euo pipefail
+ASKED=${BOLT:-}
+case $ASKED in
+  '' | 0 | no | none) ASKED= BOLT= ;;
+  1) BOLT=$(command -v llvm-bolt || find /usr/lib -maxdepth 3 -path '*/llvm-*/bin/llvm-bolt' 2>/dev/null | sort -V | tail -1 || true) ;;
+  *) BOLT=$(command -v "$BOLT" || true) ;; # a command name or a path, before the cd below
+esac
+# Through any symlink (/usr/bin/llvm-bolt-16): llvm-bolt finds its runtime library beside itself.
+[ -z "$BOLT" ] || BOLT=$(readlink -f "$BOLT")
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 DATA=$ROOT/target/pgo-data
@@ -30,10 +39,9 @@ if [ ! -x "$PROFDATA" ]; then
   exit 1
 fi
 RELOCS=
-if [ -n "${BOLT:-}" ]; then
-  [ "$BOLT" != 1 ] || BOLT=$(command -v llvm-bolt || find /usr/lib -maxdepth 3 -path '*/llvm-*/bin/llvm-bolt' 2>/dev/null | sort -V | tail -1 || true)
-  if [ ! -x "$BOLT" ]; then
-    echo "no llvm-bolt (apt-get install bolt-16, or BOLT=/path/to/llvm-bolt)" >&2
+if [ -n "$ASKED" ]; then
+  if [ -z "$BOLT" ] || [ ! -x "$BOLT" ]; then
+    echo "BOLT=$ASKED: no llvm-bolt there (apt-get install bolt-16)" >&2
     exit 1
   fi
   # The relocations BOLT needs to move functions (not loaded at run time).
@@ -61,19 +69,23 @@ OUT=$ROOT/target/pgo/keymaster-bolt
 echo "== BOLT: instrumented ($BOLT)"
 mkdir -p "$DATA/bolt"
 "$BOLT" "$PGO" -o "$DATA/bolt/keymaster-instrumented" -instrument \
-  -instrumentation-file="$DATA/bolt/keymaster" -instrumentation-file-append-pid \
+  -instrumentation-file="$DATA/bolt/keymaster.fdata" \
   >"$DATA/bolt/instrument.log" 2>&1 || { cat "$DATA/bolt/instrument.log" >&2; exit 1; }
 echo "== BOLT: training (the stub and the generator run as the profile-guided build)"
-"$ROOT/scripts/lib/pgo-train.sh" "$DATA/bolt/keymaster-instrumented" "$PGO"
+PGO_DATA= "$ROOT/scripts/lib/pgo-train.sh" "$DATA/bolt/keymaster-instrumented" "$PGO"
+if [ ! -s "$DATA/bolt/keymaster.fdata" ]; then
+  echo "the BOLT-instrumented proxy wrote no profile ($DATA/bolt/keymaster.fdata)" >&2
+  exit 1
+fi
 echo "== BOLT: layout"
 # Blocks ordered for the instruction cache, functions clustered by their calls, the cold
 # blocks of hot functions split off, identical functions folded.
-"$BOLT" "$PGO" -o "$OUT.tmp" -data="$(ls "$DATA"/bolt/keymaster.*.fdata)" \
+"$BOLT" "$PGO" -o "$OUT.tmp" -data="$DATA/bolt/keymaster.fdata" \
   -reorder-blocks=ext-tsp -reorder-functions=hfsort+ -split-functions -split-all-cold \
   -split-eh -icf -use-gnu-stack \
   >"$DATA/bolt/optimize.log" 2>&1 || { cat "$DATA/bolt/optimize.log" >&2; exit 1; }
 chmod 755 "$OUT.tmp"
 echo "== BOLT: the training mix through the result, as a check"
-"$ROOT/scripts/lib/pgo-train.sh" "$OUT.tmp" "$PGO"
+PGO_DATA= "$ROOT/scripts/lib/pgo-train.sh" "$OUT.tmp" "$PGO"
 mv "$OUT.tmp" "$OUT"
 ls -la "$OUT"

@@ -65,5 +65,5 @@ if [ ${#tls[@]} -gt 0 ]; then
 fi
 # A graceful stop: the profile is written at exit.
 kill -TERM "$PROXY"
-wait "$PROXY" || true
+wait "$PROXY" || { echo "the proxy did not stop cleanly (exit $?)" >&2; exit 1; }
 [ -z "$DATA" ] || ls "$DATA"/raw/*.profraw >/dev/null
