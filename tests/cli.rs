@@ -286,11 +286,14 @@ fn logs_to_a_pipe_are_plain_text() {
             cmd.env("NO_COLOR", "1");
         }
         let mut child = cmd.spawn().expect("spawn keymaster");
-        std::thread::sleep(std::time::Duration::from_millis(500));
+        let mut stderr = PipeLines::new(child.stderr.take().expect("piped stderr"));
+        // Start-up logs at INFO; wait for that line (not for a time) before stopping it.
+        let info = stderr.wait_for(Duration::from_secs(10), |l| l.contains("INFO"));
         let _ = child.kill();
-        let out = child.wait_with_output().expect("wait");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("INFO"), "something was logged: {err}");
+        let _ = child.wait();
+        stderr.until_closed(Duration::from_secs(5));
+        let err = stderr.lines.join("\n");
+        assert!(info.is_some(), "something was logged: {err}");
         assert!(!err.contains('\u{1b}'), "no escape codes: {err:?}");
     }
 }

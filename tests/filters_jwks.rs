@@ -155,9 +155,19 @@ async fn the_schedule_picks_up_a_rotation_without_any_request() {
     );
     let t3 = k3.sign(Some("k3"), &claims());
     server.set_doc(jwks_doc(&[("k3", &k3)]));
+    // A fetch counted after this read gets the new document (the server counts a hit before
+    // it reads its document). No request is made while waiting: a k3 token would ask for a
+    // fetch itself, and the schedule would not be what picked up the rotation.
     let hits = server.hits();
-    assert!(eventually(Duration::from_secs(5), || server.hits() > hits).await);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(eventually(Duration::from_secs(10), || server.hits() > hits).await);
+    // Fetches run one after another, and `ok` counts one once its keys are in use: with as
+    // many `ok` as hits now, a fetch with the new document has been published.
+    let hits = server.hits() as f64;
+    assert!(
+        until_fetches(&g, "ok", hits).await,
+        "{} ok fetches of {hits}",
+        fetches(&g, "ok").await
+    );
     // Known already: accepted on the first try, no unknown-kid round trip.
     let r = call(g.addr, &t3).await;
     assert_eq!(r.status, 200, "{}", challenge(&r));

@@ -240,17 +240,15 @@ async fn binary_sighup_reloads_the_config_file() {
     assert!(st.success());
 }
 
-/// The lines in `path` once it has at least `n` (bounded wait).
+/// The lines in `path` once it has at least `n` (bounded wait: 10 s).
 async fn lines_of(path: &std::path::Path, n: usize) -> Vec<String> {
     let mut lines = Vec::new();
-    for _ in 0..200 {
+    eventually(Duration::from_secs(10), || {
         let t = std::fs::read_to_string(path).unwrap_or_default();
         lines = t.lines().map(str::to_string).collect();
-        if lines.len() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        lines.len() >= n
+    })
+    .await;
     lines
 }
 
@@ -271,14 +269,24 @@ async fn binary_sigusr1_reopens_the_access_log() {
             log.display()
         );
     std::fs::write(&path, text).unwrap();
-    let mut p = spawn_binary(&path);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_keymaster"));
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&path)
+        .stderr(std::process::Stdio::piped());
+    let mut p = spawn_keymaster_command(cmd);
+    let mut stderr = PipeLines::new(p.child.stderr.take().expect("piped stderr"));
     let addr = p.addr();
     assert_eq!(get(addr, "/before").await.status, 200);
     assert_eq!(lines_of(&log, 1).await.len(), 1, "the first line");
     std::fs::rename(&log, &rotated).unwrap();
     signal(&p, libc::SIGUSR1);
-    // The signal is taken on the main thread; the writer reopens before its next line.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The signal is taken on the main thread, which asks the writer to reopen before its next
+    // line and then says so: from that line on, the next request's line goes to a new file.
+    let said = stderr.wait_for(Duration::from_secs(10), |l| {
+        l.contains("SIGUSR1: reopening the access log")
+    });
+    assert!(said.is_some(), "no reopen logged: {:?}", stderr.lines);
     assert_eq!(get(addr, "/after").await.status, 200);
     let new = lines_of(&log, 1).await;
     assert_eq!(new.len(), 1, "a new file at the configured path: {new:?}");

@@ -266,13 +266,58 @@ async fn close_in_a_repeated_connection_header_is_not_reused() {
 
 /// The idle-connections gauge counts what the pools hold: connections a full pool turns
 /// away, and idle ones the origin closed, leave the count too.
+/// An origin that holds every response until `n` requests have arrived, so all `n` are in
+/// flight at once however slowly they come (a gateway that queued one behind another on one
+/// connection gets its answers after 10 s instead of never). Setting the returned flag closes
+/// its connections, idle ones too.
+async fn gathering_origin(n: usize) -> (RawOrigin, tokio::sync::watch::Sender<bool>) {
+    let arrived = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (all_in, _) = tokio::sync::watch::channel(false);
+    let all_in = Arc::new(all_in);
+    let (gone, _) = tokio::sync::watch::channel(false);
+    let gone_rx = gone.subscribe();
+    let o = raw_origin(move |mut s, _| {
+        let (arrived, all_in) = (arrived.clone(), all_in.clone());
+        let (mut everyone, mut gone) = (all_in.subscribe(), gone_rx.clone());
+        async move {
+            let mut carry = Vec::new();
+            loop {
+                let head = tokio::select! {
+                    h = read_head(&mut s, &mut carry) => h,
+                    _ = gone.wait_for(|g| *g) => None,
+                };
+                if head.is_none() {
+                    return;
+                }
+                if arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 >= n {
+                    all_in.send_replace(true);
+                }
+                let wait = std::time::Duration::from_secs(10);
+                let _ = tokio::time::timeout(wait, everyone.wait_for(|a| *a)).await;
+                let resp = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                if s.write_all(resp).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    (o, gone)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_idle_gauge_counts_what_the_pool_holds() {
-    let s = stub();
-    let g = start_gateway(&pool_config(s.local_addr(), "{ max_idle = 2 }"));
+    let (origin, gone) = gathering_origin(6).await;
+    // The origin answers once all six are in: the response head timeout is not what is tested.
+    let toml = pool_config(origin.addr, "{ max_idle = 2 }").replace(
+        "response_header_timeout = \"2s\"",
+        "response_header_timeout = \"30s\"",
+    );
+    assert!(toml.contains("\"30s\""), "{toml}");
+    let g = start_gateway(&toml);
     let gets = (0..6).map(|_| async {
         let mut c = Client::connect(g.addr).await;
-        c.get("/?delay=150").await.status
+        c.get("/").await.status
     });
     let statuses = futures_util::future::join_all(gets).await;
     assert_eq!(statuses, vec![200; 6]);
@@ -289,7 +334,8 @@ async fn the_idle_gauge_counts_what_the_pool_holds() {
     );
 
     // The origin goes away: the idle connections it closed leave the gauge once swept.
-    drop(s);
+    gone.send_replace(true);
+    drop(origin);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let idle = m(&metrics_text(&g).await, "upstream_idle_connections");

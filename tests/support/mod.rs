@@ -608,6 +608,62 @@ pub fn spawn_keymaster_command(mut cmd: std::process::Command) -> Spawned {
     }
 }
 
+/// A child process's pipe (its stderr, say) read line by line on a thread of its own, so the
+/// child never blocks on a full pipe and a test can wait, with a deadline, for the line that
+/// says something happened instead of sleeping and hoping it did.
+pub struct PipeLines {
+    rx: std::sync::mpsc::Receiver<String>,
+    /// Every line read so far, in order (without the line ends).
+    pub lines: Vec<String>,
+}
+
+impl PipeLines {
+    pub fn new(pipe: impl std::io::Read + Send + 'static) -> PipeLines {
+        use std::io::BufRead;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = std::io::BufReader::new(pipe);
+            let mut line = Vec::new();
+            while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
+                let text = String::from_utf8_lossy(&line);
+                if tx
+                    .send(text.trim_end_matches(['\r', '\n']).to_string())
+                    .is_err()
+                {
+                    return;
+                }
+                line.clear();
+            }
+        });
+        PipeLines {
+            rx,
+            lines: Vec::new(),
+        }
+    }
+
+    /// Wait (blocking, up to `limit`) for a line `want` accepts and return it; `None` if the
+    /// pipe closed or `limit` passed first. Each line read is kept in [`PipeLines::lines`]
+    /// and echoed to the test's stderr (shown when the test fails).
+    pub fn wait_for(&mut self, limit: Duration, want: impl Fn(&str) -> bool) -> Option<String> {
+        let end = std::time::Instant::now() + limit;
+        loop {
+            let left = end.checked_duration_since(std::time::Instant::now())?;
+            let line = self.rx.recv_timeout(left).ok()?;
+            eprintln!("child: {line}");
+            self.lines.push(line);
+            let last = self.lines.last().expect("just pushed");
+            if want(last) {
+                return Some(last.clone());
+            }
+        }
+    }
+
+    /// Read on until the pipe closes (the child has exited) or `limit` passes.
+    pub fn until_closed(&mut self, limit: Duration) {
+        let _ = self.wait_for(limit, |_| false);
+    }
+}
+
 /// One HTTP/2 client connection with prior knowledge (hyper's low-level client).
 pub async fn h2_client(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
     let tcp = TcpStream::connect(addr).await.expect("connect to gateway");
