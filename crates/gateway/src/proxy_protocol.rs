@@ -248,11 +248,18 @@ async fn read_v1_line(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), (
 /// The header a cluster with `proxy_protocol = "v1"/"v2"` sends first on a new connection:
 /// the client (`source`, the carried address on a PROXY listener) and the address it
 /// connected to (`destination`). Mixed families are sent as IPv6 (IPv4-mapped).
+///
+/// The addresses are borrowed and read only for a cluster that sends the header: they lie
+/// in the client connection's context beyond what every request reads.
 pub(crate) fn header_for(
     version: ProxyProtocol,
-    source: SocketAddr,
-    destination: SocketAddr,
+    source: &SocketAddr,
+    destination: &SocketAddr,
 ) -> Option<Vec<u8>> {
+    if let ProxyProtocol::Off | ProxyProtocol::Any = version {
+        return None;
+    }
+    let (source, destination) = (*source, *destination);
     let (src, dst) = match (source, destination) {
         (SocketAddr::V4(_), SocketAddr::V4(_)) | (SocketAddr::V6(_), SocketAddr::V6(_)) => {
             (source, destination)
@@ -406,15 +413,15 @@ mod tests {
     fn headers_sent_to_origins_parse_back() {
         let c: SocketAddr = "192.0.2.1:5555".parse().unwrap();
         let l: SocketAddr = "10.0.0.1:443".parse().unwrap();
-        let h = header_for(ProxyProtocol::V1, c, l).unwrap();
+        let h = header_for(ProxyProtocol::V1, &c, &l).unwrap();
         assert_eq!(h, b"PROXY TCP4 192.0.2.1 10.0.0.1 5555 443\r\n");
-        let h = header_for(ProxyProtocol::V2, c, l).unwrap();
+        let h = header_for(ProxyProtocol::V2, &c, &l).unwrap();
         assert_eq!(
             parse(&h, ProxyProtocol::V2),
             Parsed::Header(h.len(), carried("192.0.2.1:5555", "10.0.0.1:443"))
         );
         let l6: SocketAddr = "[2001:db8::1]:443".parse().unwrap();
-        let h = header_for(ProxyProtocol::V1, c, l6).unwrap();
+        let h = header_for(ProxyProtocol::V1, &c, &l6).unwrap();
         assert_eq!(
             parse(&h, ProxyProtocol::V1),
             Parsed::Header(
@@ -422,7 +429,7 @@ mod tests {
                 carried("[::ffff:192.0.2.1]:5555", "[2001:db8::1]:443")
             )
         );
-        assert!(header_for(ProxyProtocol::Off, c, l).is_none());
+        assert!(header_for(ProxyProtocol::Off, &c, &l).is_none());
     }
 
     #[test]

@@ -182,30 +182,43 @@ pub(crate) fn bind_listener(
 /// Atomics (all on one worker thread, so uncontended) rather than `Cell`s: hyper hands an
 /// upgraded connection (WebSocket) out as a `Send` object, so the IO wrapper that holds this
 /// state must be `Send`. Instants are stored as nanoseconds since `base`.
+///
+/// Laid out in order (`repr(C)`): what every request reads or writes comes first, so that
+/// with the `Arc`'s counts it fills one cache line, the one line of this state a request
+/// on an idle connection finds cold (asserted below).
+#[repr(C)]
 pub(crate) struct ConnState {
     inflight: AtomicU32,
-    /// When the connection was accepted (its age counts from here).
-    base: Instant,
-    /// When the latest request started.
-    last_request: AtomicU64,
-    /// When a connection with no request in flight times out.
-    deadline: AtomicU64,
     /// True between requests: the next byte read starts a request head.
     idle: AtomicBool,
     /// HTTP/1: bytes after an idle period start a request head (the slowloris clock). Not
     /// for HTTP/2, whose control frames (PING, WINDOW_UPDATE, SETTINGS) arrive between
     /// streams and must not turn an idle connection's timeout into the header timeout.
     head_clock: bool,
+    /// The idle timeout is shorter than the header-read timeout: a parked read may have to
+    /// be woken for the idle deadline ([`Self::reader`]).
+    short_idle: bool,
+    /// When the connection was accepted (its age counts from here).
+    base: Instant,
+    /// When the latest request started.
+    last_request: AtomicU64,
+    /// When a connection with no request in flight times out.
+    deadline: AtomicU64,
+    /// The idle timeout, in nanoseconds.
+    idle_nanos: u64,
     header_timeout: Duration,
-    idle_timeout: Duration,
     /// When the connection's timer is armed to fire. The timer is lazy: it is moved only when
     /// the deadline comes earlier; a later deadline is picked up when the timer fires.
     armed: AtomicU64,
     /// The connection task, parked in a read: woken when the last request in flight
-    /// finishes and the idle deadline is earlier than the armed timer (only possible when
-    /// `idle_timeout < header_read_timeout`, the only case it is kept in).
+    /// finishes and the idle deadline is earlier than the armed timer (only with
+    /// `short_idle`, the only case it is kept in).
     reader: Mutex<Option<std::task::Waker>>,
 }
+
+// The fields every request touches end within the first 48 bytes: with the `Arc`'s two
+// counts before them, one cache line.
+const _: () = assert!(std::mem::offset_of!(ConnState, idle_nanos) + 8 <= 48);
 
 impl ConnState {
     pub(crate) fn new(
@@ -217,13 +230,14 @@ impl ConnState {
         let first = header_timeout.as_nanos() as u64;
         ConnState {
             inflight: AtomicU32::new(0),
+            idle: AtomicBool::new(false),
+            head_clock,
+            short_idle: idle < header_timeout,
             base: now,
             last_request: AtomicU64::new(0),
             deadline: AtomicU64::new(first),
-            idle: AtomicBool::new(false),
-            head_clock,
+            idle_nanos: idle.as_nanos() as u64,
             header_timeout,
-            idle_timeout: idle,
             armed: AtomicU64::new(first),
             reader: Mutex::new(None),
         }
@@ -275,9 +289,9 @@ impl ConnState {
             .unwrap_or(0);
         if prev <= 1 {
             self.idle.store(true, Ordering::Relaxed);
-            let deadline = self.to_nanos(now + self.idle_timeout);
+            let deadline = self.to_nanos(now).saturating_add(self.idle_nanos);
             self.deadline.store(deadline, Ordering::Relaxed);
-            if deadline < self.armed.load(Ordering::Relaxed) {
+            if self.short_idle && deadline < self.armed.load(Ordering::Relaxed) {
                 if let Some(w) = self.set_reader(None) {
                     w.wake();
                 }
@@ -287,12 +301,16 @@ impl ConnState {
 }
 
 /// What a request handler knows about its connection.
+#[repr(C)]
 pub(crate) struct ConnCtx {
+    // In order (`repr(C)`): what every request reads comes first, so that with the `Rc`'s
+    // counts it fills two cache lines (asserted below); a request on an idle connection
+    // finds them cold.
     pub(crate) worker: Rc<Worker>,
     pub(crate) listener: WorkerListener,
+    pub(crate) state: Arc<ConnState>,
     pub(crate) client: ClientFacts,
     pub(crate) peer: SocketAddr,
-    pub(crate) state: Arc<ConnState>,
     /// The address the client connected to (the destination in PROXY headers to origins).
     pub(crate) local: SocketAddr,
     /// The upstream connection kept for this client alone: clusters that send a PROXY
@@ -302,6 +320,11 @@ pub(crate) struct ConnCtx {
     /// connection, a streaming response, an upgrade tunnel) lets go of the context.
     pub(crate) _open: OpenGuard,
 }
+
+// The fields every request reads end within the first 112 bytes: with the `Rc`'s two
+// counts before them, two cache lines.
+const _: () =
+    assert!(std::mem::offset_of!(ConnCtx, peer) + std::mem::size_of::<SocketAddr>() <= 112);
 
 /// Accept clients on one socket until shutdown.
 pub(crate) async fn accept_loop(worker: Rc<Worker>, listener: WorkerListener, socket: TcpListener) {
@@ -516,12 +539,13 @@ fn serve_connection(
         let h2 = match listener.protocol {
             ListenerProtocol::Http1 | ListenerProtocol::Auto => false,
             ListenerProtocol::H2c => {
-                match tokio::time::timeout(
+                // Boxed: the peek's timeout and sleep would otherwise size every
+                // connection's task (408 bytes, more than an HTTP/1.1 connection's state).
+                let preface = Box::pin(tokio::time::timeout(
                     listener.header_read_timeout,
                     starts_with_h2_preface(&stream),
-                )
-                .await
-                {
+                ));
+                match preface.await {
                     Ok(true) => true,
                     Ok(false) => {
                         // Not HTTP/2: RFC 9113 §3.4 says terminate the connection. Close it
@@ -535,7 +559,7 @@ fn serve_connection(
                 }
             }
         };
-        let client = client_facts(&listener, peer, "http", None);
+        let client = client_facts(&listener, peer, None);
         serve_io(guard, Io::Tcp(stream), h2, client, (peer, local)).await;
     }
 }
@@ -574,23 +598,23 @@ async fn serve_tls(guard: OpenGuard, stream: TcpStream, (peer, local): (SocketAd
             .and_then(crate::tls::client_identity),
         identity_header: settings.identity_header.clone(),
     };
-    let client = client_facts(&listener, peer, "https", Some(facts));
+    let client = client_facts(&listener, peer, Some(Box::new(facts)));
     let stream = Io::Tls(Box::new(tokio_rustls::TlsStream::Server(stream)));
     serve_io(guard, stream, h2, client, (peer, local)).await;
 }
 
+/// The client's facts: `tls` for a TLS connection (its scheme is then "https").
 fn client_facts(
     listener: &ListenerCtx,
     peer: SocketAddr,
-    proto: &'static str,
-    tls: Option<TlsFacts>,
+    tls: Option<Box<TlsFacts>>,
 ) -> ClientFacts {
     let ip = peer.ip();
     ClientFacts {
         ip_value: keymaster_http::headers::client_address(ip),
-        trusted: listener.trusted.iter().any(|n| n.contains(&ip)),
-        proto,
+        https: tls.is_some(),
         tls,
+        trusted: listener.trusted.iter().any(|n| n.contains(&ip)),
     }
 }
 
@@ -599,7 +623,9 @@ fn client_facts(
 ///
 /// The context is made when this is called, not in the future: an `async fn` would keep
 /// its arguments (the guard and the client's facts, 257 bytes) in every connection's task
-/// for the connection's life, after they moved into the context.
+/// for the connection's life, after they moved into the context. HTTP/1.1's future is
+/// returned as it is, not awaited in a block of this function's: that block would keep
+/// the socket's room (moved out) and a state of its own in every connection's task.
 fn serve_io(
     guard: OpenGuard,
     stream: Io,
@@ -607,21 +633,18 @@ fn serve_io(
     client: ClientFacts,
     (peer, local): (SocketAddr, SocketAddr),
 ) -> impl std::future::Future<Output = ()> {
+    use futures_util::future::Either;
     let cx = Rc::new(conn_ctx(guard, client, (peer, local), h2));
-    async move {
-        if !h2 {
-            h1::serve(cx, stream).await;
-            return;
-        }
-        // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state
-        // size.
-        let stream = Upgraded {
-            read_ahead: bytes::Bytes::new(),
-            io: stream,
-            _held: (),
-        };
-        Box::pin(serve_h2_conn(cx, stream)).await;
+    if !h2 {
+        return Either::Left(h1::serve(cx, stream));
     }
+    // Boxed so that HTTP/1 connections, the common case, do not carry HTTP/2's state size.
+    let stream = Upgraded {
+        read_ahead: bytes::Bytes::new(),
+        io: stream,
+        _held: (),
+    };
+    Either::Right(Box::pin(serve_h2_conn(cx, stream)))
 }
 
 /// A connection's context; its clocks for HTTP/1.1 (`h2` false: a head's first bytes start

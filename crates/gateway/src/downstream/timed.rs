@@ -173,7 +173,7 @@ impl<S: Read + Unpin> Read for TimedIo<S> {
                         state.armed.store(d, Ordering::Relaxed);
                     }
                 }
-                if state.idle_timeout < state.header_timeout {
+                if state.short_idle {
                     // A request may start and finish before the next read (hyper's HTTP/1.1
                     // server polls the socket before it calls the service): its idle
                     // deadline, earlier than the armed timer, must wake this read.

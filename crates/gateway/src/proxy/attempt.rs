@@ -491,7 +491,7 @@ async fn one(
 ) -> Result<(OriginResponse, Conn, u32), Failed> {
     let cluster = up.cluster;
     let proxy_header =
-        crate::proxy_protocol::header_for(cluster.config.proxy_protocol, up.cx.peer, up.cx.local);
+        crate::proxy_protocol::header_for(cluster.config.proxy_protocol, &up.cx.peer, &up.cx.local);
     let proxy_header = proxy_header.as_deref();
     // A cluster that sends PROXY headers keeps connections per client connection.
     let private = match proxy_header {

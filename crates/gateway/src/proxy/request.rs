@@ -246,7 +246,7 @@ pub(super) async fn inbound_filters(
     info: &mut RequestInfo,
 ) -> Result<Option<ClientResponse>, Error> {
     let listener = &cx.listener;
-    let tls = cx.client.tls.as_ref();
+    let tls = cx.client.tls.as_deref();
     let rid_name = &listener.request_id_header;
     let Head { parts, body, wire } = head;
     let route = &req.route;

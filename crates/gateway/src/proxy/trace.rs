@@ -60,7 +60,7 @@ pub(super) fn begin(
         r.attrs = ServerAttrs {
             method: parts.method.as_str().to_string(),
             path: parts.uri.path().to_string(),
-            scheme: cx.client.proto,
+            scheme: cx.client.proto(),
             version: match parts.version {
                 Version::HTTP_10 => "1.0",
                 Version::HTTP_2 => "2",

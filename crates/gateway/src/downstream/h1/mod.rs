@@ -177,8 +177,11 @@ enum Next {
 
 /// Serve HTTP/1.1 requests on a client connection until it closes, times out, fails, is
 /// upgraded, or the worker drains.
-pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
-    let state = &cx.state;
+///
+/// (An `async` block, not an `async fn`: the socket moves into the connection's shared
+/// state before the future is made, so the task keeps no room for it.)
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn serve(cx: Rc<ConnCtx>, io: Io) -> impl Future<Output = ()> {
     let conn = Rc::new(RefCell::new(ConnIo {
         io,
         rbuf: BytesMut::new(),
@@ -188,68 +191,70 @@ pub(crate) async fn serve(cx: Rc<ConnCtx>, io: Io) {
         continue_left: 0,
         read_closed: false,
     }));
-    let mut timer = Timer::new(state.deadline_at());
-    let worker = cx.worker.clone();
-    let mut drain = pin!(worker.drain.wait());
-    let mut scan = HeadScan::default();
-    let age_limit = cx.listener.retire.age_limit();
-    let mut served = 0u64;
-    // The last request said it was the client's last (`Connection: close`, or HTTP/1.0
-    // without keep-alive).
-    let mut client_closes = false;
-    // An `auto` listener's connection may open with the HTTP/2 preface instead.
-    let mut preface = cx.listener.protocol == ListenerProtocol::Auto;
-    // `Err`: a head that gets an error response, the connection's last.
-    let ended = loop {
-        let read = read_head(
-            &cx,
-            &conn,
-            &mut scan,
-            &mut timer,
-            drain.as_mut(),
-            &mut preface,
-        );
-        // Nothing is awaited while the read's result is in hand: it would be kept in the
-        // connection's task across the await (the refusal is written after the loop).
-        let head = match read.await {
-            Ok(Some(Next::Head(head))) => head,
-            Ok(Some(Next::Http2)) => break Ok(Ended::Http2),
-            Ok(None) => break Ok(Ended::Close),
-            Err(err) => break Err(err),
-        };
-        // The request's state, from its head to its response's last byte (the proxy
-        // stage's future most of it, about 4.3 KiB), lives in an allocation of its own that
-        // goes back to the worker once the response is out: the next request gets memory
-        // a recent request used, still in the core's caches, where room in the
-        // connection's task would have gone cold while the connection was idle. The
-        // connection keeps only what it needs between requests (decision records 0027,
-        // 0029 and 0033).
-        let mut state = State::new(|| {
-            let between = Between {
-                served: &mut served,
-                client_closes: &mut client_closes,
-                age_limit,
+    async move {
+        let mut timer = Timer::new(cx.state.deadline_at());
+        let worker = cx.worker.clone();
+        let mut drain = pin!(worker.drain.wait());
+        let mut scan = HeadScan::default();
+        let age_limit = cx.listener.retire.age_limit();
+        let mut served = 0u64;
+        // The last request said it was the client's last (`Connection: close`, or HTTP/1.0
+        // without keep-alive).
+        let mut client_closes = false;
+        // An `auto` listener's connection may open with the HTTP/2 preface instead.
+        let mut preface = cx.listener.protocol == ListenerProtocol::Auto;
+        // `Err`: a head that gets an error response, the connection's last.
+        let ended = loop {
+            let read = read_head(
+                &cx,
+                &conn,
+                &mut scan,
+                &mut timer,
+                drain.as_mut(),
+                &mut preface,
+            );
+            // Nothing is awaited while the read's result is in hand: it would be kept in the
+            // connection's task across the await (the refusal is written after the loop).
+            let head = match read.await {
+                Ok(Some(Next::Head(head))) => head,
+                Ok(Some(Next::Http2)) => break Ok(Ended::Http2),
+                Ok(None) => break Ok(Ended::Close),
+                Err(err) => break Err(err),
             };
-            exchange(&cx, &conn, &mut timer, between, head)
-        });
-        let ended = state.future().await;
-        state.recycle();
-        if !matches!(ended, Ended::KeepAlive) {
-            break Ok(ended);
+            // The request's state, from its head to its response's last byte (the proxy
+            // stage's future most of it, about 4.3 KiB), lives in an allocation of its own that
+            // goes back to the worker once the response is out: the next request gets memory
+            // a recent request used, still in the core's caches, where room in the
+            // connection's task would have gone cold while the connection was idle. The
+            // connection keeps only what it needs between requests (decision records 0027,
+            // 0029 and 0033).
+            let mut state = State::new(|| {
+                let between = Between {
+                    served: &mut served,
+                    client_closes: &mut client_closes,
+                    age_limit,
+                };
+                exchange(&cx, &conn, &mut timer, between, head)
+            });
+            let ended = state.future().await;
+            state.recycle();
+            if !matches!(ended, Ended::KeepAlive) {
+                break Ok(ended);
+            }
+        };
+        let ended = match ended {
+            Ok(ended) => ended,
+            Err(err) => Box::pin(refuse(&cx, &conn, &mut timer, err)).await,
+        };
+        if let Ended::Http2 = ended {
+            return Box::pin(into_h2(cx, conn)).await;
         }
-    };
-    let ended = match ended {
-        Ok(ended) => ended,
-        Err(err) => Box::pin(refuse(&cx, &conn, &mut timer, err)).await,
-    };
-    if let Ended::Http2 = ended {
-        return Box::pin(into_h2(cx, conn)).await;
+        // The connection's slot on its listener is given back before a lingering close; its
+        // descriptor stays counted until the socket closes.
+        let _descriptor = cx._open.take_descriptor();
+        drop(cx);
+        finish(conn, ended, client_closes).await;
     }
-    // The connection's slot on its listener is given back before a lingering close; its
-    // descriptor stays counted until the socket closes.
-    let _descriptor = cx._open.take_descriptor();
-    drop(cx);
-    finish(conn, ended, client_closes).await;
 }
 
 /// What a request's exchange updates of the connection's state between requests.
@@ -352,18 +357,21 @@ async fn into_h2(cx: Rc<ConnCtx>, conn: Rc<RefCell<ConnIo>>) {
 /// client closed, timed out, or the worker drains while it is idle). `Err`: a head that
 /// gets an error response (400, 414, 431) before the connection closes. `preface`: look
 /// for the HTTP/2 preface first (cleared once the bytes say otherwise).
-async fn read_head(
-    cx: &ConnCtx,
-    conn: &RefCell<ConnIo>,
-    scan: &mut HeadScan,
-    timer: &mut Timer,
-    mut drain: Pin<&mut crate::drain::Drain<'_>>,
-    preface: &mut bool,
-) -> Result<Option<Next>, Error> {
+///
+/// (A `poll_fn`, not an `async fn`: an `async fn` would keep its arguments in the
+/// connection's task beside the closure's own copies of them.)
+fn read_head<'a, 'd>(
+    cx: &'a ConnCtx,
+    conn: &'a RefCell<ConnIo>,
+    scan: &'a mut HeadScan,
+    timer: &'a mut Timer,
+    mut drain: Pin<&'a mut crate::drain::Drain<'d>>,
+    preface: &'a mut bool,
+) -> impl Future<Output = Result<Option<Next>, Error>> + use<'a, 'd> {
     let limits = &cx.listener.limits;
     // When the head that started arriving must be complete (set once its first bytes wait).
     let mut head_deadline = None;
-    poll_fn(|task| {
+    poll_fn(move |task| {
         let mut c = conn.borrow_mut();
         loop {
             if *preface && !c.rbuf.is_empty() {
@@ -408,7 +416,6 @@ async fn read_head(
         }
         Poll::Pending
     })
-    .await
 }
 
 /// The request the proxy stage gets for `head` (its body reads from the connection), and

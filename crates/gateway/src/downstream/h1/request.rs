@@ -507,7 +507,7 @@ mod tests {
         let facts = keymaster_http::headers::ClientFacts {
             ip_value: ip,
             trusted: false,
-            proto: "http",
+            https: false,
             tls: None,
         };
         keymaster_http::headers::AddedFields::for_request(
