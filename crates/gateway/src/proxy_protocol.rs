@@ -256,22 +256,18 @@ pub(crate) fn header_for(
     source: &SocketAddr,
     destination: &SocketAddr,
 ) -> Option<Vec<u8>> {
-    if let ProxyProtocol::Off | ProxyProtocol::Any = version {
-        return None;
-    }
-    let (source, destination) = (*source, *destination);
-    let (src, dst) = match (source, destination) {
-        (SocketAddr::V4(_), SocketAddr::V4(_)) | (SocketAddr::V6(_), SocketAddr::V6(_)) => {
-            (source, destination)
-        }
-        _ => (as_v6(source), as_v6(destination)),
+    // Mixed families as IPv6; read here, in the arms that send a header.
+    let addresses = || match (*source, *destination) {
+        (s @ SocketAddr::V4(_), d @ SocketAddr::V4(_))
+        | (s @ SocketAddr::V6(_), d @ SocketAddr::V6(_)) => (s, d),
+        (s, d) => (as_v6(s), as_v6(d)),
     };
     match version {
-        ProxyProtocol::V1 => Some(v1::Addresses::from((src, dst)).to_string().into_bytes()),
+        ProxyProtocol::V1 => Some(v1::Addresses::from(addresses()).to_string().into_bytes()),
         ProxyProtocol::V2 => v2::Builder::with_addresses(
             v2::Version::Two | v2::Command::Proxy,
             v2::Protocol::Stream,
-            (src, dst),
+            addresses(),
         )
         .build()
         .ok(),

@@ -612,7 +612,6 @@ fn client_facts(
     let ip = peer.ip();
     ClientFacts {
         ip_value: keymaster_http::headers::client_address(ip),
-        https: tls.is_some(),
         tls,
         trusted: listener.trusted.iter().any(|n| n.contains(&ip)),
     }

@@ -21,14 +21,12 @@ pub struct ClientFacts {
     pub tls: Option<Box<TlsFacts>>,
     /// Whether the peer is a trusted proxy whose forwarding headers we keep.
     pub trusted: bool,
-    /// The connection is TLS: the scheme is "https", not "http".
-    pub https: bool,
 }
 
 impl ClientFacts {
-    /// "http" or "https".
+    /// "http", or "https" for a TLS connection.
     pub fn proto(&self) -> &'static str {
-        if self.https {
+        if self.tls.is_some() {
             "https"
         } else {
             "http"
@@ -371,7 +369,6 @@ mod tests {
         let facts = |ip_value| ClientFacts {
             ip_value,
             trusted: false,
-            https: false,
             tls: None,
         };
         for v4 in samples {
@@ -390,7 +387,6 @@ mod tests {
         let facts = ClientFacts {
             ip_value: HeaderValue::from_static("10.1.1.1"),
             trusted: false,
-            https: false,
             tls: None,
         };
         let mut h = map(&[
@@ -414,7 +410,6 @@ mod tests {
         let facts = ClientFacts {
             ip_value: HeaderValue::from_static("10.1.1.1"),
             trusted: true,
-            https: false,
             tls: None,
         };
         let mut h = map(&[

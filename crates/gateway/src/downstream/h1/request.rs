@@ -507,7 +507,6 @@ mod tests {
         let facts = keymaster_http::headers::ClientFacts {
             ip_value: ip,
             trusted: false,
-            https: false,
             tls: None,
         };
         keymaster_http::headers::AddedFields::for_request(
