@@ -12,8 +12,9 @@
 //! vectored write.
 //!
 //! ```text
-//! serve ─► read_head (slowloris / idle deadline, drain) ─► request::parse_head ─► Head
-//!       ─► exchange, in an allocation of the request's own (state.rs): the Request,
+//! serve ─► read_head (slowloris / idle deadline, drain) ─► request::head_end: a whole head
+//!       ─► exchange, in an allocation of the request's own (state.rs):
+//!          request::take_head ─► Head ─► the Request,
 //!          run: proxy::handle, while watching for the client to go away,
 //!          write::write_response: response::encode_head, body frames (length / chunked /
 //!          close)
@@ -166,11 +167,12 @@ enum Ended {
     Http2,
 }
 
-/// What the next read brought. Not boxed: it is moved once per head, and boxing the head
-/// would cost an allocation per request.
-#[allow(clippy::large_enum_variant)]
+/// What the next read brought.
 enum Next {
-    Head(Head),
+    /// A complete head of this many bytes at the front of the read buffer. It is parsed
+    /// in the request's own allocation ([`exchange`]): the parsed head (224 bytes) is
+    /// made where it is used, not copied through each layer between the read and there.
+    Head(usize),
     /// The HTTP/2 preface, where the first head would be (an `auto` listener).
     Http2,
 }
@@ -215,8 +217,8 @@ pub(crate) fn serve(cx: Rc<ConnCtx>, io: Io) -> impl Future<Output = ()> {
             );
             // Nothing is awaited while the read's result is in hand: it would be kept in the
             // connection's task across the await (the refusal is written after the loop).
-            let head = match read.await {
-                Ok(Some(Next::Head(head))) => head,
+            let end = match read.await {
+                Ok(Some(Next::Head(end))) => end,
                 Ok(Some(Next::Http2)) => break Ok(Ended::Http2),
                 Ok(None) => break Ok(Ended::Close),
                 Err(err) => break Err(err),
@@ -234,12 +236,13 @@ pub(crate) fn serve(cx: Rc<ConnCtx>, io: Io) -> impl Future<Output = ()> {
                     client_closes: &mut client_closes,
                     age_limit,
                 };
-                exchange(&cx, &conn, &mut timer, between, head)
+                exchange(&cx, &conn, &mut timer, between, end)
             });
             let ended = state.future().await;
             state.recycle();
-            if !matches!(ended, Ended::KeepAlive) {
-                break Ok(ended);
+            match ended {
+                Ok(Ended::KeepAlive) => {}
+                ended => break ended,
             }
         };
         let ended = match ended {
@@ -267,21 +270,27 @@ struct Between<'a> {
     age_limit: Option<Duration>,
 }
 
-/// A request whose head was read: the proxy stage, then its response. How the connection
-/// goes on is what writing the response says (keep-alive, close, abort, a tunnel).
+/// A request whose head of `end` bytes is at the front of the read buffer: its parse, the
+/// proxy stage, then its response. How the connection goes on is what writing the
+/// response says (keep-alive, close, abort, a tunnel); `Err`: the head could not be taken,
+/// and gets an error response.
 ///
 /// (An `async` block, not an `async fn`: an `async fn` moves each argument into a local of
-/// its own when first polled, a copy of the head.)
+/// its own when first polled.)
 #[allow(clippy::manual_async_fn)]
 fn exchange<'a>(
     cx: &'a Rc<ConnCtx>,
     conn: &'a Rc<RefCell<ConnIo>>,
     timer: &'a mut Timer,
     between: Between<'a>,
-    head: Head,
-) -> impl Future<Output = Ended> + 'a {
+    end: usize,
+) -> impl Future<Output = Result<Ended, Error>> + 'a {
     async move {
         let limits = &cx.listener.limits;
+        let head = {
+            let mut c = conn.borrow_mut();
+            request::take_head(&mut c.rbuf, end, limits, &cx.listener.request_id_header)?
+        };
         let facts = RequestFacts {
             method_head: head.method == http::Method::HEAD,
             method_connect: head.method == http::Method::CONNECT,
@@ -293,7 +302,7 @@ fn exchange<'a>(
         let handler = pin!(crate::proxy::handle(cx.clone(), req, wire));
         let Some(resp) = run(conn, handler, limits.max_head()).await else {
             // The client went away: the exchange was dropped (and its origin connection).
-            return Ended::Abort;
+            return Ok(Ended::Abort);
         };
         // The connection's last response closes it: the worker drains, or the connection
         // reached a limit of its listener (Connection: close, so the client reconnects).
@@ -317,7 +326,7 @@ fn exchange<'a>(
                 spare::give(std::mem::take(&mut c.rbuf));
             }
         }
-        ended
+        Ok(ended)
     }
 }
 
@@ -382,10 +391,8 @@ fn read_head<'a, 'd>(
                 }
             }
             if !*preface && !c.rbuf.is_empty() {
-                if let Some(head) =
-                    request::parse_head(&mut c.rbuf, scan, limits, &cx.listener.request_id_header)?
-                {
-                    return Poll::Ready(Ok(Some(Next::Head(head))));
+                if let Some(end) = request::head_end(&c.rbuf, scan, limits)? {
+                    return Poll::Ready(Ok(Some(Next::Head(end))));
                 }
             }
             if c.read_closed {

@@ -127,28 +127,39 @@ fn head_error(e: httparse::Error) -> Error {
     }
 }
 
-/// Parse a request head from the front of `buf`, consuming it. `Ok(None)`: more bytes are
-/// needed.
-pub(super) fn parse_head(
-    buf: &mut BytesMut,
+/// The length of the complete head at the front of `buf` (through its empty line), if it
+/// is all there; an error where what is there already cannot become a head within the
+/// listener's limits (a request line too long or malformed, a head too large).
+pub(super) fn head_end(
+    buf: &[u8],
     scan: &mut HeadScan,
     limits: &HeadLimits,
+) -> Result<Option<usize>, Error> {
+    if let Some(end) = scan.end(buf) {
+        return Ok(Some(end));
+    }
+    let line_end = memchr::memchr(b'\n', buf).unwrap_or(buf.len());
+    if line_end > limits.max_request_line + 1 {
+        return Err(Error::new(Kind::UriTooLong, "request line too long"));
+    }
+    if buf.len() > limits.max_head() {
+        return Err(Error::new(
+            Kind::HeadersTooLarge,
+            "request header fields too large",
+        ));
+    }
+    scan.check_request_line(buf)?;
+    Ok(None)
+}
+
+/// Take the complete head of `end` bytes (as [`head_end`] found it) off the front of `buf`
+/// and parse it.
+pub(super) fn take_head(
+    buf: &mut BytesMut,
+    end: usize,
+    limits: &HeadLimits,
     request_id: &HeaderName,
-) -> Result<Option<Head>, Error> {
-    let Some(end) = scan.end(buf) else {
-        let line_end = memchr::memchr(b'\n', buf).unwrap_or(buf.len());
-        if line_end > limits.max_request_line + 1 {
-            return Err(Error::new(Kind::UriTooLong, "request line too long"));
-        }
-        if buf.len() > limits.max_head() {
-            return Err(Error::new(
-                Kind::HeadersTooLarge,
-                "request header fields too large",
-            ));
-        }
-        scan.check_request_line(buf)?;
-        return Ok(None);
-    };
+) -> Result<Head, Error> {
     let head = buf.split_to(end).freeze();
     let mut stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; STACK_FIELDS];
     let mut heap = Vec::new();
@@ -166,7 +177,22 @@ pub(super) fn parse_head(
     if matches!(parsed.body, Decoder::Chunked(_)) && !buf.is_empty() {
         parsed.body_refused = parsed.body.check(buf).err();
     }
-    Ok(Some(parsed))
+    Ok(parsed)
+}
+
+/// Parse a request head from the front of `buf`, consuming it. `Ok(None)`: more bytes are
+/// needed. ([`head_end`] and [`take_head`] in one, as the tests drive them.)
+#[cfg(test)]
+pub(super) fn parse_head(
+    buf: &mut BytesMut,
+    scan: &mut HeadScan,
+    limits: &HeadLimits,
+    request_id: &HeaderName,
+) -> Result<Option<Head>, Error> {
+    match head_end(buf, scan, limits)? {
+        Some(end) => take_head(buf, end, limits, request_id).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Parse a complete head (`head` ends with its empty line) with room for `fields.len()`
