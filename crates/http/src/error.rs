@@ -119,6 +119,11 @@ struct Inner {
 }
 
 impl Error {
+    /// Out of line and cold: every branch that makes an error is then laid out away from
+    /// the request path's hot code (an error is the rare case, and this constructor's code,
+    /// inlined, took room in the instruction cache on every request).
+    #[cold]
+    #[inline(never)]
     pub fn new(kind: Kind, detail: &'static str) -> Self {
         let (side, retry) = match kind {
             Kind::BadRequest

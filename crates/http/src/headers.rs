@@ -414,7 +414,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, scan: &HeadScan) -> bool {
 }
 
 /// Append the field line `name: value\r\n` (heads and trailers written as bytes).
-#[inline]
+///
+/// Never inlined: a dozen places write fields, most of them in branches a request rarely
+/// takes, and inlined copies took room among the request path's hot code (decision record
+/// 0038).
+#[inline(never)]
 pub fn put_field(dst: &mut impl bytes::BufMut, name: &[u8], value: &[u8]) {
     dst.put_slice(name);
     dst.put_slice(b": ");

@@ -83,14 +83,17 @@ pub(crate) fn enter_worker(index: usize) {
 /// The arena this thread writes.
 #[inline]
 fn arena() -> &'static Arena {
-    ARENA.with(|a| match a.get() {
-        Some(arena) => arena,
-        None => {
-            let arena = ARENAS[INDEX.with(Cell::get)].get_or_init(Arena::new);
-            a.set(Some(arena));
-            arena
-        }
-    })
+    ARENA.with(|a| a.get().unwrap_or_else(|| first_arena(a)))
+}
+
+/// A thread's first write: find its arena and remember it. Out of line and cold, so that
+/// the metric writes inlined along the request path do not each carry a copy.
+#[cold]
+#[inline(never)]
+fn first_arena(slot: &Cell<Option<&'static Arena>>) -> &'static Arena {
+    let arena = ARENAS[INDEX.with(Cell::get)].get_or_init(Arena::new);
+    slot.set(Some(arena));
+    arena
 }
 
 /// What slots are for.

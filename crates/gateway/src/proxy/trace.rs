@@ -79,7 +79,9 @@ pub(super) fn begin(
     Box::new(trace)
 }
 
-/// The filter steps of a traced request, for its span's events.
+/// The filter steps of a traced request, for its span's events. Cold: only a sampled
+/// request has a recording, and this stays out of the request path's hot code.
+#[cold]
 pub(super) fn add_steps(trace: &mut RequestTrace, steps: Vec<FilterStep>) {
     if let Some(r) = trace.recording.as_mut() {
         r.steps.extend(steps.into_iter().map(|s| Step {
