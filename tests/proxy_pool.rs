@@ -349,3 +349,43 @@ async fn the_idle_gauge_counts_what_the_pool_holds() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// The connections a burst opened expire together: the sweeper closes them all, a few at a
+/// time between other work, while requests go on (a checkout that finds them expired
+/// leaves them to it), and none of those requests fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bursts_idle_connections_expire_together_while_requests_go_on() {
+    const BURST: usize = 200;
+    let (origin, _gone) = gathering_origin(BURST).await;
+    let toml = pool_config(origin.addr, "{ max_idle = 1000, idle_timeout = \"300ms\" }").replace(
+        "response_header_timeout = \"2s\"",
+        "response_header_timeout = \"30s\"",
+    );
+    assert!(toml.contains("\"30s\""), "{toml}");
+    let g = start_gateway(&toml);
+    let gets = (0..BURST).map(|_| async {
+        let mut c = Client::connect(g.addr).await;
+        c.get("/").await.status
+    });
+    let statuses = futures_util::future::join_all(gets).await;
+    assert_eq!(statuses, vec![200; BURST]);
+    let text = metrics_text(&g).await;
+    assert_eq!(m(&text, "upstream_connects_total"), BURST as f64);
+    assert_eq!(m(&text, "upstream_idle_connections"), BURST as f64);
+
+    // One request at a time keeps one connection warm; the other 199 expire and close.
+    let mut c = Client::connect(g.addr).await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        assert_eq!(c.get("/").await.status, 200);
+        let idle = m(&metrics_text(&g).await, "upstream_idle_connections");
+        if idle <= 1.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{idle} idle connections left"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

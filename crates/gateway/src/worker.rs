@@ -129,10 +129,12 @@ pub(crate) fn run(
                 loop {
                     tick.tick().await;
                     // Also lets go of a version a reload replaced while no request came.
-                    let snapshot = worker.snapshot();
-                    worker
-                        .pools
-                        .sweep(tokio::time::Instant::now(), |id| snapshot.serves(id));
+                    let swept = {
+                        let snapshot = worker.snapshot();
+                        let now = tokio::time::Instant::now();
+                        worker.pools.sweep(now, |id| snapshot.serves(id))
+                    };
+                    swept.close().await;
                 }
             })
         };
