@@ -263,21 +263,13 @@ impl Pools {
                 swept.extend(pool.idle.drain(..));
                 continue;
             }
-            let keep = |i: &mut Idle| {
-                now.saturating_duration_since(i.since) < i.idle_timeout && !i.is_closed()
-            };
-            if pool.idle.iter_mut().all(keep) {
-                continue;
-            }
-            let mut kept = VecDeque::with_capacity(pool.idle.len());
-            for mut i in pool.idle.drain(..) {
-                if keep(&mut i) {
-                    kept.push_back(i);
+            for mut i in std::mem::take(&mut pool.idle) {
+                if now.saturating_duration_since(i.since) < i.idle_timeout && !i.is_closed() {
+                    pool.idle.push_back(i);
                 } else {
                     swept.push(i);
                 }
             }
-            pool.idle = kept;
         }
         Swept(swept)
     }
