@@ -1,6 +1,7 @@
 //! Service discovery: a cluster's DNS names re-resolved on an interval through a configured
 //! name server (an in-process UDP DNS responder whose A records change mid-test), and a
-//! watched server list file; removed servers get no traffic and their pools drain.
+//! watched server list file; removed servers get no traffic and their pools drain, and the
+//! health checks move to the servers an update lists.
 mod support;
 
 use bytes::Bytes;
@@ -338,6 +339,45 @@ fn an_unreadable_server_list_at_start_is_a_config_error() {
     };
     assert!(err.contains("cluster origin: discovery (file)"), "{err}");
     assert!(err.contains("missing.txt"), "{err}");
+}
+
+/// A discovery update is a new config version: the health checks move to the servers it
+/// lists (the check thread is woken by the swap, as by a reload).
+#[tokio::test]
+async fn the_health_checks_follow_a_discovery_update() {
+    let a = origin(TcpListener::bind("127.0.0.1:0").await.unwrap(), "a").await;
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("servers.txt");
+    replace_file(&list, format!("{}\n", a.addr));
+    let g = start_gateway(&config(
+        &format!(
+            "discovery = {{ interval = \"50ms\", file = \"{}\" }}\n\
+             health_check = {{ path = \"/health\", interval = \"20ms\", timeout = \"500ms\" }}",
+            list.display()
+        ),
+        "",
+    ));
+    assert!(
+        eventually(Duration::from_secs(10), || health_checks(&g, "origin").0
+            >= 1.0)
+        .await,
+        "the listed server was never checked"
+    );
+    // Refused connections: only the dead server refuses (a slow check of `a` would time out).
+    let refused =
+        "keymaster_health_checks_total{cluster=\"origin\",result=\"origin_connectivity\"}";
+    assert_eq!(discovery_metric(&g, refused), 0.0);
+    replace_file(&list, format!("{dead}\n"));
+    assert!(
+        eventually(Duration::from_secs(10), || discovery_metric(&g, refused)
+            >= 1.0)
+        .await,
+        "the server the update listed was never checked"
+    );
 }
 
 /// Write `text` beside `path`, then rename it into place: the watcher never reads a

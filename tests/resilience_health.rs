@@ -1,7 +1,8 @@
 //! Origin health end to end: three real origins under continuous load, one killed and
 //! restarted on the same port (retries keep every idempotent request succeeding; the dead one
 //! is ejected within the configured failures and readmitted by the active checks), fail
-//! closed when every server is unhealthy, and every attempt in the access log.
+//! closed when every server is unhealthy, the checks following reloads, and every attempt in
+//! the access log.
 
 mod support;
 
@@ -283,14 +284,14 @@ outlier_detection = {{ consecutive_failures = {CONSECUTIVE_FAILURES}, base_eject
     );
 }
 
-#[tokio::test]
-async fn all_unhealthy_fails_closed_or_open_as_configured() {
-    let mut dead = Origin::start("dead", 200).await;
-    let addr = dead.addr;
-    dead.kill().await;
-    let cfg = |mode: &str| {
-        format!(
-            r#"{PREAMBLE}
+/// Checks every 20 ms; one failure turns a server unavailable.
+const FAST_CHECK: &str = r#"health_check = { path = "/health", interval = "20ms", timeout = "500ms", unhealthy_threshold = 1 }"#;
+
+/// A gateway whose one route goes to the cluster `origin` of the one server `addr`, with
+/// `cluster` (TOML lines) added to the cluster's table.
+fn one_server(addr: SocketAddr, cluster: &str) -> String {
+    format!(
+        r#"{PREAMBLE}
 [[routes]]
 name = "default"
 cluster = "origin"
@@ -298,11 +299,56 @@ cluster = "origin"
 [[clusters]]
 name = "origin"
 servers = [{{ address = "{addr}" }}]
-all_unhealthy = "{mode}"
-health_check = {{ path = "/health", interval = "20ms", timeout = "500ms", unhealthy_threshold = 1 }}
+{cluster}
 "#
-        )
+    )
+}
+
+/// The health-check thread sleeps between config versions and is woken by each swap: a
+/// reload that adds `health_check` starts the probes (the dead server turns unavailable),
+/// one that removes it stops them and clears their verdict.
+#[tokio::test]
+async fn a_reload_starts_and_stops_the_health_checks() {
+    let mut dead = Origin::start("dead", 200).await;
+    let addr = dead.addr;
+    dead.kill().await;
+    let g = start_gateway(&one_server(addr, ""));
+    let reload = |toml: &str| {
+        let config = keymaster_config::load_str(toml, "<test>").unwrap();
+        g.gateway().reload(config).expect("reload");
     };
+    assert_eq!(server_health(&g, addr).await["available"], true);
+    reload(&one_server(addr, FAST_CHECK));
+    assert!(
+        wait_available(&g, addr, false, Duration::from_secs(10)).await,
+        "no check ran after the reload that added them"
+    );
+    let checks_counted = || {
+        let (passed, failed) = health_checks(&g, "origin");
+        passed + failed
+    };
+    let checks = checks_counted();
+    reload(&one_server(addr, ""));
+    assert!(
+        wait_available(&g, addr, true, Duration::from_secs(10)).await,
+        "the checks' verdict outlived the reload that removed them"
+    );
+    // Stopped: no more checks are counted.
+    let stopped = checks_counted();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(checks_counted(), stopped);
+    assert!(
+        stopped >= checks && checks >= 1.0,
+        "{checks} then {stopped}"
+    );
+}
+
+#[tokio::test]
+async fn all_unhealthy_fails_closed_or_open_as_configured() {
+    let mut dead = Origin::start("dead", 200).await;
+    let addr = dead.addr;
+    dead.kill().await;
+    let cfg = |mode: &str| one_server(addr, &format!("all_unhealthy = \"{mode}\"\n{FAST_CHECK}"));
     let g = start_gateway(&cfg("fail_closed"));
     assert!(wait_available(&g, addr, false, Duration::from_secs(10)).await);
     let connects = cluster_metric(&g, "upstream_connects_total");

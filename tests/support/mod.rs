@@ -262,6 +262,20 @@ pub fn metric(text: &str, prefix: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The active health checks `keymaster_health_checks_total` counted for `cluster`:
+/// (passed, failed for any reason).
+pub fn health_checks(g: &TestGateway, cluster: &str) -> (f64, f64) {
+    let text = g.gateway().metrics_text();
+    let prefix = format!("keymaster_health_checks_total{{cluster=\"{cluster}\"");
+    let count = |pass: bool| {
+        text.lines()
+            .filter(|l| l.starts_with(&prefix) && l.contains("result=\"pass\"") == pass)
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    (count(true), count(false))
+}
+
 // ---- Added by tests-a (proxy/routing tests) ----
 
 /// The admin `/metrics` text.

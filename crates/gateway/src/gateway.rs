@@ -76,12 +76,24 @@ pub(crate) struct Shared {
     discovered: Mutex<Lists>,
     /// Wakes the discovery thread after a reload (new clusters, new intervals).
     pub(crate) discovery_wake: tokio::sync::Notify,
+    /// The running version's number, sent after each swap: the health-check thread waits
+    /// on it to rebuild its probes.
+    versions: watch::Sender<u64>,
     /// Settings the last applied config changed that keep their running values until a
     /// restart (`restart_only.rs`).
     pub(crate) restart_required: Mutex<Vec<String>>,
 }
 
 impl Shared {
+    /// Make `snap` the running version (the caller holds `reload_lock` and built it with
+    /// the next version number) and tell the version's followers.
+    fn swap_in(&self, snap: Snapshot) {
+        let version = snap.version;
+        self.next_version.store(version + 1, Ordering::Release);
+        self.snapshot.store(Arc::new(snap));
+        self.versions.send_replace(version);
+    }
+
     /// Build and swap in a new config version. Routes, clusters and filters change; the
     /// restart-only settings keep their running values and are reported (`restart_only.rs`).
     pub(crate) fn apply(&self, config: Config) -> Result<u64, String> {
@@ -138,8 +150,7 @@ impl Shared {
         );
         match built {
             Ok(snap) => {
-                self.next_version.store(version + 1, Ordering::Release);
-                self.snapshot.store(Arc::new(snap));
+                self.swap_in(snap);
                 *self.discovered.lock().unwrap_or_else(|e| e.into_inner()) = lists;
                 self.discovery_wake.notify_one();
                 for (listener, settings) in tls {
@@ -226,8 +237,7 @@ impl Shared {
             &lists,
         ) {
             Ok(snap) => {
-                self.next_version.store(version + 1, Ordering::Release);
-                self.snapshot.store(Arc::new(snap));
+                self.swap_in(snap);
                 self.metrics.config_version.set(version as i64);
                 self.metrics
                     .discovery_updates
@@ -464,6 +474,7 @@ impl Gateway {
             sources,
             discovered: Mutex::new(lists),
             discovery_wake: tokio::sync::Notify::new(),
+            versions: watch::Sender::new(1),
             restart_required: Mutex::new(Vec::new()),
         });
         let (shutdown, rx) = watch::channel(false);
@@ -668,6 +679,9 @@ impl keymaster_filter::Reload for Shared {
 impl crate::upstream::Host for Shared {
     fn version(&self) -> u64 {
         self.snapshot.load().version
+    }
+    fn versions(&self) -> watch::Receiver<u64> {
+        self.versions.subscribe()
     }
     fn clusters(&self) -> Vec<Arc<crate::upstream::Cluster>> {
         self.snapshot.load().clusters.values().cloned().collect()

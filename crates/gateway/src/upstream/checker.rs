@@ -2,25 +2,22 @@
 //! for the whole process: it is started with the gateway and stopped with it (the workers'
 //! shutdown signal), so checks never compete with request handling on a worker's event loop.
 //!
-//! The thread follows the config version: every 200 ms it looks at the snapshot and, when the
-//! version changed, stops its probe tasks and starts one per (cluster with `health_check`,
-//! server) of the new version. Verdicts live on the process-wide
+//! The thread follows the config version: it sleeps until a new version is swapped in (a
+//! reload or a discovery change, [`Host::versions`]), then stops its probe tasks and starts
+//! one per (cluster with `health_check`, server) of the new version. Between versions it
+//! wakes only for its probes. Verdicts live on the process-wide
 //! [`OriginState`](super::OriginState), so a reload loses nothing. Each check is a
 //! [`Probe`]: a new connection over the cluster's transport (PROXY header, TLS, HTTP/1.1 or
 //! HTTP/2) asking `GET path` or the gRPC health service, within `timeout`. Every check is
 //! counted in `keymaster_health_checks_total{cluster, result}`.
 
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::probe::Probe;
 use super::Host;
 use keymaster_config::HealthCheckConfig;
-
-/// How often the thread looks for a new config version.
-const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 
 /// Start the health-check thread; it ends when `shutdown` turns true or its sender goes.
 pub(crate) fn start<H: Host>(
@@ -31,9 +28,13 @@ pub(crate) fn start<H: Host>(
 }
 
 async fn run<H: Host>(shared: Arc<H>, mut shutdown: watch::Receiver<bool>) {
+    let mut versions = shared.versions();
     let mut version = 0;
     let mut probes: Vec<JoinHandle<()>> = Vec::new();
     loop {
+        // Marks the version seen before the clusters are read: a swap after this wakes the
+        // loop again, so the probes never stay on an older version than the running one.
+        versions.borrow_and_update();
         let current = shared.version();
         if current != version {
             version = current;
@@ -73,7 +74,7 @@ async fn run<H: Host>(shared: Arc<H>, mut shutdown: watch::Receiver<bool>) {
         }
         tokio::select! {
             r = shutdown.changed() => if r.is_err() { break },
-            _ = tokio::time::sleep(FOLLOW_EVERY) => {}
+            r = versions.changed() => if r.is_err() { break },
         }
     }
     for p in probes {

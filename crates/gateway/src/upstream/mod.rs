@@ -54,6 +54,8 @@ pub(crate) type Clusters = rustc_hash::FxHashMap<String, Arc<Cluster>>;
 pub(crate) trait Host: Send + Sync + 'static {
     /// The running config version's number.
     fn version(&self) -> u64;
+    /// The running version's number, changed after every swap (a reload or discovery).
+    fn versions(&self) -> tokio::sync::watch::Receiver<u64>;
     /// The running version's clusters.
     fn clusters(&self) -> Vec<Arc<Cluster>>;
     /// The running version's clusters (their settings) and `[dns]`, for discovery.
