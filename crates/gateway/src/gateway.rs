@@ -455,6 +455,7 @@ impl Gateway {
         let filters = crate::filter::collect_sources(&config, &natives, &sources)?;
         let cluster_states = ClusterStates::default();
         let snapshot = Snapshot::build(config, 1, &metrics, &cluster_states, &filters, &lists)?;
+        let versions = watch::Sender::new(snapshot.version);
         metrics.config_version.set(1);
         metrics.applied_now();
         let shared = Arc::new(Shared {
@@ -474,7 +475,7 @@ impl Gateway {
             sources,
             discovered: Mutex::new(lists),
             discovery_wake: tokio::sync::Notify::new(),
-            versions: watch::Sender::new(1),
+            versions,
             restart_required: Mutex::new(Vec::new()),
         });
         let (shutdown, rx) = watch::channel(false);
@@ -677,9 +678,6 @@ impl keymaster_filter::Reload for Shared {
 }
 
 impl crate::upstream::Host for Shared {
-    fn version(&self) -> u64 {
-        self.snapshot.load().version
-    }
     fn versions(&self) -> watch::Receiver<u64> {
         self.versions.subscribe()
     }

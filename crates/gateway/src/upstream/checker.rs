@@ -32,10 +32,9 @@ async fn run<H: Host>(shared: Arc<H>, mut shutdown: watch::Receiver<bool>) {
     let mut version = 0;
     let mut probes: Vec<JoinHandle<()>> = Vec::new();
     loop {
-        // Marks the version seen before the clusters are read: a swap after this wakes the
-        // loop again, so the probes never stay on an older version than the running one.
-        versions.borrow_and_update();
-        let current = shared.version();
+        // Marked seen before the clusters are read: a swap after this wakes the loop again,
+        // so the probes never stay on an older version than the running one.
+        let current = *versions.borrow_and_update();
         if current != version {
             version = current;
             let clusters = shared.clusters();

@@ -52,8 +52,6 @@ pub(crate) type Clusters = rustc_hash::FxHashMap<String, Arc<Cluster>>;
 /// the current config version's clusters and settings, the metrics, and where discovered
 /// servers go. Narrow on purpose: the upstream layer names nothing above it.
 pub(crate) trait Host: Send + Sync + 'static {
-    /// The running config version's number.
-    fn version(&self) -> u64;
     /// The running version's number, changed after every swap (a reload or discovery).
     fn versions(&self) -> tokio::sync::watch::Receiver<u64>;
     /// The running version's clusters.
